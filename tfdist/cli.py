@@ -1,0 +1,140 @@
+"""The `tfdist` command line: argument parsing only; the work is in the packages."""
+
+import argparse
+import json
+import sys
+
+import yaml
+
+from tfdist.cluster.manifest import default_name, tfjob_manifest
+from tfdist.cluster.spec import ClusterError, cluster_dict, parse_task
+from tfdist.cluster.tf_config import tf_config
+from tfdist.config import ConfigError, load_config
+from tfdist.launch import LaunchError, launch
+
+USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """Bad input on the command line: reported in one line with exit code 2."""
+
+
+def main(argv=None):
+    """Entry point of the `tfdist` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, command = _split_command(argv)
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args, command)
+    except (ConfigError, ClusterError, LaunchError, UsageError, ValueError) as e:
+        print(f"tfdist {args.command_name}: error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+def _split_command(argv):
+    """Everything after the first '--' is the command to run, untouched."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def _parser():
+    parser = argparse.ArgumentParser(
+        prog="tfdist", description="Distributed TensorFlow/Keras training from one YAML file.")
+    sub = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check a config file (exit 2 with the reason)")
+    p.add_argument("config")
+    p.set_defaults(run=_validate)
+
+    p = sub.add_parser("tf-config", help="print one task's TF_CONFIG JSON")
+    p.add_argument("config")
+    p.add_argument("--task", required=True, metavar="TYPE:INDEX")
+    p.set_defaults(run=_tf_config)
+
+    p = sub.add_parser("launch", help="run every task locally: tfdist launch CONFIG -- CMD ...",
+                       usage="tfdist launch CONFIG [--max-restarts N] [--task TYPE:INDEX] "
+                             "-- COMMAND [ARGS...]")
+    p.add_argument("config")
+    p.add_argument("--max-restarts", type=_non_negative, default=0, metavar="N",
+                   help="restart a failed task up to N times (default 0: stop the job)")
+    p.add_argument("--task", metavar="TYPE:INDEX",
+                   help="run only this task (one host of a cluster with fixed addresses)")
+    p.add_argument("--grace-seconds", type=float, default=10.0,
+                   help="time tasks get to exit after SIGTERM before SIGKILL")
+    p.set_defaults(run=_launch)
+
+    p = sub.add_parser("manifest", help="print a Kubeflow TFJob for the cluster",
+                       usage="tfdist manifest CONFIG --image IMAGE [--name NAME] "
+                             "[--namespace NS] [--max-restarts N] -- COMMAND [ARGS...]")
+    p.add_argument("config")
+    p.add_argument("--image", required=True)
+    p.add_argument("--name", help="TFJob name (default: from the config file name)")
+    p.add_argument("--namespace", default="default")
+    p.add_argument("--max-restarts", type=_non_negative, default=0, metavar="N",
+                   help="restartPolicy OnFailure with this backoff limit (default: Never)")
+    p.set_defaults(run=_manifest)
+    return parser
+
+
+def _non_negative(text):
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0. Received: {text!r}")
+    return int(text)
+
+
+def _validate(args, command):
+    config = load_config(args.config)
+    print(f"{args.config}: OK ({describe(config)})")
+    return 0
+
+
+def describe(config):
+    """A one-line summary of a config: strategy, tasks, compression, local SGD."""
+    parts = [f"strategy {config.strategy.name}" if config.strategy else "no strategy section"]
+    if config.cluster:
+        parts.append("tasks " + ", ".join(f"{job}×{len(a)}" for job, a in config.cluster.jobs().items()))
+    if config.compression:
+        parts.append(f"compression {config.compression.name}")
+    if config.local_sgd:
+        parts.append(f"local SGD every {config.local_sgd.period} steps")
+    return "; ".join(parts)
+
+
+def _tf_config(args, command):
+    config = load_config(args.config)
+    if config.cluster is None:
+        raise UsageError(f"{args.config} has no cluster: section, so there is no TF_CONFIG")
+    cluster = cluster_dict(config.cluster)
+    job, index = parse_task(args.task, cluster)
+    print(json.dumps(tf_config(cluster, job, index), indent=2))
+    return 0
+
+
+def _launch(args, command):
+    config = load_config(args.config)
+    only_task = None
+    if args.task:
+        if config.cluster is None:
+            raise UsageError(f"--task needs a cluster: section in {args.config}")
+        only_task = parse_task(args.task, {j: a for j, a in config.cluster.jobs().items()})
+    _require_command(command, "launch")
+    return launch(config, command, max_restarts=args.max_restarts, only_task=only_task,
+                  grace_seconds=args.grace_seconds)
+
+
+def _manifest(args, command):
+    config = load_config(args.config)
+    _require_command(command, "manifest")
+    manifest = tfjob_manifest(config, image=args.image, command=command,
+                              name=args.name or default_name(args.config),
+                              namespace=args.namespace, max_restarts=args.max_restarts)
+    sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False))
+    return 0
+
+
+def _require_command(command, verb):
+    if not command:
+        raise UsageError(f"no command given; write it after --, e.g. "
+                         f"tfdist {verb} job.yaml -- python train.py")

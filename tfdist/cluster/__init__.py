@@ -1,0 +1,1 @@
+"""Cluster specs: addresses, free ports, TF_CONFIG and the Kubeflow TFJob manifest."""

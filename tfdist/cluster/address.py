@@ -1,0 +1,65 @@
+"""Task addresses: ``host:port`` parsing and the host names that mean "this machine"."""
+
+import dataclasses
+import ipaddress
+import re
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Address:
+    """One task's address; ``port=None`` means "pick a free port at launch"."""
+
+    host: str
+    port: int | None = None
+
+    def __str__(self):
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port if self.port is not None else '<free port>'}"
+
+    @property
+    def is_local(self):
+        """True for addresses of this machine (loopback names)."""
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host.lower() == "localhost"
+
+    def key(self):
+        """A value equal for two spellings of the same endpoint (localhost == 127.0.0.1)."""
+        return ("loopback" if self.is_local else self.host.lower(), self.port)
+
+
+def parse_address(text):
+    """Parses ``host:port`` (``[v6]:port`` for IPv6).
+
+    Raises:
+        ValueError: with the reason, when `text` is not a host and a port in 1-65535.
+    """
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError('expected "host:port"')
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        _check_ip(host, version=6)
+    elif ":" in host:
+        raise ValueError('expected "host:port"; write IPv6 hosts in brackets, "[::1]:2222"')
+    elif not _HOSTNAME.match(host):
+        raise ValueError(f"{host!r} is not a valid host name or IP address")
+    if not port.isdigit():
+        raise ValueError(f"the port {port!r} is not a number")
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"the port {int(port)} is outside 1-65535")
+    return Address(host, int(port))
+
+
+def _check_ip(host, version):
+    try:
+        if ipaddress.ip_address(host).version == version:
+            return
+    except ValueError:
+        pass
+    raise ValueError(f"{host!r} is not a valid IPv{version} address")

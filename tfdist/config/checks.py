@@ -1,0 +1,96 @@
+"""Typed checks of parsed YAML values; each failure is a located ConfigError.
+
+Every check takes the `Source` (for file and line), the key path and the value, and
+returns the value (converted where that is lossless) or raises.
+"""
+
+import difflib
+import math
+
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+               list: "a list", dict: "a mapping", type(None): "nothing (null)"}
+
+
+def describe(source, path, value):
+    """How a value reads in a message: the type, the value, and YAML's part in it."""
+    kind = _TYPE_NAMES.get(type(value), type(value).__name__)
+    raw = source.raw.get(tuple(path))
+    if isinstance(value, bool) and raw is not None and raw.lower() not in ("true", "false"):
+        return (f"{kind} ({raw!r} unquoted is read by YAML as {value}; "
+                f"write '{raw}' in quotes for the word)")
+    return f"{kind}. Received: {path_name(path)}={value!r}"
+
+
+def path_name(path):
+    return str(path[-1]) if path else "value"
+
+
+def type_error(source, path, expected, value):
+    return source.error(path, f"expected {expected}, got {describe(source, path, value)}")
+
+
+def mapping(source, path, value, allowed, what=None):
+    """A mapping whose keys are all in `allowed`; unknown keys suggest the closest one."""
+    if not isinstance(value, dict):
+        raise type_error(source, path, f"a mapping{' of ' + what if what else ''}", value)
+    for key in value:
+        if not isinstance(key, str):
+            raise source.error(path, f"keys must be strings. Received: key {key!r}")
+        if key not in allowed:
+            raise unknown_key(source, tuple(path) + (key,), key, allowed)
+    return value
+
+
+def unknown_key(source, path, key, allowed):
+    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    valid = ", ".join(allowed) if allowed else "none"
+    return source.error(path, f"unknown key {key!r}; {hint}valid keys are [{valid}]")
+
+
+def string(source, path, value, choices=None):
+    if not isinstance(value, str) or not value:
+        raise type_error(source, path, "a non-empty string", value)
+    if choices is not None and value not in choices:
+        close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise source.error(path, f"{hint}valid values are [{', '.join(choices)}]. "
+                                 f"Received: {path_name(path)}={value!r}")
+    return value
+
+
+def boolean(source, path, value):
+    if not isinstance(value, bool):
+        raise type_error(source, path, "true or false", value)
+    return value
+
+
+def integer(source, path, value, minimum=None, maximum=None):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise type_error(source, path, "an integer", value)
+    _in_range(source, path, value, minimum, maximum)
+    return value
+
+
+def number(source, path, value, minimum=None, maximum=None, open_minimum=False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise type_error(source, path, "a finite number", value)
+    if open_minimum and value <= minimum:
+        raise source.error(path, f"expected a number > {minimum}. "
+                                 f"Received: {path_name(path)}={value!r}")
+    _in_range(source, path, value, None if open_minimum else minimum, maximum)
+    return float(value)
+
+
+def string_list(source, path, value):
+    if not isinstance(value, list):
+        raise type_error(source, path, "a list of strings", value)
+    return tuple(string(source, tuple(path) + (i,), v) for i, v in enumerate(value))
+
+
+def _in_range(source, path, value, minimum, maximum):
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bounds = (f"between {minimum} and {maximum}" if minimum is not None and maximum is not None
+                  else f">= {minimum}" if minimum is not None else f"<= {maximum}")
+        raise source.error(path, f"expected a value {bounds}. "
+                                 f"Received: {path_name(path)}={value!r}")

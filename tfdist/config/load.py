@@ -1,0 +1,251 @@
+"""YAML → frozen `Config`, with every problem a located `ConfigError`."""
+
+import difflib
+import functools
+import types
+
+from tfdist.cluster.address import Address, parse_address
+from tfdist.config import checks
+from tfdist.config.schema import (COMPRESSORS, JOB_TYPES, STRATEGIES, ClusterConfig,
+                                  CompressionConfig, Config, LocalSGDConfig, StrategyConfig)
+from tfdist.config.yaml_source import Source, read_yaml
+
+SECTIONS = ("cluster", "strategy", "compression", "local_sgd")
+
+_positive_int = functools.partial(checks.integer, minimum=1)
+STRATEGY_OPTIONS = {
+    "mirrored": {
+        "devices": checks.string_list,
+        "cross_device_ops": functools.partial(
+            checks.string, choices=("auto", "nccl", "hierarchical_copy", "reduce_to_one")),
+        "logical_cpus": _positive_int,
+    },
+    "multi_worker_mirrored": {
+        "communication": functools.partial(checks.string, choices=("auto", "ring", "nccl")),
+        "logical_cpus": _positive_int,
+        "timeout_seconds": functools.partial(checks.number, minimum=0, open_minimum=True),
+    },
+    "central_storage": {
+        "devices": checks.string_list,
+        "parameter_device": checks.string,
+        "logical_cpus": _positive_int,
+    },
+    "parameter_server": {"max_shards": _positive_int, "min_shard_bytes": _positive_int},
+    "one_device": {"device": checks.string},
+    "default": {},
+}
+
+# Compressor hyper-parameters: key -> (compressors it applies to, default, check).
+COMPRESSOR_PARAMS = {
+    "ratio": (("topk", "randomk"), 0.01,
+              functools.partial(checks.number, minimum=0, maximum=1, open_minimum=True)),
+    "rank": (("powersgd",), 4, _positive_int),
+    "levels": (("qsgd",), 15, functools.partial(checks.integer, minimum=1, maximum=127)),
+}
+COMPRESSION_KEYS = ("name", *COMPRESSOR_PARAMS, "error_feedback", "start_step", "min_size")
+LOCAL_SGD_KEYS = ("period", "warmup_steps", "average_non_trainable", "average_optimizer_state")
+
+# Strategies whose replicas exchange gradients over a collective or to parameter servers.
+COMPRESSIBLE = {"mirrored": None, "multi_worker_mirrored": None,
+                "parameter_server": ("none", "fp16", "bf16", "int8")}
+LOCAL_SGD_STRATEGIES = ("mirrored", "multi_worker_mirrored")
+SINGLE_MACHINE = ("mirrored", "central_storage", "one_device", "default")
+
+
+def load_config(path):
+    """Reads and validates a tfdist config file.
+
+    Args:
+        path: a YAML file with any of the sections cluster, strategy, compression,
+            local_sgd, plus the application's own sections.
+
+    Returns:
+        A frozen `Config`; a section left out is None.
+
+    Raises:
+        ConfigError: anything wrong with the file, naming file, line, key and expectation.
+    """
+    data, source = read_yaml(path)
+    return build_config(data, source)
+
+
+def config_from_dict(data, name="<dict>"):
+    """Validates an in-memory config (same rules as a file, without line numbers)."""
+    return build_config(data, Source(name, {}, {}))
+
+
+def build_config(data, source):
+    """Validates parsed YAML `data` located by `source` into a `Config`."""
+    if not isinstance(data, dict):
+        raise checks.type_error(source, (), "a mapping of sections such as cluster:, strategy:", data)
+    for key in data:
+        if not isinstance(key, str):
+            raise source.error((), f"top-level keys must be strings. Received: key {key!r}")
+        _check_not_a_misspelled_section(source, key)
+    get = lambda name, build: None if data.get(name) is None else build(source, (name,), data[name])
+    config = Config(
+        cluster=get("cluster", _cluster),
+        strategy=get("strategy", _strategy),
+        compression=get("compression", _compression),
+        local_sgd=get("local_sgd", _local_sgd),
+        app=_freeze({k: v for k, v in data.items() if k not in SECTIONS}),
+        path=source.file,
+    )
+    _check_together(config, source)
+    return config
+
+
+def _check_not_a_misspelled_section(source, key):
+    if key in SECTIONS:
+        return
+    normal = key.lower().replace("-", "_")
+    close = difflib.get_close_matches(normal, SECTIONS, n=1, cutoff=0.8)
+    if close:
+        raise source.error((key,), f"unknown section {key!r}; did you mean {close[0]!r}? "
+                                   f"(tfdist's sections are [{', '.join(SECTIONS)}]; "
+                                   "other names are left to the application)")
+
+
+def _cluster(source, path, value):
+    if isinstance(value, dict) and "master" in value:
+        raise source.error(path + ("master",), "TensorFlow 2 rejects the job name 'master' "
+                           "(Kubeflow's Master replica); use 'chief' for the coordinating task")
+    checks.mapping(source, path, value, JOB_TYPES, "job types to addresses")
+    jobs = {job: _job(source, path + (job,), job, spec) for job, spec in value.items()}
+    cluster = ClusterConfig(**jobs)
+    if not cluster.tasks():
+        raise source.error(path, "the cluster has no tasks; give at least one worker")
+    seen = {}
+    for job, index in cluster.tasks():
+        address = cluster.jobs()[job][index]
+        if address.port is None:
+            continue
+        if address.key() in seen:
+            raise source.error(path + (job, index), f"duplicate address {address} "
+                               f"(also {seen[address.key()]}); every task needs its own port")
+        seen[address.key()] = f"{job}:{index}"
+    return cluster
+
+
+def _job(source, path, job, spec):
+    limit = 1 if job in ("chief", "evaluator") else None
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        count = checks.integer(source, path, spec, minimum=0, maximum=limit)
+        return tuple(Address("localhost") for _ in range(count))
+    if not isinstance(spec, list):
+        raise checks.type_error(source, path, 'a list of "host:port" strings or a task count', spec)
+    if limit is not None and len(spec) > limit:
+        raise source.error(path, f"at most one {job} task is allowed; TF_CONFIG accepts a "
+                                 f"single {job}. Received: {len(spec)} addresses")
+    addresses = []
+    for i, item in enumerate(spec):
+        if not isinstance(item, str):
+            raise checks.type_error(source, path + (i,), 'a "host:port" string', item)
+        try:
+            addresses.append(parse_address(item))
+        except ValueError as e:
+            raise source.error(path + (i,), f"{e}. Received: {item!r}") from None
+    return tuple(addresses)
+
+
+def _strategy(source, path, value):
+    if isinstance(value, str):
+        value = {"name": value}
+    if not isinstance(value, dict):
+        raise checks.type_error(source, path, "a strategy name or a mapping with name:", value)
+    if "name" not in value:
+        raise source.error(path, f"missing key 'name'; valid values are [{', '.join(STRATEGIES)}]")
+    name = checks.string(source, path + ("name",), value["name"], STRATEGIES)
+    allowed = STRATEGY_OPTIONS[name]
+    checks.mapping(source, path, value, ("name", *allowed))
+    options = {key: allowed[key](source, path + (key,), v)
+               for key, v in value.items() if key != "name"}
+    return StrategyConfig(name, types.MappingProxyType(options))
+
+
+def _compression(source, path, value):
+    if isinstance(value, str):
+        value = {"name": value}
+    checks.mapping(source, path, value, COMPRESSION_KEYS)
+    name = checks.string(source, path + ("name",), value.get("name", "none"), COMPRESSORS)
+    fields = {"name": name}
+    for key, (applies_to, default, check) in COMPRESSOR_PARAMS.items():
+        if key in value and name not in applies_to:
+            raise source.error(path + (key,), f"{key!r} applies only to "
+                               f"[{', '.join(applies_to)}], not to name: {name}")
+        if name in applies_to:
+            fields[key] = check(source, path + (key,), value.get(key, default))
+    if name == "none" and value.get("error_feedback"):
+        raise source.error(path + ("error_feedback",), "error feedback needs a compressor; "
+                           "with name: none there is no compression error to feed back")
+    if "error_feedback" in value:
+        fields["error_feedback"] = checks.boolean(source, path + ("error_feedback",),
+                                                  value["error_feedback"])
+    for key in ("start_step", "min_size"):
+        if key in value:
+            fields[key] = checks.integer(source, path + (key,), value[key], minimum=0)
+    return CompressionConfig(**fields)
+
+
+def _local_sgd(source, path, value):
+    checks.mapping(source, path, value, LOCAL_SGD_KEYS)
+    if "period" not in value:
+        raise source.error(path, "missing key 'period' (local steps between model averages)")
+    fields = {"period": checks.integer(source, path + ("period",), value["period"], minimum=1)}
+    if "warmup_steps" in value:
+        fields["warmup_steps"] = checks.integer(source, path + ("warmup_steps",),
+                                                value["warmup_steps"], minimum=0)
+    for key in ("average_non_trainable", "average_optimizer_state"):
+        if key in value:
+            fields[key] = checks.boolean(source, path + (key,), value[key])
+    return LocalSGDConfig(**fields)
+
+
+def _check_together(config, source):
+    """Rules that span sections: the cluster must fit the strategy, and so on."""
+    name = config.strategy.name if config.strategy else None
+    cluster = config.cluster
+    if cluster is not None:
+        if cluster.ps and name != "parameter_server":
+            raise source.error(("cluster", "ps"), "ps tasks need strategy name: "
+                               f"parameter_server. Received: strategy={name}")
+        if name == "parameter_server":
+            for job, why in (("worker", "to run the training steps"),
+                             ("ps", "to hold the variables"),
+                             ("chief", "the coordinator that runs your script")):
+                if not getattr(cluster, job):
+                    raise source.error(("cluster",), f"parameter_server needs at least one "
+                                       f"{job} task ({why}). Received: no {job}")
+        if name in SINGLE_MACHINE and cluster.num_training_tasks > 1:
+            raise source.error(("strategy", "name"), f"{name} trains on one machine, but the "
+                               f"cluster lists {cluster.num_training_tasks} chief/worker tasks; "
+                               "use multi_worker_mirrored or parameter_server")
+    if name is None:
+        return
+    if name == "parameter_server" and cluster is None:
+        raise source.error(("strategy", "name"), "parameter_server needs a cluster: section "
+                           "with a chief, workers and ps tasks")
+    compression = config.compression
+    if compression is not None and compression.name != "none":
+        if name not in COMPRESSIBLE:
+            raise source.error(("compression", "name"), f"compression needs gradients that "
+                               f"cross between replicas; under {name} nothing is exchanged. "
+                               f"Use one of [{', '.join(COMPRESSIBLE)}]")
+        allowed = COMPRESSIBLE[name]
+        if allowed is not None and compression.name not in allowed:
+            raise source.error(("compression", "name"), f"under {name} only "
+                               f"[{', '.join(allowed)}] compress the gradient push. "
+                               f"Received: name={compression.name!r}")
+    if config.local_sgd is not None and name not in LOCAL_SGD_STRATEGIES:
+        raise source.error(("local_sgd",), f"local SGD needs replicas that hold their own "
+                           f"weights: [{', '.join(LOCAL_SGD_STRATEGIES)}]. Received: "
+                           f"strategy={name}")
+
+
+def _freeze(value):
+    """Read-only mappings and tuples all the way down."""
+    if isinstance(value, dict):
+        return types.MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value

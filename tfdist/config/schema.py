@@ -1,0 +1,95 @@
+"""The typed, frozen shape of a tfdist config file."""
+
+import dataclasses
+import types
+from typing import Any, Mapping
+
+from tfdist.cluster.address import Address
+
+JOB_TYPES = ("chief", "worker", "ps", "evaluator")
+STRATEGIES = ("mirrored", "multi_worker_mirrored", "central_storage", "parameter_server",
+              "one_device", "default")
+COMPRESSORS = ("none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """Tasks by job type; a job given as a count has local addresses with ``port=None``."""
+
+    chief: tuple[Address, ...] = ()
+    worker: tuple[Address, ...] = ()
+    ps: tuple[Address, ...] = ()
+    evaluator: tuple[Address, ...] = ()
+
+    def jobs(self):
+        """{job type: addresses} for the non-empty jobs, in TF's order."""
+        return {job: getattr(self, job) for job in JOB_TYPES if getattr(self, job)}
+
+    def tasks(self):
+        """[(job type, index)] of every task."""
+        return [(job, i) for job, addresses in self.jobs().items() for i in range(len(addresses))]
+
+    @property
+    def num_training_tasks(self):
+        """Chief plus workers: the tasks MultiWorkerMirroredStrategy counts."""
+        return len(self.chief) + len(self.worker)
+
+    @property
+    def has_free_ports(self):
+        """True when some job was given as a count (ports picked at launch)."""
+        return any(a.port is None for addresses in self.jobs().values() for a in addresses)
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyConfig:
+    """The strategy name and its options (validated per strategy)."""
+
+    name: str
+    options: Mapping[str, Any] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({}))
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressionConfig:
+    """Gradient compression; fields that do not apply to `name` are None."""
+
+    name: str = "none"
+    ratio: float | None = None
+    rank: int | None = None
+    levels: int | None = None
+    error_feedback: bool = False
+    start_step: int = 0
+    min_size: int = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSGDConfig:
+    """Periodic model averaging (post-local SGD, Lin et al. 2020)."""
+
+    period: int
+    warmup_steps: int = 0
+    average_non_trainable: bool = False
+    average_optimizer_state: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A whole config file: tfdist's sections, each None when left out, and the rest.
+
+    Attributes:
+        app: the application's own top-level sections (e.g. ``train``), deep-frozen
+            (mappings are read-only, lists are tuples) and otherwise untouched.
+        path: the file it was read from, or None.
+    """
+
+    cluster: ClusterConfig | None = None
+    strategy: StrategyConfig | None = None
+    compression: CompressionConfig | None = None
+    local_sgd: LocalSGDConfig | None = None
+    app: Mapping[str, Any] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({}))
+    path: str | None = None
+
+    def section(self, name, default=None):
+        """An application section by name, e.g. ``config.section("train")``."""
+        return self.app.get(name, default)
