@@ -22,7 +22,13 @@ def describe(source, path, value):
 
 
 def path_name(path):
-    return str(path[-1]) if path else "value"
+    """The last key with its indices: ('cluster', 'worker', 0) -> 'worker[0]'."""
+    path = tuple(path)
+    keys = [i for i, part in enumerate(path) if isinstance(part, str)]
+    if not keys:
+        return "value"
+    last = keys[-1]
+    return path[last] + "".join(f"[{i}]" for i in path[last + 1:])
 
 
 def type_error(source, path, expected, value):
@@ -73,10 +79,12 @@ def integer(source, path, value, minimum=None, maximum=None):
 
 
 def number(source, path, value, minimum=None, maximum=None, open_minimum=False):
+    """A finite number; with `open_minimum`, strictly greater than `minimum`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise type_error(source, path, "a finite number", value)
-    if open_minimum and value <= minimum:
-        raise source.error(path, f"expected a number > {minimum}. "
+    if open_minimum and (value <= minimum or (maximum is not None and value > maximum)):
+        bounds = f"> {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+        raise source.error(path, f"expected a value {bounds}. "
                                  f"Received: {path_name(path)}={value!r}")
     _in_range(source, path, value, None if open_minimum else minimum, maximum)
     return float(value)

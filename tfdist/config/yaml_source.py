@@ -61,8 +61,10 @@ def read_yaml(path):
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise ConfigError(f"cannot read the config file ({e.strerror or e})", file=file) from None
+    except UnicodeDecodeError:
+        raise ConfigError("the config file is not UTF-8 text", file=file) from None
     return parse_yaml(text, file)
 
 

@@ -1,0 +1,84 @@
+"""TF_CONFIG generation: what `tfdist tf-config` prints is what TensorFlow reads back."""
+
+import json
+import os
+
+import pytest
+
+from tfdist.cli import main
+from tfdist.cluster.spec import ClusterError, cluster_dict, parse_task
+from tfdist.cluster.tf_config import tf_config, tf_config_json
+from tfdist.config import load_config
+
+CLUSTER_YAML = """
+    cluster:
+      chief: ["node-0:2222"]
+      worker: ["node-1:2222", "node-2:2222"]
+      ps: ["node-3:2222"]
+      evaluator: ["node-4:2222"]
+    strategy: parameter_server
+"""
+
+
+def test_tf_config_names_cluster_and_task(write_config):
+    cluster = cluster_dict(load_config(write_config(CLUSTER_YAML)).cluster)
+    assert cluster == {"chief": ["node-0:2222"], "worker": ["node-1:2222", "node-2:2222"],
+                       "ps": ["node-3:2222"], "evaluator": ["node-4:2222"]}
+    assert tf_config(cluster, "worker", 1) == {
+        "cluster": cluster, "task": {"type": "worker", "index": 1}, "environment": "cloud"}
+    with pytest.raises(ValueError, match="no task worker:2"):
+        tf_config(cluster, "worker", 2)
+
+
+@pytest.mark.parametrize("task", ["chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"])
+def test_tensorflow_reads_back_the_same_cluster_and_task(write_config, capsys, monkeypatch, task):
+    import tensorflow as tf
+
+    assert main(["tf-config", write_config(CLUSTER_YAML), "--task", task]) == 0
+    printed = capsys.readouterr().out
+    monkeypatch.setenv("TF_CONFIG", printed)
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    job, index = task.split(":")
+    assert (resolver.task_type, resolver.task_id) == (job, int(index))
+    expected = json.loads(printed)["cluster"]
+    assert resolver.cluster_spec().as_dict() == expected
+    assert resolver.cluster_spec().as_dict()["worker"] == ["node-1:2222", "node-2:2222"]
+
+
+def test_count_based_cluster_has_no_fixed_tf_config(write_config, capsys):
+    path = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
+    assert main(["tf-config", path, "--task", "worker:0"]) == 2
+    assert "ports are only chosen by `tfdist launch`" in capsys.readouterr().err
+    with pytest.raises(ClusterError):
+        cluster_dict(load_config(path).cluster)
+
+
+def test_free_ports_are_distinct_local_ports(write_config):
+    config = load_config(write_config("cluster: {chief: 1, worker: 3}\n"
+                                      "strategy: multi_worker_mirrored\n"))
+    cluster = cluster_dict(config.cluster, pick_free_ports=True)
+    addresses = cluster["chief"] + cluster["worker"]
+    assert len(addresses) == 4 and len(set(addresses)) == 4
+    assert all(a.startswith("localhost:") and 0 < int(a.split(":")[1]) < 65536 for a in addresses)
+
+
+def test_json_is_compact_and_parses_back():
+    cluster = {"worker": ["a:1", "b:2"]}
+    text = tf_config_json(cluster, "worker", 0)
+    assert " " not in text and json.loads(text)["task"] == {"type": "worker", "index": 0}
+
+
+@pytest.mark.parametrize("text,message", [
+    ("worker", "TYPE:INDEX"), ("worker:x", "TYPE:INDEX"), (":1", "TYPE:INDEX"),
+    ("worker:5", "no task worker:5"), ("ps:0", "no task ps:0"),
+])
+def test_bad_task_names(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_task(text, {"chief": ["a:1"], "worker": ["b:1", "c:1"]})
+
+
+def test_cli_reports_a_missing_task_without_traceback(write_config, capsys):
+    assert main(["tf-config", write_config(CLUSTER_YAML), "--task", "worker:9"]) == 2
+    err = capsys.readouterr().err
+    assert "no task worker:9" in err and "worker:0..1" in err and "Traceback" not in err
+    assert os.environ.get("TF_CONFIG") is None
