@@ -21,9 +21,14 @@ def free_ports(count, host="127.0.0.1"):
 
 
 def port_in_use(port, host="127.0.0.1"):
-    """True when binding `host:port` fails because something already holds it."""
+    """True when binding `host:port` fails because something already holds it.
+
+    SO_REUSEADDR (as gRPC sets it) keeps connections lingering in TIME_WAIT from a
+    previous run from counting as "in use"; a live listener still does.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

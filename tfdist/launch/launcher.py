@@ -53,6 +53,12 @@ class Launcher:
         selected = [only_task] if only_task else cluster.tasks()
         if only_task is None:
             _check_all_local(cluster)
+        elif cluster.has_free_ports:
+            job = next(j for j, a in cluster.jobs().items() if any(x.port is None for x in a))
+            raise LaunchError(
+                f"--task starts one host of a cluster with fixed addresses, but cluster.{job} "
+                "is a task count, whose ports are only picked when tfdist launches every task "
+                "itself; list \"host:port\" addresses for every task")
         check_local_ports_free(cluster, selected)
         addresses = cluster_dict(cluster, pick_free_ports=only_task is None)
         tasks = []
