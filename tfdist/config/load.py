@@ -22,7 +22,6 @@ STRATEGY_OPTIONS = {
     },
     "multi_worker_mirrored": {
         "communication": functools.partial(checks.string, choices=("auto", "ring", "nccl")),
-        "logical_cpus": _positive_int,
         "timeout_seconds": functools.partial(checks.number, minimum=0, open_minimum=True),
     },
     "central_storage": {

@@ -1,0 +1,9 @@
+"""Errors of the strategies package."""
+
+
+class StrategyError(ValueError):
+    """A strategy that cannot be built as asked (missing TF_CONFIG, devices too late...)."""
+
+
+class UnsupportedByKerasError(NotImplementedError):
+    """A Keras 3 entry point that cannot work under this strategy; the message says what does."""

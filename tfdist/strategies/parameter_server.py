@@ -1,0 +1,40 @@
+"""ParameterServerStrategy with a clear message where Keras 3 cannot follow."""
+
+import sys
+
+import tensorflow as tf
+
+from tfdist.strategies.errors import UnsupportedByKerasError
+
+KERAS_MESSAGE = (
+    "Keras 3 `model.fit`, `evaluate` and `predict` do not support ParameterServerStrategy "
+    "(keras #18624). Train with tfdist.Trainer(model, optimizer, loss, strategy=strategy)"
+    ".fit(dataset_fn, epochs=..., steps_per_epoch=...), which drives the workers through "
+    "ClusterCoordinator.")
+
+
+class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
+    """`tf.distribute.ParameterServerStrategy` that says "use tfdist.Trainer" to Keras 3.
+
+    Keras 3's trainer distributes its dataset with `experimental_distribute_dataset` and
+    then iterates it on the coordinator, which TF refuses with "To use this dataset, you
+    need to pass this dataset to ClusterCoordinator.create_per_worker_dataset". When the
+    caller is Keras' trainer, this strategy raises `UnsupportedByKerasError` pointing
+    to `tfdist.Trainer` instead. Calls from anywhere else are TF's own.
+    """
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        if _called_from_keras_trainer():
+            raise UnsupportedByKerasError(KERAS_MESSAGE)
+        return super().experimental_distribute_dataset(dataset, options)
+
+
+def _called_from_keras_trainer(depth=4):
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_globals.get("__name__", "").startswith("keras.src.backend.tensorflow.trainer"):
+            return True
+        frame = frame.f_back
+    return False

@@ -1,0 +1,42 @@
+"""Feeding each strategy: the right distributed dataset for `Trainer`.
+
+| strategy | dataset given as | what each replica reads |
+|---|---|---|
+| mirrored, central_storage, one_device | `tf.data.Dataset` batched to the *global* batch | an equal slice of each global batch |
+| multi_worker_mirrored | `tf.data.Dataset` (global batch) | auto-sharded per worker (`AutoShardPolicy.AUTO`: by file, else by element), then split per replica |
+| any of the above | `fn(InputContext) -> Dataset` | what `fn` returns: shard with `context.input_pipeline_id` / `num_input_pipelines`, batch with `context.get_per_replica_batch_size(global)` |
+| parameter_server | `fn(InputContext)` or a repeated `Dataset` | a per-worker copy created on each worker by `ClusterCoordinator.create_per_worker_dataset` (shuffle with different seeds per worker; no sharding) |
+"""
+
+import tensorflow as tf
+
+
+def distribute(strategy, dataset_or_fn, coordinator=None):
+    """A distributed dataset (or per-worker dataset under a coordinator) for `strategy`.
+
+    Args:
+        strategy: the strategy the dataset feeds.
+        dataset_or_fn: a `tf.data.Dataset`, or a function of a
+            `tf.distribute.InputContext` returning one.
+        coordinator: a `ClusterCoordinator` (ParameterServerStrategy only).
+
+    Raises:
+        TypeError: neither a dataset nor a callable.
+    """
+    is_fn = callable(dataset_or_fn) and not isinstance(dataset_or_fn, tf.data.Dataset)
+    if not is_fn and not isinstance(dataset_or_fn, tf.data.Dataset):
+        raise TypeError("expected a tf.data.Dataset or a function of a "
+                        "tf.distribute.InputContext returning one. "
+                        f"Received: dataset_or_fn={dataset_or_fn!r}")
+    if coordinator is None:
+        if is_fn:
+            return strategy.distribute_datasets_from_function(dataset_or_fn)
+        return strategy.experimental_distribute_dataset(dataset_or_fn)
+    if not is_fn:
+        return coordinator.create_per_worker_dataset(dataset_or_fn)
+
+    @tf.function
+    def per_worker_dataset_fn():
+        return strategy.distribute_datasets_from_function(dataset_or_fn)
+
+    return coordinator.create_per_worker_dataset(per_worker_dataset_fn)

@@ -1,0 +1,95 @@
+"""Hook points of the training step, and the gradient pipeline that runs them.
+
+A training step computes local gradients on each replica, exchanges them across
+replicas, and applies them. Hooks plug into that step at four points:
+
+    before_exchange(grads, variables, step)   local gradients (replica context)
+    exchange(grads, variables, step)          the cross-replica exchange itself
+    after_exchange(grads, variables, step)    exchanged gradients (replica context)
+    on_step_end(step)                         after the update (cross-replica context)
+
+Gradient compression replaces `exchange` (compress, communicate the payload,
+decompress); local SGD replaces it with "no exchange" between averages and averages
+the model in `on_step_end`. The same `GradientPipeline` runs inside `tfdist.Trainer`
+and, through the optimizer wrapper in `tfdist.keras`, inside `model.fit`.
+"""
+
+import tensorflow as tf
+
+
+class TrainingHook:
+    """Base class of a training-step plug-in; override only what you need.
+
+    Gradient methods run inside `tf.function`, once per replica: `grads` is a list of
+    tensors (or IndexedSlices) aligned with `variables`, `step` an int64 scalar tensor
+    counting the steps done before this one. Create variables in `build`.
+    """
+
+    #: True when this hook performs the cross-replica exchange (at most one per step).
+    replaces_exchange = False
+
+    def build(self, strategy, variables):
+        """Creates the hook's state; called once, under `strategy.scope()`."""
+
+    def before_exchange(self, grads, variables, step):
+        return grads
+
+    def exchange(self, grads, variables, step):
+        """Returns the exchanged gradients, summed over replicas (if `replaces_exchange`)."""
+        raise NotImplementedError
+
+    def after_exchange(self, grads, variables, step):
+        return grads
+
+    def on_step_end(self, step):
+        """Runs after the optimizer update, in cross-replica context; `step` counts it."""
+
+
+def all_reduce_sum(grads):
+    """The exchange Keras 3 performs: a SUM all-reduce over the replicas in sync."""
+    if not grads:
+        return []
+    return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+
+
+class GradientPipeline:
+    """Runs the hooks around one gradient exchange.
+
+    Args:
+        hooks: `TrainingHook`s, applied in order (before/after exchange, step end).
+
+    Raises:
+        ValueError: more than one hook replaces the exchange.
+    """
+
+    def __init__(self, hooks=()):
+        self.hooks = list(hooks)
+        owners = [h for h in self.hooks if h.replaces_exchange]
+        if len(owners) > 1:
+            names = ", ".join(type(h).__name__ for h in owners)
+            raise ValueError(f"only one hook may replace the gradient exchange. Received: {names}")
+        self._exchange = owners[0].exchange if owners else (lambda g, v, s: all_reduce_sum(g))
+
+    def build(self, strategy, variables):
+        for hook in self.hooks:
+            hook.build(strategy, variables)
+
+    def __call__(self, grads_and_vars, step):
+        """Exchanges gradients in replica context; None gradients pass through untouched."""
+        grads_and_vars = list(grads_and_vars)
+        present = [i for i, (g, _) in enumerate(grads_and_vars) if g is not None]
+        grads = [grads_and_vars[i][0] for i in present]
+        variables = [grads_and_vars[i][1] for i in present]
+        for hook in self.hooks:
+            grads = hook.before_exchange(grads, variables, step)
+        grads = self._exchange(grads, variables, step)
+        for hook in self.hooks:
+            grads = hook.after_exchange(grads, variables, step)
+        result = [(None, v) for _, v in grads_and_vars]
+        for i, g in zip(present, grads):
+            result[i] = (g, grads_and_vars[i][1])
+        return result
+
+    def on_step_end(self, step):
+        for hook in self.hooks:
+            hook.on_step_end(step)

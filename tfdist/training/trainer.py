@@ -1,0 +1,263 @@
+"""`Trainer`: a custom training loop with a Keras-like `fit`, under any strategy."""
+
+import itertools
+
+import keras
+import tensorflow as tf
+
+from tfdist.keras.optimizer import with_gradient_pipeline
+from tfdist.strategies.task import is_chief
+from tfdist.training.data import distribute
+from tfdist.training.hooks import GradientPipeline
+
+
+class Trainer:
+    """Trains a Keras 3 model with `tf.GradientTape` under any tf.distribute strategy.
+
+    The loop is the one users write by hand (compute the loss, take gradients, exchange
+    them across replicas, apply them), with Keras' conveniences around it: callbacks,
+    History, a progress bar, validation. Under ParameterServerStrategy the steps are
+    scheduled on the workers through `ClusterCoordinator` and counted by the trainer.
+
+    Args:
+        model: a built Keras 3 model (created under `strategy.scope()`).
+        optimizer: a Keras optimizer (instance or name), not yet built; the trainer uses a
+            copy whose gradient exchange runs `hooks`.
+        loss: a Keras loss (instance or name) or a function ``loss(y_true, y_pred)``.
+        strategy: defaults to the strategy in scope.
+        metrics: Keras metrics (instances or names).
+        hooks: `TrainingHook`s around the gradient exchange and at step end.
+
+    Attributes:
+        completed_steps: training steps finished so far (exact under every strategy).
+        step: an int64 variable with the step count, for hooks.
+    """
+
+    def __init__(self, model, optimizer, loss, strategy=None, metrics=None, hooks=()):
+        self.strategy = strategy or tf.distribute.get_strategy()
+        if not model.built:
+            raise ValueError("the model must be built before training: give it a keras.Input "
+                             f"or call model.build(input_shape). Received: model={model.name}")
+        self.model = model
+        self.loss = _as_loss(loss)
+        self.pipeline = GradientPipeline(hooks)
+        self.coordinator = None
+        if isinstance(self.strategy, tf.distribute.ParameterServerStrategy):
+            self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
+        with self.strategy.scope():
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_step",
+                                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self.optimizer = with_gradient_pipeline(optimizer, self.pipeline,
+                                                    step=lambda: self.step)
+            self.optimizer.build(model.trainable_variables)
+            self.pipeline.build(self.strategy, model.trainable_variables)
+            self.loss_tracker = keras.metrics.Mean(name="loss")
+            self.metrics = [_as_metric(m) for m in metrics or []]
+        model.optimizer = self.optimizer
+        self.completed_steps = 0
+        self._train_function = self._make_train_function()
+        self._test_function = self._make_test_function()
+
+    # --- the compiled steps -----------------------------------------------------------
+
+    def _scaled_loss(self, y, y_pred, sample_weight):
+        """This replica's share of the global loss, as Keras 3 computes it.
+
+        Keras 3 losses divide by `num_replicas_in_sync` under a strategy, so that summing
+        gradients across replicas averages them; model losses (regularisation) get the
+        same share here. Multiply by `num_replicas_in_sync` for the loss itself.
+        """
+        loss = self.loss(y, y_pred, sample_weight)
+        if self.model.losses:
+            loss += tf.add_n(self.model.losses) / self.strategy.num_replicas_in_sync
+        return loss
+
+    def _update_metrics(self, loss, y, y_pred, sample_weight):
+        self.loss_tracker.update_state(loss)
+        for metric in self.metrics:
+            metric.update_state(y, y_pred, sample_weight)
+
+    def _make_train_function(self):
+        strategy, model = self.strategy, self.model
+
+        def replica_step(data):
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                scaled = self._scaled_loss(y, y_pred, sample_weight)
+            grads = tape.gradient(scaled, model.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            self._update_metrics(scaled * strategy.num_replicas_in_sync, y, y_pred, sample_weight)
+
+        def step_fn(data):
+            strategy.run(replica_step, args=(data,))
+            self.step.assign_add(1)
+            self.pipeline.on_step_end(self.step)
+
+        return self._compile(step_fn)
+
+    def _make_test_function(self):
+        strategy, model = self.strategy, self.model
+
+        def replica_step(data):
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+            y_pred = model(x, training=False)
+            loss = self._scaled_loss(y, y_pred, sample_weight) * strategy.num_replicas_in_sync
+            self._update_metrics(loss, y, y_pred, sample_weight)
+
+        return self._compile(lambda data: strategy.run(replica_step, args=(data,)))
+
+    def _compile(self, step_fn):
+        """A tf.function of one step that takes the iterator (scheduled under a coordinator)
+        or, elsewhere, the batch: reading it eagerly ends the data cleanly, before any op of
+        the step runs (inside a graph, ops not fed by the data would still run)."""
+        if self.coordinator is not None:
+            return tf.function(lambda iterator: step_fn(next(iterator)))
+        return tf.function(step_fn, reduce_retracing=True)
+
+    # --- the loops --------------------------------------------------------------------
+
+    def fit(self, dataset_or_fn, epochs=1, steps_per_epoch=None, validation_data=None,
+            validation_steps=None, callbacks=None, verbose="auto", initial_epoch=0):
+        """Trains for `epochs` epochs, like `keras.Model.fit`.
+
+        Args:
+            dataset_or_fn: a `tf.data.Dataset` of ``(x, y[, sample_weight])`` batched to
+                the global batch size, or a function of a `tf.distribute.InputContext`
+                returning the per-replica batched dataset (see `tfdist.training.data`).
+            epochs: index of the last epoch (as in Keras, with `initial_epoch`).
+            steps_per_epoch: steps per epoch; None runs each epoch until the data ends
+                (required under ParameterServerStrategy, whose datasets repeat).
+            validation_data, validation_steps: evaluated after each epoch; metrics are
+                logged with a ``val_`` prefix.
+            callbacks: Keras callbacks; `tfdist.callbacks` adds multi-worker-safe ones.
+            verbose: 0, 1 (progress bar) or "auto" (1 on the chief only).
+
+        Returns:
+            The `keras.callbacks.History` of the run.
+        """
+        verbose = self._verbose(verbose)
+        self._check_steps(steps_per_epoch, "steps_per_epoch")
+        train_data = distribute(self.strategy, dataset_or_fn, self.coordinator)
+        val_data = None
+        if validation_data is not None:
+            self._check_steps(validation_steps, "validation_steps")
+            val_data = distribute(self.strategy, validation_data, self.coordinator)
+        callbacks = keras.callbacks.CallbackList(
+            callbacks, add_history=True, add_progbar=verbose != 0, model=self.model,
+            verbose=verbose, epochs=epochs, steps=steps_per_epoch)
+        self.model.stop_training = False
+        callbacks.on_train_begin()
+        initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
+        iterator, logs = iter(train_data), {}
+        for epoch in range(initial_epoch, epochs):
+            self._reset_metrics()
+            callbacks.on_epoch_begin(epoch)
+            steps, exhausted = self._run_steps(self._train_function, iterator, steps_per_epoch,
+                                               callbacks.on_train_batch_begin,
+                                               callbacks.on_train_batch_end)
+            if exhausted:
+                if steps == 0:
+                    raise ValueError("the training dataset yielded no batch; check that it is "
+                                     "not empty and that each worker's shard has a full batch")
+                iterator = iter(train_data)
+            self.completed_steps += steps
+            logs = self._logs()
+            if val_data is not None:
+                val_logs = self._evaluate(val_data, validation_steps, callbacks, verbose=0)
+                logs.update({f"val_{k}": v for k, v in val_logs.items()})
+            callbacks.on_epoch_end(epoch, logs)
+            if self.model.stop_training:
+                break
+        callbacks.on_train_end(logs)
+        return self.model.history
+
+    def evaluate(self, dataset_or_fn, steps=None, callbacks=None, verbose="auto"):
+        """Evaluates loss and metrics; returns ``{name: value}``."""
+        verbose = self._verbose(verbose)
+        self._check_steps(steps, "steps")
+        data = distribute(self.strategy, dataset_or_fn, self.coordinator)
+        callbacks = keras.callbacks.CallbackList(
+            callbacks, add_progbar=verbose != 0, model=self.model, verbose=verbose,
+            epochs=1, steps=steps)
+        return self._evaluate(data, steps, callbacks, verbose)
+
+    def _evaluate(self, data, steps, callbacks, verbose):
+        self._reset_metrics()
+        callbacks.on_test_begin()
+        self._run_steps(self._test_function, iter(data), steps,
+                        callbacks.on_test_batch_begin, callbacks.on_test_batch_end)
+        logs = self._logs()
+        callbacks.on_test_end(logs)
+        return logs
+
+    def _run_steps(self, function, iterator, steps, on_begin, on_end):
+        """Runs up to `steps` steps (all the data if None); returns (steps run, exhausted)."""
+        done = 0
+        for batch in (range(steps) if steps is not None else itertools.count()):
+            on_begin(batch)
+            if self.coordinator is not None:
+                self.coordinator.schedule(function, args=(iterator,))
+            else:
+                try:
+                    data = next(iterator)
+                except (tf.errors.OutOfRangeError, StopIteration):
+                    return done, True
+                function(data)
+            done += 1
+            on_end(batch, {} if self.coordinator is not None else self._logs())
+        if self.coordinator is not None:
+            self.coordinator.join()
+        return done, False
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _logs(self):
+        return {m.name: float(m.result()) for m in [self.loss_tracker, *self.metrics]}
+
+    def _reset_metrics(self):
+        for metric in [self.loss_tracker, *self.metrics]:
+            metric.reset_state()
+
+    def _verbose(self, verbose):
+        return (1 if is_chief(self.strategy) else 0) if verbose == "auto" else verbose
+
+    def _check_steps(self, steps, name):
+        if steps is not None and (not isinstance(steps, int) or steps < 1):
+            raise ValueError(f"{name} must be a positive integer. Received: {name}={steps!r}")
+        if steps is None and self.coordinator is not None:
+            raise ValueError(f"under ParameterServerStrategy, give {name}: workers read "
+                             "repeated per-worker datasets, so an epoch has no natural end")
+
+
+class _FunctionLoss(keras.losses.Loss):
+    """A loss function ``fn(y_true, y_pred) -> per-example values`` as a Keras Loss."""
+
+    def __init__(self, fn):
+        super().__init__(name=getattr(fn, "__name__", "loss"))
+        self.fn = fn
+
+    def call(self, y_true, y_pred):
+        return self.fn(y_true, y_pred)
+
+
+def _as_loss(loss):
+    if isinstance(loss, str):
+        loss = keras.losses.get(loss)
+    if isinstance(loss, keras.losses.Loss):
+        return loss
+    if callable(loss):
+        return _FunctionLoss(loss)
+    raise ValueError(f"expected a Keras loss, its name, or a function. Received: loss={loss!r}")
+
+
+def _as_metric(metric):
+    if isinstance(metric, str):
+        name, metric = metric, keras.metrics.get(metric)
+        if isinstance(metric, keras.metrics.Metric) and metric.name != name:
+            metric = type(metric).from_config({**metric.get_config(), "name": name})
+    if isinstance(metric, keras.metrics.Metric):
+        return metric
+    if callable(metric):
+        return keras.metrics.MeanMetricWrapper(metric, name=getattr(metric, "__name__", "metric"))
+    raise ValueError(f"expected a Keras metric or its name. Received: metric={metric!r}")
