@@ -1,8 +1,11 @@
 """Shared fixtures: config files in a temporary folder."""
 
+import os
 import textwrap
 
 import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 @pytest.fixture
@@ -15,3 +18,42 @@ def write_config(tmp_path):
         return str(path)
 
     return write
+
+
+@pytest.fixture(scope="session")
+def two_cpus():
+    """Two logical CPU devices in this process (set before TensorFlow initialises)."""
+    from tfdist.strategies import ensure_logical_cpus
+
+    return ensure_logical_cpus(2)
+
+
+@pytest.fixture(scope="session")
+def strategies(two_cpus):
+    """strategies(name) -> one shared strategy per name for the whole session.
+
+    Several strategies with collective ops in one process can reuse each other's
+    collective keys ("Shape mismatch in the collective instance"), so tests share them.
+    """
+    from tfdist.strategies import get_strategy
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = get_strategy(name)
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def jobs_path():
+    """Puts tests/jobs on sys.path (models shared with the launched jobs)."""
+    import pathlib
+    import sys
+
+    path = str(pathlib.Path(__file__).parent / "jobs")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return path

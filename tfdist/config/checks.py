@@ -91,7 +91,7 @@ def number(source, path, value, minimum=None, maximum=None, open_minimum=False):
 
 
 def string_list(source, path, value):
-    if not isinstance(value, list):
+    if not isinstance(value, (list, tuple)):
         raise type_error(source, path, "a list of strings", value)
     return tuple(string(source, tuple(path) + (i,), v) for i, v in enumerate(value))
 

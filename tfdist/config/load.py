@@ -73,6 +73,11 @@ def config_from_dict(data, name="<dict>"):
     return build_config(data, Source(name, {}, {}))
 
 
+def strategy_from_dict(value, name="<dict>"):
+    """Validates a strategy section on its own (name or mapping) into a `StrategyConfig`."""
+    return _strategy(Source(name, {}, {}), ("strategy",), value)
+
+
 def build_config(data, source):
     """Validates parsed YAML `data` located by `source` into a `Config`."""
     if not isinstance(data, dict):

@@ -5,7 +5,7 @@ import os
 
 import tensorflow as tf
 
-from tfdist.config.load import config_from_dict
+from tfdist.config.load import strategy_from_dict
 from tfdist.config.schema import Config, StrategyConfig
 from tfdist.strategies.central_storage import CentralStorageStrategy
 from tfdist.strategies.devices import default_compute_devices, ensure_logical_cpus
@@ -54,9 +54,7 @@ def _strategy_config(name_or_config, options):
     if isinstance(name_or_config, StrategyConfig):
         options = {**name_or_config.options, **options}
         name_or_config = name_or_config.name
-    config = config_from_dict({"strategy": {"name": name_or_config, **options}},
-                              name="get_strategy()")
-    return config.strategy
+    return strategy_from_dict({"name": name_or_config, **options}, name="get_strategy()")
 
 
 def _mirrored(options):

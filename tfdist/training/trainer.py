@@ -73,9 +73,10 @@ class Trainer:
         return loss
 
     def _update_metrics(self, loss, y, y_pred, sample_weight):
-        self.loss_tracker.update_state(loss)
+        update = _add_increment if self.coordinator is not None else _update_state
+        update(self.loss_tracker, loss)
         for metric in self.metrics:
-            metric.update_state(y, y_pred, sample_weight)
+            update(metric, y, y_pred, sample_weight)
 
     def _make_train_function(self):
         strategy, model = self.strategy, self.model
@@ -228,6 +229,24 @@ class Trainer:
         if steps is None and self.coordinator is not None:
             raise ValueError(f"under ParameterServerStrategy, give {name}: workers read "
                              "repeated per-worker datasets, so an epoch has no natural end")
+
+
+def _update_state(metric, *args):
+    metric.update_state(*args)
+
+
+def _add_increment(metric, *args):
+    """Updates `metric` by an atomic `assign_add` of its increment.
+
+    Under ParameterServerStrategy, workers update the metric variables on the parameter
+    servers concurrently; Keras 3 implements `assign_add` as ``assign(read + delta)``, so
+    concurrent updates would be lost. The increment is the metric's update applied to a
+    zero state (exact for additive state: every Keras streaming metric keeps sums).
+    """
+    zeros = [tf.zeros(v.shape, v.dtype) for v in metric.variables]
+    increments = metric.stateless_update_state(zeros, *args)
+    for variable, increment in zip(metric.variables, increments):
+        variable.value.assign_add(increment)
 
 
 class _FunctionLoss(keras.losses.Loss):

@@ -1,0 +1,5 @@
+"""`tfdist.callbacks`: the Keras callbacks of tfdist, for `model.fit` and `tfdist.Trainer`."""
+
+from tfdist.keras.callbacks import BackupAndRestore, ModelCheckpoint
+
+__all__ = ["BackupAndRestore", "ModelCheckpoint"]

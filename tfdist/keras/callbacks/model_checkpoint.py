@@ -1,0 +1,29 @@
+"""`ModelCheckpoint` that saves on the chief only."""
+
+import keras
+
+from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
+
+
+class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Keras' `ModelCheckpoint`, writing `filepath` from the chief only.
+
+    Other workers still save (every worker takes part, as distributed variables may
+    need it) but into a temporary directory removed at the end of training, so workers
+    never race on the same file. Arguments as in Keras.
+    """
+
+    def __init__(self, filepath, **kwargs):
+        super().__init__(filepath, **kwargs)
+        self._chief_filepath = self.filepath
+        self._scratch = WorkerScratch()
+
+    def on_train_begin(self, logs=None):
+        if self._scratch.create(strategy_of(self.model)) is not None:
+            self.filepath = self._scratch.redirect(self._chief_filepath)
+        super().on_train_begin(logs)
+
+    def on_train_end(self, logs=None):
+        super().on_train_end(logs)
+        self._scratch.cleanup()
+        self.filepath = self._chief_filepath
