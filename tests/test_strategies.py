@@ -98,28 +98,41 @@ def test_two_replicas_match_single_device(strategies, name, loop):
         np.testing.assert_allclose(history[key], reference_history[key], rtol=1e-5)
 
 
+@pytest.mark.parametrize("loop", ["fit", "trainer"])
 @pytest.mark.parametrize("name", ["mirrored", "central_storage"])
 @pytest.mark.parametrize("dict_inputs", [False, True])
-def test_fit_with_batchnorm_and_dropout_learns(strategies, name, dict_inputs):
+def test_batchnorm_dropout_and_dict_models_learn(strategies, name, dict_inputs, loop):
     import keras
     from models import conv_model, dataset, dict_model, loss
 
     strategy = strategies(name)
     with strategy.scope():
         model = dict_model() if dict_inputs else conv_model()
-        model.compile(keras.optimizers.Adam(0.01), loss(), metrics=["sparse_categorical_accuracy"])
+        optimizer = keras.optimizers.Adam(0.01)
     data = dataset(256, batch=32, dict_inputs=dict_inputs)
-    history = model.fit(data, epochs=4, verbose=0).history
+    if loop == "fit":
+        with strategy.scope():
+            model.compile(optimizer, loss(), metrics=["sparse_categorical_accuracy"])
+        history = model.fit(data, epochs=4, verbose=0).history
+        evaluated = model.evaluate(data, verbose=0, return_dict=True)
+        assert model.predict(data, verbose=0).shape == (256, 3)
+    else:
+        trainer = tfdist.Trainer(model, optimizer, loss(), strategy=strategy,
+                                 metrics=["sparse_categorical_accuracy"])
+        history = trainer.fit(data, epochs=4, verbose=0).history
+        evaluated = trainer.evaluate(data, verbose=0)
     assert history["loss"][-1] < 0.6 * history["loss"][0]
-    evaluated = model.evaluate(data, verbose=0, return_dict=True)
     assert evaluated["sparse_categorical_accuracy"] > 0.8
-    assert model.predict(data, verbose=0).shape == (256, 3)
+    bn = next(la for la in model.layers if isinstance(la, keras.layers.BatchNormalization))
+    copies = strategy.experimental_local_results(bn.moving_mean.value)
+    assert all(np.array_equal(c.numpy(), copies[0].numpy()) for c in copies)
 
 
-def test_central_storage_moving_statistics_are_the_mean_over_replicas(strategies):
+@pytest.mark.parametrize("name", ["mirrored", "central_storage"])
+def test_moving_statistics_are_the_mean_over_replicas(strategies, name):
     import keras
 
-    strategy = strategies("central_storage")
+    strategy = strategies(name)
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(momentum=0.5)])
         model.compile("sgd", "mse")
@@ -129,8 +142,10 @@ def test_central_storage_moving_statistics_are_the_mean_over_replicas(strategies
     mean = np.mean([h.mean(axis=0) for h in halves], axis=0)
     variance = np.mean([h.var(axis=0) for h in halves], axis=0)
     bn = model.layers[0]
-    np.testing.assert_allclose(bn.moving_mean.numpy(), 0.5 * 0 + 0.5 * mean, rtol=1e-5)
-    np.testing.assert_allclose(bn.moving_variance.numpy(), 0.5 * 1 + 0.5 * variance, rtol=1e-5)
+    for copy in strategy.experimental_local_results(bn.moving_mean.value):  # every replica's
+        np.testing.assert_allclose(copy.numpy(), 0.5 * 0 + 0.5 * mean, rtol=1e-5)
+    for copy in strategy.experimental_local_results(bn.moving_variance.value):
+        np.testing.assert_allclose(copy.numpy(), 0.5 * 1 + 0.5 * variance, rtol=1e-5)
     # ...and not the statistics of the whole global batch, which differ here.
     assert not np.allclose(bn.moving_variance.numpy(), 0.5 + 0.5 * x.var(axis=0), rtol=1e-3)
 

@@ -1,0 +1,127 @@
+"""A training job for the multi-worker tests, run under `tfdist launch`.
+
+Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) and
+`<out>/<type>-<index>.npz` (final weights). Options:
+
+    --strategy multi_worker_mirrored | parameter_server
+    --loop fit | trainer
+    --model conv | dict | plain      (plain: no BatchNormalization, no Dropout)
+    --backup DIR --kill EPOCH        (worker:1 SIGKILLs itself mid-epoch EPOCH, once)
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import tfdist  # noqa: E402
+from models import conv_model, dataset, dict_model, loss  # noqa: E402
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--strategy", default="multi_worker_mirrored")
+    p.add_argument("--loop", default="fit")
+    p.add_argument("--model", default="conv")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--out", required=True)
+    p.add_argument("--backup")
+    p.add_argument("--kill", type=int)
+    return p.parse_args()
+
+
+class EpochLog(keras.callbacks.Callback):
+    """Appends each completed epoch to a file (chief only): proof of what ran."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def on_epoch_end(self, epoch, logs=None):
+        if tfdist.is_chief():
+            with open(self.path, "a") as f:
+                f.write(f"{epoch} {logs['loss']:.6f}\n")
+
+
+class KillOnce(keras.callbacks.Callback):
+    """worker:1 dies (SIGKILL) in the middle of `epoch`, the first time only."""
+
+    def __init__(self, epoch, marker):
+        self.epoch, self.marker, self.current = epoch, marker, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        task = tfdist.strategies.task_of()
+        if task == ("worker", 1) and self.current == self.epoch and batch == 2 \
+                and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main():
+    args = parse()
+    strategy = tfdist.get_strategy(args.strategy)
+    task_type, task_id = tfdist.strategies.task_of(strategy)
+    name = f"{task_type}-{task_id}"
+    dict_inputs = args.model == "dict"
+    with strategy.scope():
+        model = {"conv": conv_model, "dict": dict_model,
+                 "plain": lambda: conv_model(seed=3, batchnorm=False, dropout=0)}[args.model]()
+        optimizer = (keras.optimizers.SGD(0.05) if args.model == "plain"
+                     else keras.optimizers.Adam(0.01))
+    result = {"replicas": strategy.num_replicas_in_sync}
+    callbacks = []
+    if args.backup:
+        callbacks = [tfdist.callbacks.BackupAndRestore(args.backup),
+                     EpochLog(os.path.join(args.out, "epochs.log"))]
+        if args.kill is not None:
+            callbacks.append(KillOnce(args.kill, os.path.join(args.out, "killed")))
+
+    if args.strategy == "parameter_server":
+        with strategy.scope():
+            model.compile(keras.optimizers.Adam(0.01), loss())
+        try:
+            model.fit(dataset(64, 32), epochs=1, verbose=0)
+        except tfdist.strategies.UnsupportedByKerasError as e:
+            result["fit_error"] = str(e)
+
+        def dataset_fn(context):
+            return dataset(256, 32, seed=context.input_pipeline_id, repeat=True).shuffle(8)
+
+        trainer = tfdist.Trainer(model, optimizer, loss(), strategy=strategy,
+                                 metrics=["sparse_categorical_accuracy"])
+        history = trainer.fit(dataset_fn, epochs=args.epochs, steps_per_epoch=12, verbose=0)
+        result.update(completed_steps=trainer.completed_steps, step=int(trainer.step.numpy()),
+                      loss_count=float(trainer.loss_tracker.count.numpy()),
+                      optimizer_iterations=int(trainer.optimizer.iterations.numpy()))
+    elif args.loop == "fit":
+        with strategy.scope():
+            model.compile(optimizer, loss(), metrics=["sparse_categorical_accuracy"])
+        data = dataset(128, 32, dict_inputs=dict_inputs)
+        history = model.fit(data, epochs=args.epochs, verbose=0, callbacks=callbacks)
+        result["evaluate"] = model.evaluate(data, verbose=0, return_dict=True)
+        result["predict_shape"] = list(model.predict(data, verbose=0).shape)
+    else:
+        trainer = tfdist.Trainer(model, optimizer, loss(), strategy=strategy,
+                                 metrics=["sparse_categorical_accuracy"])
+        data = dataset(128, 32, dict_inputs=dict_inputs)
+        history = trainer.fit(data, epochs=args.epochs, verbose=0, callbacks=callbacks)
+        result["evaluate"] = trainer.evaluate(data, verbose=0)
+        result["completed_steps"] = trainer.completed_steps
+
+    result["history"] = history.history
+    result["keras_fixes"] = dict(getattr(strategy, "keras_fixes", {}))
+    np.savez(os.path.join(args.out, f"{name}.npz"), *[w.numpy() for w in model.weights])
+    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The upstream seams tfdist relies on. If Keras or TensorFlow moves one, a test here fails
+and names the fix to revisit — a Keras upgrade cannot break tfdist silently.
+
+The multi-worker seams (MultiWorkerMirroredStrategy's `reduce` calls from Keras' trainer,
+ParameterServerStrategy's dataset distribution) are also checked with real processes in
+`test_multiworker_training.py`.
+"""
+
+import inspect
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+
+import tfdist
+from tfdist.keras.optimizer import SEAM
+from tfdist.strategies import CentralStorageStrategy
+from tfdist.strategies.parameter_server import _called_from_keras_trainer
+from tfdist.training import GradientPipeline, TrainingHook
+
+pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
+
+
+class CountExchanges(TrainingHook):
+    def build(self, strategy, variables):
+        self.count = tf.Variable(0, dtype=tf.int64, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+    def before_exchange(self, grads, variables, step):
+        self.count.assign_add(1)
+        return grads
+
+
+def test_optimizer_all_reduce_seam_is_where_fit_exchanges_gradients(strategies):
+    """tfdist/keras/optimizer.py overrides Keras' `_all_reduce_sum_gradients`."""
+    from models import conv_model, dataset, loss
+
+    assert hasattr(keras.optimizers.Adam, SEAM), f"Keras optimizers lost {SEAM}"
+    strategy = strategies("mirrored")
+    hook = CountExchanges()
+    pipeline = GradientPipeline([hook])
+    with strategy.scope():
+        model = conv_model(batchnorm=False, dropout=0)
+        optimizer = tfdist.keras.with_gradient_pipeline(keras.optimizers.SGD(0.1), pipeline)
+        pipeline.build(strategy, model.trainable_variables)
+        model.compile(optimizer, loss())
+    model.fit(dataset(64, 32), epochs=1, verbose=0)
+    # One exchange per step and replica: Keras still routes fit's all-reduce through the seam.
+    assert int(hook.count.numpy()) == 2
+    assert type(optimizer).__name__ == "SGD" and isinstance(optimizer, keras.optimizers.SGD)
+
+
+def test_keras_losses_scale_by_the_number_of_replicas(strategies):
+    """Trainer relies on Keras 3 losses returning each replica's share (1/N)."""
+    y, p = np.float32([[1.0], [3.0]]), np.float32([[0.0], [0.0]])
+    plain = float(keras.losses.MeanSquaredError()(y, p))
+    strategy = strategies("mirrored")
+    share = strategy.run(lambda: keras.losses.MeanSquaredError()(y, p))
+    for value in strategy.experimental_local_results(share):
+        assert float(value) == pytest.approx(plain / 2)
+
+
+def test_keras_trainer_still_reduces_nested_batches_and_scalars_with_axis_0():
+    """The two calls tfdist's MultiWorkerMirroredStrategy.reduce accepts (keras #20585)."""
+    build = inspect.getsource(keras_tf_trainer.TensorFlowTrainer._maybe_symbolic_build)
+    assert "distribute_strategy.reduce(" in build and "axis=None" in build
+    per_replica = inspect.getsource(keras_tf_trainer.reduce_per_replica)
+    assert 'strategy.reduce("MEAN", v, axis=0)' in per_replica
+
+
+def test_keras_trainer_distributes_its_dataset_from_the_module_tfdist_watches():
+    """ParameterServerStrategy recognises Keras' trainer by this module name."""
+    assert keras_tf_trainer.__name__ == "keras.src.backend.tensorflow.trainer"
+    source = inspect.getsource(keras_tf_trainer.TFEpochIterator.__init__)
+    assert "experimental_distribute_dataset" in source
+    assert not _called_from_keras_trainer()
+
+
+def test_keras_state_is_still_created_without_aggregation(strategies):
+    """CentralStorageStrategy's fix exists because of this; if Keras starts choosing an
+    aggregation itself, the fix becomes a no-op and can go."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.BatchNormalization(),
+                              keras.layers.Dropout(0.5)])
+    assert model.layers[0].moving_mean.aggregation == "none"
+    assert keras.metrics.Mean().variables[0].aggregation == "sum"
+    strategy = strategies("central_storage")
+    before = sum(strategy.keras_fixes.values())
+    with strategy.scope():
+        keras.Sequential([keras.Input((2,)), keras.layers.BatchNormalization()])
+        keras.metrics.Mean()
+    fixes = sum(strategy.keras_fixes.values()) - before
+    assert fixes == 4  # moving mean and variance, metric total and count
+
+
+def test_upstream_central_storage_still_fails_with_batchnorm():
+    """Canary: plain TF CentralStorageStrategy + Keras 3 BatchNormalization. If this starts
+    passing, upstream fixed it and tfdist's CentralStorageStrategy can be retired."""
+    devices = ["/cpu:0", "/cpu:1"]
+    strategy = tf.distribute.experimental.CentralStorageStrategy(compute_devices=devices)
+    assert not isinstance(strategy, CentralStorageStrategy)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.BatchNormalization()])
+        model.compile("sgd", "mse")
+    with pytest.raises(ValueError, match="aggregation"):
+        model.fit(np.ones((4, 2)), np.ones((4, 2)), batch_size=4, verbose=0)

@@ -1,0 +1,111 @@
+"""Training across real worker processes launched by `tfdist launch`.
+
+MultiWorkerMirroredStrategy with 2 workers (model.fit and tfdist.Trainer), and
+ParameterServerStrategy with chief + 2 workers + 1 ps (tfdist.Trainer), all on localhost.
+Each job is tests/jobs/train_job.py; it writes its results for the test to check.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("jobs_path")]
+
+JOB = pathlib.Path(__file__).parent / "jobs" / "train_job.py"
+MWMS = "cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
+PS = "cluster: {chief: 1, worker: 2, ps: 1}\nstrategy: parameter_server\n"
+
+
+def launch(write_config, out, cluster, *args, expect_success=True, timeout=240):
+    """Runs the job on every task; returns ({task: result}, CompletedProcess)."""
+    out.mkdir(exist_ok=True)
+    config = write_config(cluster, name="cluster.yaml")
+    run = subprocess.run(
+        [sys.executable, "-m", "tfdist", "launch", config, "--grace-seconds", "5", "--",
+         sys.executable, str(JOB), "--out", str(out), *args],
+        capture_output=True, text=True, timeout=timeout)
+    if expect_success:
+        assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    results = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    return results, run
+
+
+def weights(out, task):
+    with np.load(out / f"{task}.npz") as z:
+        return [z[f"arr_{i}"] for i in range(len(z.files))]
+
+
+@pytest.mark.parametrize("loop", ["fit", "trainer"])
+def test_two_workers_match_single_device_training(write_config, tmp_path, loop):
+    import tensorflow as tf
+    from test_strategies import fit_weights
+
+    out = tmp_path / "out"
+    results, _ = launch(write_config, out, MWMS, "--loop", loop, "--model", "plain", "--epochs", "2")
+    reference, reference_history = fit_weights(tf.distribute.get_strategy(), loop)
+    assert set(results) == {"worker-0", "worker-1"}
+    for task in results:
+        assert results[task]["replicas"] == 2
+        for w, r in zip(weights(out, task), reference):
+            np.testing.assert_allclose(w, r, atol=2e-6)
+        np.testing.assert_allclose(results[task]["history"]["loss"],
+                                   reference_history["loss"], rtol=1e-5)
+    for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
+        np.testing.assert_array_equal(a, b)
+    if loop == "fit":  # the Keras 3 calls tfdist's MWMS reduce fixes are still made
+        fixes = results["worker-0"]["keras_fixes"]
+        assert fixes.get("nested", 0) > 0 and fixes.get("scalar_axis", 0) > 0, fixes
+
+
+@pytest.mark.parametrize("loop,model", [("fit", "conv"), ("fit", "dict"),
+                                        ("trainer", "conv"), ("trainer", "dict")])
+def test_batchnorm_dropout_and_dict_models_learn_on_two_workers(write_config, tmp_path, loop, model):
+    out = tmp_path / "out"
+    results, _ = launch(write_config, out, MWMS, "--loop", loop, "--model", model, "--epochs", "4")
+    for task, result in results.items():
+        loss = result["history"]["loss"]
+        assert loss[-1] < 0.6 * loss[0], (task, loss)
+        assert result["evaluate"]["sparse_categorical_accuracy"] > 0.8
+    if loop == "fit":
+        assert results["worker-0"]["predict_shape"] == [128, 3]
+    for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("model", ["conv", "dict"])
+def test_parameter_server_trainer_learns_and_counts_steps_exactly(write_config, tmp_path, model):
+    out = tmp_path / "out"
+    results, run = launch(write_config, out, PS, "--strategy", "parameter_server",
+                          "--model", model, "--epochs", "3")
+    assert set(results) == {"chief-0"}, "only the coordinator runs the script"
+    result = results["chief-0"]
+    assert "tfdist.Trainer" in result["fit_error"] and "keras #18624" in result["fit_error"]
+    assert result["completed_steps"] == 36 and result["step"] == 36
+    assert result["loss_count"] == 12.0  # every step of the last epoch counted once
+    loss = result["history"]["loss"]
+    assert loss[-1] < 0.6 * loss[0], loss
+    assert "[worker:1] tfdist server" in run.stdout and "[ps:0] tfdist server" in run.stdout
+
+
+def test_killed_worker_resumes_from_backup_without_losing_an_epoch(write_config, tmp_path):
+    out, backup = tmp_path / "out", tmp_path / "backup"
+    args = ("--loop", "fit", "--epochs", "4", "--backup", str(backup), "--kill", "2")
+    _, first = launch(write_config, out, MWMS, *args, expect_success=False)
+    assert first.returncode != 0 and "worker:1 exited with code 137" in first.stderr
+    assert (out / "killed").exists() and (backup / "latest.weights.h5").exists()
+    epochs_first = (out / "epochs.log").read_text().split("\n")[:-1]
+    assert [line.split()[0] for line in epochs_first] == ["0", "1"]
+
+    results, _ = launch(write_config, out, MWMS, *args)
+    lines = (out / "epochs.log").read_text().split("\n")[:-1]
+    assert [line.split()[0] for line in lines] == ["0", "1", "2", "3"], lines  # each once
+    losses = [float(line.split()[1]) for line in lines]
+    assert losses[2] < losses[0]  # the second run went on from epoch 1's weights
+    assert results["worker-0"]["history"]["loss"] == pytest.approx(losses[2:])
+    assert not backup.exists()  # the chief removed its backup when training finished
+    for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
+        np.testing.assert_array_equal(a, b)
