@@ -93,7 +93,8 @@ def main():
             result["fit_error"] = str(e)
 
         def dataset_fn(context):
-            return dataset(256, 32, seed=context.input_pipeline_id, repeat=True).shuffle(8)
+            return dataset(256, 32, seed=context.input_pipeline_id, dict_inputs=dict_inputs,
+                           repeat=True).shuffle(8)
 
         trainer = tfdist.Trainer(model, optimizer, loss(), strategy=strategy,
                                  metrics=["sparse_categorical_accuracy"])

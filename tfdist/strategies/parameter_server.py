@@ -21,7 +21,18 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
     need to pass this dataset to ClusterCoordinator.create_per_worker_dataset". When the
     caller is Keras' trainer, this strategy raises `UnsupportedByKerasError` pointing
     to `tfdist.Trainer` instead. Calls from anywhere else are TF's own.
+
+    Unlike TF's class, `cluster_resolver` returns the resolver it was built with, so
+    code can ask which task it runs on (`tfdist.is_chief`).
     """
+
+    def __init__(self, cluster_resolver, *args, **kwargs):
+        super().__init__(cluster_resolver, *args, **kwargs)
+        self._tfdist_cluster_resolver = cluster_resolver
+
+    @property
+    def cluster_resolver(self):
+        return self._tfdist_cluster_resolver
 
     def experimental_distribute_dataset(self, dataset, options=None):
         if _called_from_keras_trainer():

@@ -1,15 +1,29 @@
-"""Which task this process is: chief or not, from the strategy's cluster resolver."""
+"""Which task this process is: chief or not, from the strategy or TF_CONFIG."""
+
+import os
 
 import tensorflow as tf
 
 
-def task_of(strategy=None):
-    """(task_type, task_id) of this process; (None, None) outside a cluster."""
+def _resolver(strategy):
     strategy = strategy or tf.distribute.get_strategy()
     resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None and os.environ.get("TF_CONFIG"):
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if resolver is None or not resolver.cluster_spec().as_dict():
-        return None, None
-    return resolver.task_type, resolver.task_id
+        return None
+    return resolver
+
+
+def task_of(strategy=None):
+    """(task_type, task_id) of this process; (None, None) outside a cluster.
+
+    Args:
+        strategy: the strategy whose cluster to ask; by default the one in scope, or,
+            outside any scope (e.g. in a callback), the cluster in TF_CONFIG.
+    """
+    resolver = _resolver(strategy)
+    return (resolver.task_type, resolver.task_id) if resolver else (None, None)
 
 
 def is_chief(strategy=None):
@@ -18,11 +32,8 @@ def is_chief(strategy=None):
     That is the ``chief`` task; without one, ``worker:0``; outside a cluster, this
     process. Under ParameterServerStrategy the coordinator (``chief``) is the chief.
     """
-    strategy = strategy or tf.distribute.get_strategy()
-    task_type, task_id = task_of(strategy)
-    if task_type is None:
+    resolver = _resolver(strategy)
+    if resolver is None or resolver.task_type in (None, "chief"):
         return True
-    if task_type == "chief":
-        return True
-    has_chief = "chief" in strategy.cluster_resolver.cluster_spec().as_dict()
-    return task_type == "worker" and task_id == 0 and not has_chief
+    has_chief = "chief" in resolver.cluster_spec().as_dict()
+    return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief

@@ -23,7 +23,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         super().__init__(backup_dir, save_freq=save_freq, double_checkpoint=double_checkpoint,
                          delete_checkpoint=delete_checkpoint)
         self._chief_dir = backup_dir
-        self._scratch = WorkerScratch()
+        self._scratch = WorkerScratch(backup_dir)
 
     def on_train_begin(self, logs=None):
         self._point_to(self._chief_dir)

@@ -16,7 +16,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def __init__(self, filepath, **kwargs):
         super().__init__(filepath, **kwargs)
         self._chief_filepath = self.filepath
-        self._scratch = WorkerScratch()
+        self._scratch = WorkerScratch(self._chief_filepath)
 
     def on_train_begin(self, logs=None):
         if self._scratch.create(strategy_of(self.model)) is not None:
