@@ -6,9 +6,10 @@ Runs under `tfdist launch`, which gives every task its TF_CONFIG:
         python examples/quickstart/train.py --config configs/quickstart.yaml
 
 The data are synthetic and seeded (points labelled by a fixed random linear map), so
-every run is reproducible. Each worker reads its own shard; gradients are all-reduced
-by MultiWorkerMirroredStrategy. The chief prints the loss per epoch and writes
-`metrics.json`; every worker prints a checksum of its final weights, which must agree.
+every run is reproducible. Each worker reads its own shard; `tfdist.Trainer` runs the
+`tf.GradientTape` loop and MultiWorkerMirroredStrategy all-reduces the gradients. The
+chief prints the loss per epoch and writes `metrics.json`; every worker prints a
+checksum of its final weights, which must agree.
 """
 
 import json
@@ -50,17 +51,6 @@ def make_model(seed):
     ])
 
 
-def make_strategy(config):
-    options = config.strategy.options if config.strategy else {}
-    implementation = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-                      "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-                      "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}
-    communication = implementation[options.get("communication", "auto")]
-    return tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=tf.distribute.experimental.CommunicationOptions(
-            implementation=communication))
-
-
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
@@ -70,11 +60,7 @@ def main(argv):
     steps, batch = train.get("steps_per_epoch", 40), train.get("global_batch_size", 64)
     seed = train.get("seed", 0)
 
-    strategy = make_strategy(config)
-    resolver = strategy.cluster_resolver
-    is_chief = resolver.task_type in (None, "chief") or (
-        resolver.task_type == "worker" and resolver.task_id == 0
-        and "chief" not in resolver.cluster_spec().as_dict())
+    strategy = tfdist.get_strategy(config)  # MultiWorkerMirroredStrategy from TF_CONFIG
 
     def dataset_fn(context):
         per_replica = context.get_per_replica_batch_size(batch)
@@ -84,33 +70,19 @@ def main(argv):
 
     with strategy.scope():
         model = make_model(seed)
-        optimizer = keras.optimizers.Adam(train.get("learning_rate", 0.01))
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-
-    @tf.function
-    def train_step(iterator):
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(loss_fn(y, model(x, training=True)),
-                                                  global_batch_size=batch)
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-        return strategy.reduce("SUM", strategy.run(step, args=next(iterator)), axis=None)
-
-    history, start = [], time.time()
-    for epoch in range(epochs):
-        losses = [float(train_step(iterator)) for _ in range(steps)]
-        history.append(float(np.mean(losses)))
-        if is_chief:
-            print(f"epoch {epoch + 1}/{epochs}: loss {history[-1]:.4f}", flush=True)
+    trainer = tfdist.Trainer(
+        model, keras.optimizers.Adam(train.get("learning_rate", 0.01)),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True), strategy=strategy,
+        metrics=["sparse_categorical_accuracy"])
+    start = time.time()
+    history = trainer.fit(dataset_fn, epochs=epochs, steps_per_epoch=steps,
+                          verbose=2 if tfdist.is_chief(strategy) else 0).history["loss"]
 
     x, y = next(iter(synthetic_dataset(seed, "test", 2048).batch(2048)))
     accuracy = float(np.mean(np.argmax(model(x, training=False), axis=1) == y.numpy()))
     checksum = float(sum(np.sum(np.abs(v.numpy()).astype("float64")) for v in model.weights))
     print(f"final weights checksum {checksum:.6f}; held-out accuracy {accuracy:.3f}", flush=True)
-    if is_chief:
+    if tfdist.is_chief(strategy):
         print(f"loss fell from {history[0]:.4f} to {history[-1]:.4f} in "
               f"{time.time() - start:.1f}s across {strategy.num_replicas_in_sync} replicas",
               flush=True)

@@ -94,6 +94,7 @@ class Trainer:
             strategy.run(replica_step, args=(data,))
             self.step.assign_add(1)
             self.pipeline.on_step_end(self.step)
+            return self._results()
 
         return self._compile(step_fn)
 
@@ -106,7 +107,11 @@ class Trainer:
             loss = self._scaled_loss(y, y_pred, sample_weight) * strategy.num_replicas_in_sync
             self._update_metrics(loss, y, y_pred, sample_weight)
 
-        return self._compile(lambda data: strategy.run(replica_step, args=(data,)))
+        def step_fn(data):
+            strategy.run(replica_step, args=(data,))
+            return self._results()
+
+        return self._compile(step_fn)
 
     def _compile(self, step_fn):
         """A tf.function of one step that takes the iterator (scheduled under a coordinator)
@@ -197,6 +202,7 @@ class Trainer:
         done = 0
         for batch in (range(steps) if steps is not None else itertools.count()):
             on_begin(batch)
+            logs = {}  # under a coordinator, results stay on the workers until the epoch ends
             if self.coordinator is not None:
                 self.coordinator.schedule(function, args=(iterator,))
             else:
@@ -204,17 +210,20 @@ class Trainer:
                     data = next(iterator)
                 except (tf.errors.OutOfRangeError, StopIteration):
                     return done, True
-                function(data)
+                logs = function(data)
             done += 1
-            on_end(batch, {} if self.coordinator is not None else self._logs())
+            on_end(batch, logs)
         if self.coordinator is not None:
             self.coordinator.join()
         return done, False
 
     # --- helpers ----------------------------------------------------------------------
 
+    def _results(self):
+        return {m.name: m.result() for m in [self.loss_tracker, *self.metrics]}
+
     def _logs(self):
-        return {m.name: float(m.result()) for m in [self.loss_tracker, *self.metrics]}
+        return {name: float(value) for name, value in self._results().items()}
 
     def _reset_metrics(self):
         for metric in [self.loss_tracker, *self.metrics]:
