@@ -23,6 +23,7 @@ pytestmark = pytest.mark.multiprocess
 
 PY = sys.executable
 TIMEOUT = 30  # seconds for any launcher run that should finish quickly
+TWO_WORKERS = "cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
 
 # Prepended to every task script; sys.argv[1] is the test's tmp_path.
 PRELUDE = """\
@@ -227,10 +228,7 @@ def test_failing_task_stops_the_job_and_every_process(tmp_path, write_config, en
 
 
 def test_failed_task_is_restarted_with_the_same_tf_config(tmp_path, write_config, env):
-    config = write_config("""
-        cluster: {worker: 2}
-        strategy: multi_worker_mirrored
-    """)
+    config = write_config(TWO_WORKERS)
     result = run_launch(config, "--max-restarts", "1", env=env, command=task("""
         if name == "worker:1":
             with open(out / "attempts", "a") as f:
@@ -248,10 +246,7 @@ def test_failed_task_is_restarted_with_the_same_tf_config(tmp_path, write_config
 
 
 def test_task_that_keeps_failing_is_run_one_plus_max_restarts_times(tmp_path, write_config, env):
-    config = write_config("""
-        cluster: {worker: 2}
-        strategy: multi_worker_mirrored
-    """)
+    config = write_config(TWO_WORKERS)
     result = run_launch(config, "--max-restarts", "1", env=env, command=task("""
         if name == "worker:1":
             with open(out / "attempts", "a") as f:
@@ -276,10 +271,7 @@ SLEEPER = """
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)],
                          ids=["SIGTERM", "SIGINT"])
 def test_signal_to_launcher_stops_every_task(tmp_path, write_config, env, sig, code):
-    config = write_config("""
-        cluster: {worker: 2}
-        strategy: multi_worker_mirrored
-    """)
+    config = write_config(TWO_WORKERS)
     proc = start_launch(config, "--grace-seconds", "5", env=env, command=task(SLEEPER, tmp_path))
     pids = wait_for_pids(tmp_path, ["worker:0.pid", "worker:1.pid"], proc)
 
@@ -295,10 +287,7 @@ def test_signal_to_launcher_stops_every_task(tmp_path, write_config, env, sig, c
 
 
 def test_task_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path, write_config, env):
-    config = write_config("""
-        cluster: {worker: 2}
-        strategy: multi_worker_mirrored
-    """)
+    config = write_config(TWO_WORKERS)
     proc = start_launch(config, "--grace-seconds", "1", env=env, command=task("""
         import signal
         if name == "worker:0":
@@ -359,10 +348,7 @@ def test_non_local_address_is_refused_with_a_hint_about_task(tmp_path, write_con
 
 
 def test_missing_command_is_reported_without_traceback(tmp_path, write_config, env):
-    config = write_config("""
-        cluster: {worker: 2}
-        strategy: multi_worker_mirrored
-    """)
+    config = write_config(TWO_WORKERS)
     result = run_launch(config, env=env, command=["/nonexistent/binary", "--flag"])
 
     assert result.returncode == 2
@@ -393,10 +379,7 @@ def test_task_option_runs_only_that_task(tmp_path, write_config, env):
 
 
 def test_task_option_with_a_task_count_is_refused(tmp_path, write_config, env):
-    config = write_config("""
-        cluster: {worker: 2}
-        strategy: multi_worker_mirrored
-    """)
+    config = write_config(TWO_WORKERS)
     result = run_launch(config, "--task", "worker:1", env=env,
                         command=task('(out / "ran").touch()', tmp_path))
 

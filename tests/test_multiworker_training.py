@@ -115,6 +115,8 @@ def test_killed_worker_resumes_from_backup_without_losing_an_epoch(write_config,
     assert losses[2] < losses[0]  # the second run went on from epoch 1's weights
     assert results["worker-0"]["history"]["loss"] == pytest.approx(losses[2:], rel=1e-3)
     assert not backup.exists()  # the chief removed its backup when training finished
+    saved = sorted(p.name for p in out.glob("model-*.weights.h5"))  # chief-only checkpoints
+    assert saved == [f"model-{e}.weights.h5" for e in (1, 2, 3, 4)]
     assert not [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("tfdist-")]
     for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
         np.testing.assert_array_equal(a, b)

@@ -80,7 +80,10 @@ def main():
     callbacks = []
     if args.backup:
         callbacks = [tfdist.callbacks.BackupAndRestore(args.backup),
-                     EpochLog(os.path.join(args.out, "epochs.log"))]
+                     EpochLog(os.path.join(args.out, "epochs.log")),
+                     tfdist.callbacks.ModelCheckpoint(
+                         os.path.join(args.out, "model-{epoch}.weights.h5"),
+                         save_weights_only=True)]
         if args.kill is not None:
             callbacks.append(KillOnce(args.kill, os.path.join(args.out, "killed")))
 
