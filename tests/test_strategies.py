@@ -113,7 +113,8 @@ def test_batchnorm_dropout_and_dict_models_learn(strategies, name, dict_inputs, 
     if loop == "fit":
         with strategy.scope():
             model.compile(optimizer, loss(), metrics=["sparse_categorical_accuracy"])
-        history = model.fit(data, epochs=4, verbose=0).history
+        history = model.fit(data, epochs=4, verbose=0,
+                            callbacks=[tfdist.callbacks.SyncReplicaState()]).history
         evaluated = model.evaluate(data, verbose=0, return_dict=True)
         assert model.predict(data, verbose=0).shape == (256, 3)
     else:
@@ -137,7 +138,8 @@ def test_moving_statistics_are_the_mean_over_replicas(strategies, name):
         model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(momentum=0.5)])
         model.compile("sgd", "mse")
     x = np.arange(32, dtype="float32").reshape(8, 4) ** 1.5
-    model.fit(x, np.zeros_like(x), batch_size=8, epochs=1, verbose=0, shuffle=False)
+    model.fit(x, np.zeros_like(x), batch_size=8, epochs=1, verbose=0, shuffle=False,
+              callbacks=[tfdist.callbacks.SyncReplicaState()])
     halves = x[:4], x[4:]  # replica 0 and replica 1 of the one global batch
     mean = np.mean([h.mean(axis=0) for h in halves], axis=0)
     variance = np.mean([h.var(axis=0) for h in halves], axis=0)
@@ -148,6 +150,23 @@ def test_moving_statistics_are_the_mean_over_replicas(strategies, name):
         np.testing.assert_allclose(copy.numpy(), 0.5 * 1 + 0.5 * variance, rtol=1e-5)
     # ...and not the statistics of the whole global batch, which differ here.
     assert not np.allclose(bn.moving_variance.numpy(), 0.5 + 0.5 * x.var(axis=0), rtol=1e-3)
+
+
+def test_without_sync_mirrored_replicas_keep_different_statistics(strategies):
+    """Why SyncReplicaState exists: Keras 3 lets each replica write its own copy."""
+    import keras
+
+    strategy = strategies("mirrored")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization()])
+        model.compile("sgd", "mse")
+    x = np.arange(32, dtype="float32").reshape(8, 4) ** 1.5
+    model.fit(x, np.zeros_like(x), batch_size=8, epochs=1, verbose=0, shuffle=False)
+    a, b = strategy.experimental_local_results(model.layers[0].moving_mean.value)
+    assert not np.allclose(a.numpy(), b.numpy())
+    assert tfdist.strategies.sync_replica_state(strategy, model.non_trainable_variables) == 2
+    a, b = strategy.experimental_local_results(model.layers[0].moving_mean.value)
+    np.testing.assert_allclose(a.numpy(), b.numpy())
 
 
 def test_central_storage_metrics_equal_numpy(strategies):

@@ -77,9 +77,9 @@ def main():
         optimizer = (keras.optimizers.SGD(0.05) if args.model == "plain"
                      else keras.optimizers.Adam(0.01))
     result = {"replicas": strategy.num_replicas_in_sync}
-    callbacks = []
+    callbacks = [tfdist.callbacks.SyncReplicaState()] if args.loop == "fit" else []
     if args.backup:
-        callbacks = [tfdist.callbacks.BackupAndRestore(args.backup),
+        callbacks += [tfdist.callbacks.BackupAndRestore(args.backup),
                      EpochLog(os.path.join(args.out, "epochs.log")),
                      tfdist.callbacks.ModelCheckpoint(
                          os.path.join(args.out, "model-{epoch}.weights.h5"),

@@ -94,6 +94,7 @@ def build_config(data, source):
         local_sgd=get("local_sgd", _local_sgd),
         app=_freeze({k: v for k, v in data.items() if k not in SECTIONS}),
         path=source.file,
+        source=source,
     )
     _check_together(config, source)
     return config

@@ -80,6 +80,8 @@ class Config:
         app: the application's own top-level sections (e.g. ``train``), deep-frozen
             (mappings are read-only, lists are tuples) and otherwise untouched.
         path: the file it was read from, or None.
+        source: where each key came from (lines), for applications that validate
+            their own sections with `tfdist.config.checks`.
     """
 
     cluster: ClusterConfig | None = None
@@ -89,6 +91,7 @@ class Config:
     app: Mapping[str, Any] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({}))
     path: str | None = None
+    source: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def section(self, name, default=None):
         """An application section by name, e.g. ``config.section("train")``."""

@@ -12,11 +12,11 @@ class AggregatedKerasState:
     """Strategy mixin: Keras 3 state variables are aggregated across replicas.
 
     Keras 3 creates non-trainable state (BatchNormalization moving statistics, the seed
-    of Dropout and other random layers) with aggregation "none". Each replica then
-    writes only its own copy: under MirroredStrategy and MultiWorkerMirroredStrategy
-    the copies drift apart (two workers end with different models), and under
-    CentralStorageStrategy the write fails outright ("You must specify an aggregation
-    method to update a AggregatingVariable in Replica Context").
+    of Dropout and other random layers) with aggregation "none". Under
+    CentralStorageStrategy, which stores each variable once, writing it fails ("You must
+    specify an aggregation method to update a AggregatingVariable in Replica Context").
+    (Under the mirrored strategies each replica writes its own copy instead; see
+    `sync_replica_state` for keeping those copies equal without a collective per step.)
 
     Inside `scope()`, a variable creator gives such variables the aggregation
     tf.keras 2 used: MEAN for floating point (moving statistics become the mean over

@@ -1,11 +1,11 @@
 """MultiWorkerMirroredStrategy on which Keras 3 `fit`, `evaluate` and `predict` work."""
 
+import collections
+
 import tensorflow as tf
 
-from tfdist.strategies.keras_state import AggregatedKerasState
 
-
-class MultiWorkerMirroredStrategy(AggregatedKerasState, tf.distribute.MultiWorkerMirroredStrategy):
+class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     """`tf.distribute.MultiWorkerMirroredStrategy` on which Keras 3 trains.
 
     Keras 3 (keras #20585, tensorflow #72388) fails before the first step with two or
@@ -20,10 +20,11 @@ class MultiWorkerMirroredStrategy(AggregatedKerasState, tf.distribute.MultiWorke
     scalars as a reduction over replicas only (``axis=None``), the only meaning it can
     have. Every other call is TF's own. `keras_fixes` counts each fix applied, so a test
     notices if Keras stops making these calls.
-
-    Keras 3 state (BatchNormalization statistics) is also kept identical on every worker,
-    the mean over replicas; see `AggregatedKerasState`.
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.keras_fixes = collections.Counter()
 
     def reduce(self, reduce_op, value, axis):
         if tf.nest.is_nested(value):

@@ -6,6 +6,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.keras.optimizer import with_gradient_pipeline
+from tfdist.strategies.replica_state import sync_replica_state
 from tfdist.strategies.task import is_chief
 from tfdist.training.data import distribute
 from tfdist.training.hooks import GradientPipeline
@@ -18,6 +19,9 @@ class Trainer:
     them across replicas, apply them), with Keras' conveniences around it: callbacks,
     History, a progress bar, validation. Under ParameterServerStrategy the steps are
     scheduled on the workers through `ClusterCoordinator` and counted by the trainer.
+    At the end of every epoch, per-replica Keras state (BatchNormalization statistics)
+    is averaged across replicas and workers (`sync_replica_state`), so validation,
+    checkpoints and the final model see one model.
 
     Args:
         model: a built Keras 3 model (created under `strategy.scope()`).
@@ -168,6 +172,7 @@ class Trainer:
                                      "not empty and that each worker's shard has a full batch")
                 iterator = iter(train_data)
             self.completed_steps += steps
+            sync_replica_state(self.strategy, self.model.non_trainable_variables)
             logs = self._logs()
             if val_data is not None:
                 val_logs = self._evaluate(val_data, validation_steps, callbacks, verbose=0)

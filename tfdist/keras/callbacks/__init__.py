@@ -2,5 +2,6 @@
 
 from tfdist.keras.callbacks.backup_and_restore import BackupAndRestore
 from tfdist.keras.callbacks.model_checkpoint import ModelCheckpoint
+from tfdist.keras.callbacks.sync_replica_state import SyncReplicaState
 
-__all__ = ["BackupAndRestore", "ModelCheckpoint"]
+__all__ = ["BackupAndRestore", "ModelCheckpoint", "SyncReplicaState"]

@@ -1,0 +1,111 @@
+"""Train the UNet on any tfdist strategy: `python train.py --config configs/unet_mwms.yaml`.
+
+Under `tfdist launch` every task runs this same command with its TF_CONFIG. The chief
+writes metrics.json, predictions.png and curves.png to --output_dir.
+"""
+
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from absl import app, flags, logging  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import tfdist  # noqa: E402
+import data  # noqa: E402
+import metrics  # noqa: E402
+import report  # noqa: E402
+from model import unet  # noqa: E402
+from train_config import train_config  # noqa: E402
+
+flags.DEFINE_string("config", None, "tfdist config file with a train: section", required=True)
+flags.DEFINE_string("output_dir", "output/unet", "where the chief writes its outputs")
+flags.DEFINE_integer("epochs", None, "override train.epochs")
+flags.DEFINE_integer("steps_per_epoch", None, "override train.steps_per_epoch")
+flags.DEFINE_integer("validation_steps", None, "override train.validation_steps")
+flags.DEFINE_integer("batch_size", None, "override train.batch_size (global)")
+flags.DEFINE_integer("image_size", None, "override train.image_size")
+flags.DEFINE_float("learning_rate", None, "override train.learning_rate")
+flags.DEFINE_integer("seed", None, "override train.seed")
+flags.DEFINE_enum("loop", None, ["fit", "ctl"], "override train.loop")
+flags.DEFINE_string("dataset", None, "override train.dataset")
+flags.DEFINE_string("data_dir", None, "override train.data_dir")
+FLAGS = flags.FLAGS
+OVERRIDES = ("epochs", "steps_per_epoch", "validation_steps", "batch_size", "image_size",
+             "learning_rate", "seed", "loop", "dataset", "data_dir")
+
+
+class Progress(keras.callbacks.Callback):
+    """A line every `every` steps and at each epoch end (readable in any log)."""
+
+    def __init__(self, epochs, steps, every=25):
+        self.epochs, self.steps, self.every, self.start = epochs, steps, every, time.time()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (batch + 1) % self.every == 0 and logs:
+            print(f"epoch {self.epoch + 1}/{self.epochs} step {batch + 1}/{self.steps} "
+                  f"loss {float(logs['loss']):.4f} ({time.time() - self.start:.0f}s)", flush=True)
+
+    def on_epoch_end(self, epoch, logs=None):
+        shown = " ".join(f"{k} {v:.4f}" for k, v in logs.items())
+        print(f"epoch {epoch + 1}/{self.epochs} done: {shown} ({time.time() - self.start:.0f}s)",
+              flush=True)
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    config = tfdist.load_config(FLAGS.config)
+    train = train_config(config, {k: getattr(FLAGS, k) for k in OVERRIDES})
+    strategy = tfdist.get_strategy(config)
+    chief = tfdist.is_chief(strategy)
+    classes = data.num_classes(train)
+    keras.utils.set_random_seed(train.seed)
+    with strategy.scope():
+        model = unet(train.image_size, classes, train.base_filters, train.depth, train.dropout)
+        optimizer = keras.optimizers.Adam(train.learning_rate)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    callbacks = [Progress(train.epochs, train.steps_per_epoch)] if chief else []
+    fit_args = dict(epochs=train.epochs, steps_per_epoch=train.steps_per_epoch,
+                    validation_steps=train.validation_steps, callbacks=callbacks, verbose=0)
+    start = time.time()
+    if train.loop == "fit":
+        with strategy.scope():
+            model.compile(optimizer, loss, metrics=metrics.segmentation_metrics(classes))
+        history = model.fit(
+            strategy.distribute_datasets_from_function(data.dataset_fn(train, "train")),
+            validation_data=strategy.distribute_datasets_from_function(
+                data.dataset_fn(train, "validation")), **fit_args)
+    else:
+        trainer = tfdist.Trainer(model, optimizer, loss, strategy=strategy,
+                                 metrics=metrics.segmentation_metrics(classes))
+        history = trainer.fit(data.dataset_fn(train, "train"),
+                              validation_data=data.dataset_fn(train, "validation"), **fit_args)
+    wall = time.time() - start
+    if chief:
+        sample = next(iter(data.examples(train, "validation").batch(6)))
+        paths = report.write_all(FLAGS.output_dir, model, [np.asarray(t) for t in sample],
+                                 history.history, {
+                                     "strategy": config.strategy.name if config.strategy else "default",
+                                     "loop": train.loop,
+                                     "replicas": strategy.num_replicas_in_sync,
+                                     "steps": train.epochs * train.steps_per_epoch,
+                                     "wall_time_seconds": round(wall, 2),
+                                     "bytes_exchanged": None,
+                                 })
+        final = history.history
+        print(f"final validation mean IoU {final['val_mean_iou'][-1]:.3f}, pixel accuracy "
+              f"{final['val_pixel_accuracy'][-1]:.3f} after {wall:.0f}s", flush=True)
+        for name, path in paths.items():
+            print(f"wrote {name}: {os.path.abspath(path)}", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
