@@ -48,6 +48,18 @@ def strategies(two_cpus):
 
 
 @pytest.fixture(scope="session")
+def unet_path():
+    """Puts examples/unet_segmentation on sys.path (its modules import each other)."""
+    import pathlib
+    import sys
+
+    path = str(pathlib.Path(__file__).parent.parent / "examples" / "unet_segmentation")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def jobs_path():
     """Puts tests/jobs on sys.path (models shared with the launched jobs)."""
     import pathlib

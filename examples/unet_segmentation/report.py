@@ -20,7 +20,8 @@ def prediction_grid(images, masks, predictions, path):
                             colour_mask(pred)], axis=1)
             for img, true, pred in zip(images, masks, predictions)]
     grid = np.concatenate(rows, axis=0)
-    grid = np.kron(grid, np.ones((2, 2, 1), np.uint8)) if grid.shape[1] < 400 else grid
+    scale = max(1, 384 // grid.shape[1])  # small images are enlarged to be seen
+    grid = np.kron(grid, np.ones((scale, scale, 1), np.uint8))
     tf.io.write_file(path, tf.io.encode_png(grid))
 
 

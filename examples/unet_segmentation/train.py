@@ -72,7 +72,9 @@ def main(argv):
         model = unet(train.image_size, classes, train.base_filters, train.depth, train.dropout)
         optimizer = keras.optimizers.Adam(train.learning_rate)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    callbacks = [Progress(train.epochs, train.steps_per_epoch)] if chief else []
+    callbacks = [tfdist.callbacks.SyncReplicaState()]  # one model on every replica
+    if chief:
+        callbacks.append(Progress(train.epochs, train.steps_per_epoch))
     fit_args = dict(epochs=train.epochs, steps_per_epoch=train.steps_per_epoch,
                     validation_steps=train.validation_steps, callbacks=callbacks, verbose=0)
     start = time.time()
@@ -105,6 +107,7 @@ def main(argv):
               f"{final['val_pixel_accuracy'][-1]:.3f} after {wall:.0f}s", flush=True)
         for name, path in paths.items():
             print(f"wrote {name}: {os.path.abspath(path)}", flush=True)
+    tfdist.strategies.barrier(strategy)  # workers leave together, after the chief's writes
 
 
 if __name__ == "__main__":

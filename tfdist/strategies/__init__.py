@@ -7,8 +7,8 @@ from tfdist.strategies.factory import get_strategy
 from tfdist.strategies.replica_state import sync_replica_state
 from tfdist.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from tfdist.strategies.parameter_server import ParameterServerStrategy
-from tfdist.strategies.task import is_chief, task_of
+from tfdist.strategies.task import barrier, is_chief, task_of
 
 __all__ = ["CentralStorageStrategy", "MultiWorkerMirroredStrategy", "ParameterServerStrategy",
-           "StrategyError", "UnsupportedByKerasError", "ensure_logical_cpus", "get_strategy",
+           "StrategyError", "UnsupportedByKerasError", "barrier", "ensure_logical_cpus", "get_strategy",
            "is_chief", "sync_replica_state", "task_of"]

@@ -37,3 +37,14 @@ def is_chief(strategy=None):
         return True
     has_chief = "chief" in resolver.cluster_spec().as_dict()
     return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
+
+
+def barrier(strategy):
+    """Waits until every worker of a MultiWorkerMirroredStrategy job reaches this call.
+
+    Useful at the end of a script: workers that exit while the chief still writes its
+    outputs make the chief's collective runtime report them as crashed. A no-op for
+    other strategies (under ParameterServerStrategy only the coordinator runs scripts).
+    """
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and _resolver(strategy):
+        strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)

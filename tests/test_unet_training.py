@@ -1,0 +1,132 @@
+"""The UNet example end to end: metrics against NumPy, every config, real learning."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TRAIN = ROOT / "examples" / "unet_segmentation" / "train.py"
+QUICKSTART = ROOT / "examples" / "quickstart" / "train.py"
+pytestmark = pytest.mark.usefixtures("unet_path", "two_cpus")
+
+
+def numpy_pixel_accuracy(true, pred):
+    return float(np.mean(true == pred))
+
+
+def numpy_mean_iou(true, pred, classes):
+    """Mean over the classes present in truth or prediction of |T∩P| / |T∪P|."""
+    ious = []
+    for c in range(classes):
+        union = np.sum((true == c) | (pred == c))
+        if union:
+            ious.append(np.sum((true == c) & (pred == c)) / union)
+    return float(np.mean(ious))
+
+
+def known_masks():
+    rng = np.random.default_rng(0)
+    true = rng.integers(0, 4, size=(4, 8, 8))
+    true[:, :4] = 0
+    pred = np.where(rng.random(true.shape) < 0.7, true, rng.integers(0, 4, size=true.shape))
+    logits = np.eye(4, dtype="float32")[pred] * 5.0
+    return true.astype("int32"), pred, logits
+
+
+def test_metrics_match_numpy_on_one_device():
+    import metrics
+
+    true, pred, logits = known_masks()
+    accuracy, iou = metrics.segmentation_metrics(4)
+    for m in (accuracy, iou):
+        m.update_state(true, logits)
+    assert float(accuracy.result()) == pytest.approx(numpy_pixel_accuracy(true, pred), rel=1e-6)
+    assert float(iou.result()) == pytest.approx(numpy_mean_iou(true, pred, 4), rel=1e-5)
+
+
+def test_metrics_match_numpy_across_replicas(strategies):
+    """Each replica sees half the batch; the result is the metric of the whole batch."""
+    import metrics
+
+    strategy = strategies("mirrored")
+    true, pred, logits = known_masks()
+    with strategy.scope():
+        accuracy, iou = metrics.segmentation_metrics(4)
+
+    def halves(array):
+        return strategy.experimental_distribute_values_from_function(
+            lambda ctx: array[ctx.replica_id_in_sync_group * 2:][:2])
+
+    @tf.function
+    def update(t, p):
+        def step(t, p):
+            accuracy.update_state(t, p)
+            iou.update_state(t, p)
+        strategy.run(step, args=(t, p))
+
+    update(halves(true), halves(logits))
+    assert float(accuracy.result()) == pytest.approx(numpy_pixel_accuracy(true, pred), rel=1e-6)
+    assert float(iou.result()) == pytest.approx(numpy_mean_iou(true, pred, 4), rel=1e-5)
+    # ...which differs from the mean of the two halves' IoUs: the state is summed, not averaged.
+    per_half = np.mean([numpy_mean_iou(true[i:i + 2], pred[i:i + 2], 4) for i in (0, 2)])
+    assert per_half != pytest.approx(float(iou.result()), rel=1e-4)
+
+
+def run(command, cwd=ROOT, timeout=420):
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_config_runs_a_few_steps(tmp_path, name):
+    import tfdist
+
+    config = tfdist.load_config(ROOT / "configs" / name)
+    out = tmp_path / "out"
+    if name.startswith("unet_"):
+        script = [sys.executable, str(TRAIN), "--config", f"configs/{name}", "--output_dir", str(out),
+                  "--epochs", "1", "--steps_per_epoch", "3", "--validation_steps", "1",
+                  "--image_size", "16", "--batch_size", "8"]
+    else:
+        script = [sys.executable, str(QUICKSTART), "--config", f"configs/{name}",
+                  "--output_dir", str(out), "--epochs", "1"]
+    command = ([sys.executable, "-m", "tfdist", "launch", f"configs/{name}", "--", *script]
+               if config.cluster else script)
+    result = run(command)
+    metrics = json.loads((out / "metrics.json").read_text())
+    if name.startswith("unet_"):
+        assert metrics["steps"] == 3 and metrics["strategy"] == config.strategy.name
+        assert set(metrics["final"]) >= {"loss", "mean_iou", "pixel_accuracy", "val_mean_iou"}
+        assert (out / "predictions.png").stat().st_size > 0 and (out / "curves.png").exists()
+        assert "wrote predictions.png" in result.stdout
+    else:
+        assert len(metrics["loss"]) == 1
+
+
+@pytest.mark.multiprocess
+def test_unet_really_learns(tmp_path, write_config):
+    """Mean IoU well above predicting the majority class (background) everywhere."""
+    import shapes
+
+    config = write_config("strategy: default\n"
+                          "train: {image_size: 32, batch_size: 32, learning_rate: 0.003}\n")
+    out = tmp_path / "out"
+    run([sys.executable, str(TRAIN), "--config", config, "--output_dir", str(out),
+         "--epochs", "4", "--steps_per_epoch", "50", "--validation_steps", "8"])
+    final = json.loads((out / "metrics.json").read_text())["final"]
+    _, masks = next(iter(shapes.shapes_dataset(0, 32, "validation", 512).batch(512)))
+    masks = masks.numpy()
+    baseline = numpy_mean_iou(masks, np.zeros_like(masks), 4)
+    assert baseline < 0.25
+    assert final["val_mean_iou"] > baseline + 0.35, (final, baseline)
+    assert final["val_pixel_accuracy"] > np.mean(masks == 0) + 0.05
