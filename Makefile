@@ -2,7 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-OUTPUT ?= output/quickstart
+OUTPUT ?= output/unet
+DEMO_CONFIG ?= configs/unet_multi_worker_mirrored.yaml
 
 .PHONY: demo test test-fast venv clean
 
@@ -11,16 +12,16 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,plots]'
 	touch $@
 
-## Train the quickstart model across 2 local workers with tfdist launch.
+## Train the UNet on synthetic shapes across 2 local workers with tfdist launch.
 demo: venv
-	$(BIN)/tfdist validate configs/quickstart.yaml
-	$(BIN)/tfdist launch configs/quickstart.yaml -- \
-		$(BIN)/python examples/quickstart/train.py --config configs/quickstart.yaml \
+	$(BIN)/tfdist validate $(DEMO_CONFIG)
+	$(BIN)/tfdist launch $(DEMO_CONFIG) -- \
+		$(BIN)/python examples/unet_segmentation/train.py --config $(DEMO_CONFIG) \
 		--output_dir $(OUTPUT)
-	@echo "Metrics written to $(OUTPUT)/metrics.json"
+	@echo "Done. Images and metrics: $(OUTPUT)/predictions.png $(OUTPUT)/curves.png $(OUTPUT)/metrics.json"
 
 ## The whole test suite, multi-process tests included.
 test: venv
