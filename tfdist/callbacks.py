@@ -1,5 +1,6 @@
 """`tfdist.callbacks`: the Keras callbacks of tfdist, for `model.fit` and `tfdist.Trainer`."""
 
-from tfdist.keras.callbacks import BackupAndRestore, ModelCheckpoint, SyncReplicaState
+from tfdist.keras.callbacks import (BackupAndRestore, CommStats, HookPhases, ModelCheckpoint,
+                                    SyncReplicaState)
 
-__all__ = ["BackupAndRestore", "ModelCheckpoint", "SyncReplicaState"]
+__all__ = ["BackupAndRestore", "CommStats", "HookPhases", "ModelCheckpoint", "SyncReplicaState"]

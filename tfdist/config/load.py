@@ -78,6 +78,11 @@ def strategy_from_dict(value, name="<dict>"):
     return _strategy(Source(name, {}, {}), ("strategy",), value)
 
 
+def compression_from_dict(value, name="<dict>"):
+    """Validates a compression section on its own into a `CompressionConfig`."""
+    return _compression(Source(name, {}, {}), ("compression",), value)
+
+
 def build_config(data, source):
     """Validates parsed YAML `data` located by `source` into a `Config`."""
     if not isinstance(data, dict):

@@ -26,7 +26,8 @@ def with_gradient_pipeline(optimizer, pipeline, step=None):
 
     Returns:
         A new optimizer of a subclass of `type(optimizer)` (same name, same config, so a
-        saved model loads it as the original class). Create it under the strategy scope.
+        saved model loads it as the original class). Create it under the strategy scope;
+        building it (Keras does, before training) also builds the pipeline's hooks.
 
     Raises:
         ValueError: the optimizer is already built or already routed through a pipeline.
@@ -42,13 +43,19 @@ def with_gradient_pipeline(optimizer, pipeline, step=None):
     if not hasattr(base, SEAM):
         raise RuntimeError(f"Keras {keras.__version__}: {base.__name__} has no {SEAM}; "
                            "tfdist's gradient exchange seam moved — see tfdist/keras/optimizer.py")
-    cls = type(base.__name__, (base,), {SEAM: _exchange_gradients,
+    cls = type(base.__name__, (base,), {SEAM: _exchange_gradients, "build": _build,
                                         "__module__": base.__module__,
                                         "__qualname__": base.__qualname__})
     wrapped = cls.from_config(optimizer.get_config())
     wrapped._tfdist_pipeline = pipeline
     wrapped._tfdist_step = step
     return wrapped
+
+
+def _build(self, variables):
+    """Keras' build, then the pipeline's hooks get the same variables (same scope)."""
+    type(self).__mro__[1].build(self, variables)
+    self._tfdist_pipeline.build(tf.distribute.get_strategy(), variables)
 
 
 def _exchange_gradients(self, grads_and_vars):

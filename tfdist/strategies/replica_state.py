@@ -11,6 +11,8 @@ every epoch and `tfdist.callbacks.SyncReplicaState` does it for `model.fit`.
 
 import tensorflow as tf
 
+from tfdist.training.variables import underlying
+
 
 def per_replica_state(strategy, variables):
     """The variables whose replicas hold their own copies: non-trainable, floating point,
@@ -19,7 +21,7 @@ def per_replica_state(strategy, variables):
         return []
     chosen = []
     for variable in variables:
-        value = getattr(variable, "value", variable)  # Keras 3 variable -> tf.Variable
+        value = underlying(variable)
         if (not getattr(value, "trainable", True) and value.dtype.is_floating
                 and getattr(value, "aggregation", None) == tf.VariableAggregation.NONE
                 and isinstance(value, tf.distribute.DistributedValues)):

@@ -47,4 +47,5 @@ def barrier(strategy):
     other strategies (under ParameterServerStrategy only the coordinator runs scripts).
     """
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and _resolver(strategy):
-        strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+        tf.function(lambda: strategy.reduce(
+            "SUM", strategy.run(lambda: tf.constant(1.0)), axis=None))()

@@ -44,6 +44,15 @@ class TrainingHook:
     def on_step_end(self, step):
         """Runs after the optimizer update, in cross-replica context; `step` counts it."""
 
+    def phase(self, step):
+        """What the traced step depends on at Python step `step` (e.g. "compressing").
+
+        Collectives cannot sit inside `tf.cond` in replica context, so a hook whose
+        exchange changes at some step (delayed start, local-SGD warm-up) says so here;
+        when any hook's phase changes, the step function is traced again.
+        """
+        return None
+
 
 def all_reduce_sum(grads):
     """The exchange Keras 3 performs: a SUM all-reduce over the replicas in sync."""
@@ -93,3 +102,11 @@ class GradientPipeline:
     def on_step_end(self, step):
         for hook in self.hooks:
             hook.on_step_end(step)
+
+    def enter_phase(self, step):
+        """Sets every hook's phase for Python step `step`; True if any phase changed
+        (the caller must then trace its step function again)."""
+        phases = tuple(hook.phase(step) for hook in self.hooks)
+        changed = phases != getattr(self, "_phases", None)
+        self._phases = phases
+        return changed

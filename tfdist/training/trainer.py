@@ -53,8 +53,7 @@ class Trainer:
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             self.optimizer = with_gradient_pipeline(optimizer, self.pipeline,
                                                     step=lambda: self.step)
-            self.optimizer.build(model.trainable_variables)
-            self.pipeline.build(self.strategy, model.trainable_variables)
+            self.optimizer.build(model.trainable_variables)  # builds the hooks too
             self.loss_tracker = keras.metrics.Mean(name="loss")
             self.metrics = [_as_metric(m) for m in metrics or []]
         model.optimizer = self.optimizer
@@ -163,7 +162,7 @@ class Trainer:
         for epoch in range(initial_epoch, epochs):
             self._reset_metrics()
             callbacks.on_epoch_begin(epoch)
-            steps, exhausted = self._run_steps(self._train_function, iterator, steps_per_epoch,
+            steps, exhausted = self._run_steps(True, iterator, steps_per_epoch,
                                                callbacks.on_train_batch_begin,
                                                callbacks.on_train_batch_end)
             if exhausted:
@@ -196,17 +195,20 @@ class Trainer:
     def _evaluate(self, data, steps, callbacks, verbose):
         self._reset_metrics()
         callbacks.on_test_begin()
-        self._run_steps(self._test_function, iter(data), steps,
+        self._run_steps(False, iter(data), steps,
                         callbacks.on_test_batch_begin, callbacks.on_test_batch_end)
         logs = self._logs()
         callbacks.on_test_end(logs)
         return logs
 
-    def _run_steps(self, function, iterator, steps, on_begin, on_end):
+    def _run_steps(self, training, iterator, steps, on_begin, on_end):
         """Runs up to `steps` steps (all the data if None); returns (steps run, exhausted)."""
         done = 0
         for batch in (range(steps) if steps is not None else itertools.count()):
             on_begin(batch)
+            if training and self.pipeline.enter_phase(self.completed_steps + done):
+                self._train_function = self._make_train_function()  # a hook changed phase
+            function = self._train_function if training else self._test_function
             logs = {}  # under a coordinator, results stay on the workers until the epoch ends
             if self.coordinator is not None:
                 self.coordinator.schedule(function, args=(iterator,))

@@ -1,7 +1,9 @@
 """Keras callbacks that are safe under multi-worker strategies."""
 
 from tfdist.keras.callbacks.backup_and_restore import BackupAndRestore
+from tfdist.keras.callbacks.comm_stats import CommStats
+from tfdist.keras.callbacks.hook_phases import HookPhases
 from tfdist.keras.callbacks.model_checkpoint import ModelCheckpoint
 from tfdist.keras.callbacks.sync_replica_state import SyncReplicaState
 
-__all__ = ["BackupAndRestore", "ModelCheckpoint", "SyncReplicaState"]
+__all__ = ["BackupAndRestore", "CommStats", "HookPhases", "ModelCheckpoint", "SyncReplicaState"]

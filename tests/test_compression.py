@@ -1,0 +1,284 @@
+"""Gradient compression against independent computations (NumPy, the plain all-reduce)."""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tfdist.compression import (QSGD, Cast, Compressor, GradientCompression, Int8, PowerSGD,
+                                RandomK, Sign, TopK, build)
+from tfdist.compression.buffers import Layout, pack
+from tfdist.config import ConfigError
+
+pytestmark = pytest.mark.usefixtures("two_cpus")
+
+SHAPES = [(3, 5, 4, 8), (8,), (40, 30)]
+
+
+def tensors(seed=0, shapes=SHAPES):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=s).astype("float32") * (i + 1) for i, s in enumerate(shapes)]
+
+
+def seeds(step=0, replica=0):
+    shared = tf.constant([0, step], tf.int64)
+    return {"shared": shared, "local": tf.random.experimental.stateless_fold_in(shared, replica)}
+
+
+def roundtrip(compressor, xs, step=0):
+    buffer, layout = pack(xs)
+    payload = compressor.encode(buffer, layout, seeds(step))
+    nbytes = sum(int(np.prod(p.shape)) * p.dtype.size for p in payload)
+    return buffer.numpy(), compressor.decode(payload, layout, seeds(step)).numpy(), nbytes, layout
+
+
+@pytest.mark.parametrize("compressor", [Compressor(), Cast("float16"), Cast("bfloat16"), Int8(),
+                                        QSGD(15), Sign(), TopK(0.1), RandomK(0.1)])
+def test_payload_bytes_are_what_is_sent(compressor):
+    _, _, nbytes, layout = roundtrip(compressor, tensors())
+    assert compressor.payload_bytes(layout) == nbytes
+
+
+def test_casts_and_int8_stay_within_their_precision():
+    x, y, _, layout = roundtrip(Cast("float16"), tensors())
+    np.testing.assert_allclose(y, x, rtol=1e-3, atol=1e-3)
+    x, y, _, _ = roundtrip(Cast("bfloat16"), tensors())
+    np.testing.assert_allclose(y, x, rtol=1e-2, atol=1e-2)
+    xs = tensors()
+    x, y, _, _ = roundtrip(Int8(), xs)
+    bound = np.concatenate([np.full(t.size, np.abs(t).max() / 127 / 2) for t in xs])
+    assert np.all(np.abs(y - x) <= bound * 1.0001)  # per-tensor scale: half a step
+
+
+def test_sign_is_the_sign_times_the_mean_magnitude_per_tensor():
+    xs = tensors()
+    x, y, nbytes, _ = roundtrip(Sign(), xs)
+    expected = np.concatenate([np.where(t.ravel() >= 0, 1, -1) * np.abs(t).mean() for t in xs])
+    np.testing.assert_allclose(y, expected, rtol=1e-6)
+    assert nbytes == math.ceil(x.size / 8) + 4 * len(xs)  # 1 bit per value
+
+
+def test_topk_keeps_the_largest_magnitudes():
+    x, y, _, _ = roundtrip(TopK(0.05), tensors())
+    k = math.ceil(0.05 * x.size)
+    kept = np.argsort(-np.abs(x))[:k]
+    expected = np.zeros_like(x)
+    expected[kept] = x[kept]
+    np.testing.assert_array_equal(y, expected)
+    x, y, _, _ = roundtrip(TopK(1.0), tensors())
+    np.testing.assert_array_equal(y, x)
+
+
+@pytest.mark.parametrize("compressor,draws,tolerance", [(QSGD(4), 400, 0.12),
+                                                        (RandomK(0.25), 400, 0.25)])
+def test_stochastic_compressors_are_unbiased(compressor, draws, tolerance):
+    xs = tensors(shapes=[(16, 8), (64,)])
+    buffer, layout = pack(xs)
+    mean = np.mean([compressor.decode(compressor.encode(buffer, layout, seeds(s)), layout,
+                                      seeds(s)).numpy() for s in range(draws)], axis=0)
+    # The mean of many draws converges to the input (single draws are far from it).
+    single = compressor.decode(compressor.encode(buffer, layout, seeds(0)), layout, seeds(0))
+    scale = np.abs(buffer.numpy()).mean()
+    assert np.abs(mean - buffer.numpy()).mean() < tolerance * scale
+    assert np.abs(single.numpy() - buffer.numpy()).mean() > 2 * tolerance * scale
+
+
+# --- the exchange across 2 replicas (MirroredStrategy on 2 logical CPUs) ---------------
+
+def replica_grads(strategy):
+    """Different gradients on each replica, and their NumPy sum."""
+    per_replica = [tensors(seed=r) for r in range(2)]
+    total = [a + b for a, b in zip(*per_replica)]
+    values = [strategy.experimental_distribute_values_from_function(
+        lambda ctx, i=i: tf.constant(per_replica[ctx.replica_id_in_sync_group][i]))
+        for i in range(len(SHAPES))]
+    return values, total
+
+
+def exchanged(strategy, hook, step=0, repeats=1):
+    """The summed gradients each replica gets from `hook` (after `repeats` steps)."""
+    with strategy.scope():
+        variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
+        hook.build(strategy, variables)
+    values, total = replica_grads(strategy)
+
+    @tf.function
+    def run(values, step):
+        return strategy.run(lambda *g: hook.exchange(list(g), variables, step), args=values)
+
+    for i in range(repeats):
+        result = run(values, tf.constant(step + i, tf.int64))
+    per_tensor = [[t.numpy() for t in strategy.experimental_local_results(r)] for r in result]
+    return list(zip(*per_tensor)), total  # [replica][tensor]
+
+
+@pytest.mark.parametrize("hook,tolerance", [
+    (GradientCompression(Compressor()), 0.0),
+    (GradientCompression(TopK(1.0), min_size=1), 1e-6),
+    (GradientCompression(PowerSGD(rank=64), min_size=1), 1e-4),
+    (GradientCompression(Cast("float16"), min_size=1), 2e-3),
+    (GradientCompression(Int8(), min_size=1), 0.03),
+    (GradientCompression(Sign(), min_size=10**6), 0.0),       # all below min_size: plain
+    (GradientCompression(Sign(), min_size=1, start_step=5), 0.0),  # before start_step: plain
+])
+def test_exchange_equals_the_plain_all_reduce(strategies, hook, tolerance):
+    replicas, total = exchanged(strategies("mirrored"), hook)
+    for got_a, got_b, want in zip(*replicas, total):
+        np.testing.assert_array_equal(got_a, got_b)  # every replica gets the same sum
+        np.testing.assert_allclose(got_a, want, atol=tolerance * np.abs(want).max() + 1e-6)
+
+
+def test_gathered_payloads_are_each_decoded_and_summed(strategies):
+    """Independent computation: decode each replica's own payload alone, then add."""
+    replicas, _ = exchanged(strategies("mirrored"), GradientCompression(Sign(), min_size=1))
+    expected = 0
+    for r in range(2):
+        _, y, _, _ = roundtrip(Sign(), tensors(seed=r))
+        expected = expected + y
+    got, _ = pack([tf.constant(t) for t in replicas[0]])
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6)
+
+
+def test_randomk_sends_only_values_at_shared_indices(strategies):
+    hook = GradientCompression(RandomK(0.1, unbiased=False), min_size=1)
+    replicas, total = exchanged(strategies("mirrored"), hook)
+    got, _ = pack([tf.constant(t) for t in replicas[0]])
+    want, _ = pack([tf.constant(t) for t in total])
+    kept = got.numpy() != 0
+    assert kept.sum() == math.ceil(0.1 * got.shape[0])  # the same indices on both replicas
+    np.testing.assert_allclose(got.numpy()[kept], want.numpy()[kept], rtol=1e-6)
+
+
+def test_error_feedback_keeps_sent_plus_residual_equal_to_the_gradients():
+    """One replica: what is sent each step plus the final residual is the gradient sum."""
+    strategy = tf.distribute.get_strategy()
+    hook = GradientCompression(TopK(0.02), error_feedback=True, min_size=1)
+    variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
+    hook.build(strategy, variables)
+    sent, grads = 0, 0
+    for step in range(6):
+        g = tensors(seed=step)
+        out = strategy.run(lambda: hook.exchange([tf.constant(t) for t in g], variables,
+                                                 tf.constant(step, tf.int64)))
+        sent = sent + pack(out)[0].numpy()
+        grads = grads + pack([tf.constant(t) for t in g])[0].numpy()
+    np.testing.assert_allclose(sent + hook.residual.numpy(), grads, rtol=1e-5, atol=1e-5)
+    assert np.abs(hook.residual.numpy()).max() > 0
+
+
+def quadratic_distance(hook, steps=300, lr=0.05):
+    """SGD on ||w - target||^2 with gradients through `hook`; returns the final distance."""
+    rng = np.random.default_rng(0)
+    target = tf.constant(np.concatenate([[5.0], 0.01 * rng.normal(size=63)]), tf.float32)
+    w = tf.Variable(tf.zeros([64]))
+    hook.build(tf.distribute.get_strategy(), [w])
+
+    @tf.function
+    def train():
+        for step in tf.range(steps, dtype=tf.int64):
+            g = 2 * (w - target)
+            w.assign_sub(lr * hook.exchange([g], [w], step)[0])
+
+    tf.distribute.get_strategy().run(train)
+    return float(tf.norm(w - target))
+
+
+def test_sign_without_error_feedback_stalls_and_with_it_converges():
+    without = quadratic_distance(GradientCompression(Sign(), min_size=1))
+    with_ef = quadratic_distance(GradientCompression(Sign(), min_size=1, error_feedback=True))
+    assert without > 1.0 and with_ef < 0.1, (without, with_ef)
+
+
+def test_non_finite_gradients_are_refused_and_do_not_poison_residuals():
+    strategy = tf.distribute.get_strategy()
+    hook = GradientCompression(TopK(0.1), error_feedback=True, min_size=1)
+    variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
+    hook.build(strategy, variables)
+    good = [tf.constant(t) for t in tensors()]
+    hook.exchange(good, variables, tf.constant(0, tf.int64))
+    before = hook.residual.numpy()
+    bad = list(good)
+    bad[2] = tf.tensor_scatter_nd_update(bad[2], [[0, 0]], [np.nan])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN or Inf gradient"):
+        hook.exchange(bad, variables, tf.constant(1, tf.int64))
+    np.testing.assert_array_equal(hook.residual.numpy(), before)
+    assert np.all(np.isfinite(hook.residual.numpy()))
+
+
+def test_build_from_names_and_config(write_config):
+    hook = build("topk", ratio=0.05, error_feedback=True, start_step=3, min_size=10)
+    assert isinstance(hook.compressor, TopK) and hook.compressor.ratio == 0.05
+    assert (hook.error_feedback, hook.start_step, hook.min_size) == (True, 3, 10)
+    assert build("randomk", error_feedback=True).compressor.unbiased is False
+    assert build("randomk").compressor.unbiased is True
+    config = tfdist.load_config(write_config(
+        "strategy: mirrored\ncompression: {name: powersgd, rank: 2, min_size: 0}\n"))
+    hook = build(config.compression)
+    assert isinstance(hook.compressor, PowerSGD) and hook.compressor.rank == 2
+    assert hook.min_size == 0
+    with pytest.raises(ConfigError, match="did you mean 'topk'"):
+        build("top-k")
+    with pytest.raises(ConfigError, match="applies only to"):
+        build("sign", ratio=0.1)
+
+
+# --- model.fit and tfdist.Trainer ----------------------------------------------------
+
+def fit(strategy, optimizer, epochs=2):
+    import keras
+    from models import conv_model, dataset, loss
+
+    with strategy.scope():
+        model = conv_model(seed=3, batchnorm=False, dropout=0)
+        model.compile(optimizer, loss())
+    history = model.fit(dataset(128, 32), epochs=epochs, verbose=0).history
+    return model, history
+
+
+@pytest.mark.usefixtures("jobs_path")
+def test_distributed_optimizer_none_equals_plain_fit(strategies):
+    import keras
+
+    strategy = strategies("mirrored")
+    plain, _ = fit(strategy, keras.optimizers.SGD(0.05))
+    wrapped, _ = fit(strategy, tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.05),
+                                                                 strategy=strategy))
+    for a, b in zip(plain.weights, wrapped.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.usefixtures("jobs_path")
+@pytest.mark.parametrize("name,options", [("topk", {"ratio": 0.05, "error_feedback": True}),
+                                          ("powersgd", {"rank": 2}), ("int8", {}),
+                                          ("sign", {"error_feedback": True})])
+def test_compressed_fit_learns(strategies, name, options):
+    import keras
+
+    strategy = strategies("mirrored")
+    optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.Adam(0.01), name,
+                                                  strategy=strategy, min_size=64, **options)
+    _, history = fit(strategy, optimizer, epochs=4)
+    assert history["loss"][-1] < 0.6 * history["loss"][0], history
+
+
+@pytest.mark.usefixtures("jobs_path")
+def test_trainer_with_compression_learns(strategies):
+    import keras
+    from models import conv_model, dataset, loss
+
+    strategy = strategies("mirrored")
+    with strategy.scope():
+        model = conv_model(seed=3, batchnorm=False, dropout=0)
+    hook = build("qsgd", levels=7, min_size=64)
+    trainer = tfdist.Trainer(model, keras.optimizers.Adam(0.01), loss(), strategy=strategy,
+                             hooks=[hook])
+    history = trainer.fit(dataset(128, 32), epochs=4, verbose=0).history
+    assert history["loss"][-1] < 0.6 * history["loss"][0]
+    assert hook.bytes_per_step()["payload"] < hook.bytes_per_step()["dense"] / 3
+
+
+def test_compression_is_refused_where_nothing_is_exchanged(strategies):
+    with pytest.raises(ValueError, match="nothing to compress"):
+        tfdist.keras.DistributedOptimizer("sgd", "topk", strategy=strategies("central_storage"))

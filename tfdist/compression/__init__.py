@@ -1,0 +1,14 @@
+"""Gradient compression: compressors (pure), error feedback, delayed start, the exchange.
+
+    hook = tfdist.compression.build("topk", ratio=0.01, error_feedback=True)
+    tfdist.Trainer(model, optimizer, loss, hooks=[hook])
+    model.compile(tfdist.keras.DistributedOptimizer(optimizer, compression="fp16"), ...)
+"""
+
+from tfdist.compression.compressors import (QSGD, Cast, Compressor, Int8, PowerSGD, RandomK,
+                                            Sign, TopK)
+from tfdist.compression.exchange import GradientCompression
+from tfdist.compression.factory import build, compressor_by_name
+
+__all__ = ["Cast", "Compressor", "GradientCompression", "Int8", "PowerSGD", "QSGD", "RandomK",
+           "Sign", "TopK", "build", "compressor_by_name"]

@@ -1,0 +1,174 @@
+"""The compressed gradient exchange, as a `TrainingHook` that replaces the all-reduce.
+
+One step on each replica: gradients of small tensors (fewer than `min_size` values, and
+for PowerSGD every tensor of rank < 2) are fused into one float32 buffer and all-reduced
+as they are; the others are fused into one buffer, to which error feedback adds the
+residual, and which the compressor encodes; the payload itself crosses the network
+(all-reduce for "sum" compressors, all-gather for "gather" ones) and is decoded and
+summed on arrival. Before `start_step` everything goes uncompressed (delayed start):
+the switch is a Python phase (collectives cannot sit inside `tf.cond` in replica context),
+so the step function is traced once more when it happens (`TrainingHook.phase`).
+"""
+
+import tensorflow as tf
+
+from tfdist.compression import powersgd
+from tfdist.compression.buffers import Layout, pack, unpack
+from tfdist.compression.compressors import PowerSGD
+from tfdist.training.hooks import TrainingHook
+from tfdist.training.variables import underlying
+
+NON_FINITE = ("tfdist compression: a NaN or Inf gradient reached the exchange; nothing was "
+              "sent and the error-feedback residuals were not updated")
+
+
+def _key(variable):
+    return id(underlying(variable))
+
+
+class GradientCompression(TrainingHook):
+    """Exchanges gradients through `compressor`, with optional error feedback.
+
+    Args:
+        compressor: a `Compressor` (see `tfdist.compression.compressors`).
+        error_feedback: keep what compression lost and add it to the next gradient
+            (Karimireddy et al. 2019, "Error Feedback Fixes SignSGD").
+        start_step: steps exchanged uncompressed before compression starts.
+        min_size: tensors with fewer values go uncompressed.
+        seed: seed of the random choices (randomk indices, qsgd rounding, PowerSGD's Q0).
+    """
+
+    replaces_exchange = True
+
+    def __init__(self, compressor, *, error_feedback=False, start_step=0, min_size=1024, seed=0):
+        self.compressor, self.error_feedback = compressor, error_feedback
+        self.start_step, self.min_size, self.seed = int(start_step), int(min_size), int(seed)
+        self.residual, self.qs = None, []
+        self.compressing = self.start_step <= 0
+
+    def phase(self, step):
+        self.compressing = step >= self.start_step
+        return self.compressing
+
+    # --- state ----------------------------------------------------------------------
+
+    def build(self, strategy, variables):
+        self.num_replicas = strategy.num_replicas_in_sync
+        self.slots = {_key(v): i for i, v in enumerate(variables)}
+        shapes = [tuple(v.shape) for v in variables]
+        self.large = [i for i, s in enumerate(shapes) if self._compressed(s)]
+        self.small = [i for i in range(len(shapes)) if i not in set(self.large)]
+        self.small_layout = Layout(tuple(shapes[i] for i in self.small))
+        self.large_layout = Layout(tuple(shapes[i] for i in self.large))
+        local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
+        if self.error_feedback and self.large:
+            self.residual = tf.Variable(tf.zeros([self.large_layout.size]),
+                                        name="tfdist_residual", **local)
+        if isinstance(self.compressor, PowerSGD):
+            self.qs = [tf.Variable(powersgd.initial_q(s, self.compressor.rank, [self.seed, i]),
+                                   name=f"tfdist_powersgd_q{i}", **local)
+                       for i, s in enumerate(self.large_layout.shapes)]
+
+    def _compressed(self, shape):
+        size = 1
+        for d in shape:
+            size *= d
+        if isinstance(self.compressor, PowerSGD) and len(shape) < 2:
+            return False
+        return size >= self.min_size and self.compressor.name != "none"
+
+    # --- the exchange ---------------------------------------------------------------
+
+    def exchange(self, grads, variables, step):
+        context = tf.distribute.get_replica_context()
+        dense = [None] * len(self.slots)
+        for grad, variable in zip(grads, variables):
+            dense[self.slots[_key(variable)]] = tf.convert_to_tensor(grad)
+        shapes = self.small_layout.shapes + self.large_layout.shapes
+        for i, shape in zip(self.small + self.large, shapes):
+            if dense[i] is None:
+                dense[i] = tf.zeros(shape, tf.float32)
+        small = _all_reduce(context, [dense[i] for i in self.small])
+        large = self._exchange_large(context, [dense[i] for i in self.large], step)
+        summed = dict(zip(self.small + self.large, small + large))
+        return [tf.cast(summed[self.slots[_key(v)]], g.dtype) for g, v in zip(grads, variables)]
+
+    def _exchange_large(self, context, tensors, step):
+        if not tensors:
+            return []
+        buffer, layout = pack(tensors)
+        if self.residual is not None:
+            buffer += self.residual
+        buffer = tf.debugging.assert_all_finite(buffer, NON_FINITE)
+        if self.compressing:
+            summed = self._compressed_sum(context, buffer, layout, step)
+        else:
+            summed = self._plain_sum(context, buffer)
+        return unpack(summed, layout)
+
+    def _plain_sum(self, context, buffer):
+        if self.residual is not None:
+            self.residual.assign(tf.zeros_like(buffer))
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, buffer)
+
+    def _compressed_sum(self, context, buffer, layout, step):
+        if isinstance(self.compressor, PowerSGD):
+            return self._powersgd_sum(context, buffer, layout)
+        shared = tf.stack([tf.cast(self.seed, tf.int64), tf.cast(step, tf.int64)])
+        local = tf.random.experimental.stateless_fold_in(shared, context.replica_id_in_sync_group)
+        seeds = {"shared": shared, "local": local}
+        payload = self.compressor.encode(buffer, layout, seeds)
+        if self.compressor.collective == "sum":
+            summed = self.compressor.decode(
+                tuple(context.all_reduce(tf.distribute.ReduceOp.SUM, list(payload))), layout, seeds)
+        else:
+            gathered = [_all_gather(context, p) for p in payload]
+            summed = tf.add_n([self.compressor.decode(tuple(g[r] for g in gathered), layout, seeds)
+                               for r in range(context.num_replicas_in_sync)])
+        if self.residual is not None:
+            self.residual.assign(buffer - self.compressor.decode(payload, layout, seeds))
+        return summed
+
+    def _powersgd_sum(self, context, buffer, layout):
+        matrices = [tf.reshape(t, powersgd.matrix_shape(s))
+                    for t, s in zip(unpack(buffer, layout), layout.shapes)]
+        approx, new_qs = powersgd.exchange(matrices, [q.read_value() for q in self.qs],
+                                           lambda ts: _all_reduce(context, ts))
+        for q, new in zip(self.qs, new_qs):
+            q.assign(new)
+        summed, _ = pack(approx)
+        if self.residual is not None:  # what this replica's share of the sum did not carry
+            self.residual.assign(buffer - summed / context.num_replicas_in_sync)
+        return summed
+
+    # --- statistics -----------------------------------------------------------------
+
+    def bytes_per_step(self, step=None):
+        """{"payload": bytes this replica contributes, "dense": float32 bytes uncompressed}."""
+        dense = 4 * (self.small_layout.size + self.large_layout.size)
+        if step is not None and step < self.start_step:
+            return {"payload": dense, "dense": dense}
+        if isinstance(self.compressor, PowerSGD):
+            large = powersgd.payload_bytes(self.large_layout.shapes, self.compressor.rank)
+        else:
+            large = self.compressor.payload_bytes(self.large_layout) if self.large else 0
+        return {"payload": 4 * self.small_layout.size + large, "dense": dense}
+
+
+def _all_gather(context, tensor):
+    """[replicas, ...] of every replica's `tensor`. Bytes go as int32 (not every
+    collective implementation gathers int8/uint8), bit for bit, padded to whole words."""
+    if tensor.dtype not in (tf.int8, tf.uint8):
+        return context.all_gather(tensor[None], axis=0)
+    size = tensor.shape[0]
+    words = tf.bitcast(tf.reshape(tf.pad(tensor, [[0, -size % 4]]), [-1, 4]), tf.int32)
+    gathered = context.all_gather(words[None], axis=0)
+    return tf.reshape(tf.bitcast(gathered, tensor.dtype), [gathered.shape[0], -1])[:, :size]
+
+
+def _all_reduce(context, tensors):
+    """Sums `tensors` over replicas in one fused float32 all-reduce."""
+    if not tensors:
+        return []
+    buffer, layout = pack(tensors)
+    return unpack(context.all_reduce(tf.distribute.ReduceOp.SUM, buffer), layout)

@@ -1,0 +1,45 @@
+"""Compression from a name, a config section or an object."""
+
+from tfdist.compression.compressors import (QSGD, Cast, Compressor, Int8, PowerSGD, RandomK,
+                                            Sign, TopK)
+from tfdist.compression.exchange import GradientCompression
+from tfdist.config.load import compression_from_dict
+from tfdist.config.schema import CompressionConfig
+
+
+def compressor_by_name(name, *, ratio=None, rank=None, levels=None, error_feedback=False):
+    """The `Compressor` called `name` (none, fp16, bf16, int8, qsgd, sign, topk, randomk,
+    powersgd) with its hyper-parameter."""
+    return {
+        "none": lambda: Compressor(),
+        "fp16": lambda: Cast("float16"),
+        "bf16": lambda: Cast("bfloat16"),
+        "int8": Int8,
+        "qsgd": lambda: QSGD(levels),
+        "sign": Sign,
+        "topk": lambda: TopK(ratio),
+        # Error feedback keeps what was not sent, so the values go unscaled.
+        "randomk": lambda: RandomK(ratio, unbiased=not error_feedback),
+        "powersgd": lambda: PowerSGD(rank),
+    }[name]()
+
+
+def build(compression="none", **options):
+    """A `GradientCompression` hook from a name, a `CompressionConfig`, a config section
+    (dict) or a hook (returned as is).
+
+    Options override the config: ratio, rank, levels, error_feedback, start_step,
+    min_size, seed. Unknown names and out-of-range values raise `ConfigError`.
+    """
+    if isinstance(compression, GradientCompression):
+        return compression
+    seed = options.pop("seed", 0)
+    if isinstance(compression, CompressionConfig):
+        compression = {k: v for k, v in vars(compression).items() if v is not None}
+    if isinstance(compression, str):
+        compression = {"name": compression}
+    spec = compression_from_dict({**compression, **options})
+    compressor = compressor_by_name(spec.name, ratio=spec.ratio, rank=spec.rank,
+                                    levels=spec.levels, error_feedback=spec.error_feedback)
+    return GradientCompression(compressor, error_feedback=spec.error_feedback,
+                               start_step=spec.start_step, min_size=spec.min_size, seed=seed)

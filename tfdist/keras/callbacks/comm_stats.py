@@ -1,0 +1,69 @@
+"""`CommStats`: bytes exchanged per step and the compression ratio, in logs and TensorBoard."""
+
+import keras
+import tensorflow as tf
+
+from tfdist.compression.exchange import GradientCompression
+
+
+class CommStats(keras.callbacks.Callback):
+    """Adds to each epoch's logs, from the payload sizes of tfdist's gradient exchange:
+
+    - ``comm_payload_bytes``: gradient bytes each replica contributes per step;
+    - ``comm_bytes_per_worker``: bytes each worker sends per step over the network
+      (ring all-reduce: 2 (W - 1) / W x payload; all-gather: (W - 1) x payload;
+      W = number of workers; 0 on one machine);
+    - ``compression_ratio``: uncompressed float32 bytes / payload bytes.
+
+    Args:
+        log_dir: also write them as TensorBoard scalars there (optional).
+        hook: the `GradientCompression` to read; found on the model's optimizer by default.
+    """
+
+    def __init__(self, log_dir=None, hook=None):
+        super().__init__()
+        self.log_dir, self.hook = log_dir, hook
+        self._writer = None
+
+    def on_train_begin(self, logs=None):
+        self.hook = self.hook or _find_hook(self.model)
+        if self.log_dir and self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.hook is None or logs is None:
+            return
+        stats = self.stats(int(self.model.optimizer.iterations) - 1)
+        logs.update(stats)
+        if self._writer is not None:
+            with self._writer.as_default():
+                for name, value in stats.items():
+                    tf.summary.scalar(name, value, step=epoch)
+            self._writer.flush()
+
+    def stats(self, step):
+        sizes = self.hook.bytes_per_step(step)
+        workers = _num_workers(self.model)
+        ring = 2 * (workers - 1) / workers * sizes["payload"]
+        gather = (workers - 1) * sizes["payload"]
+        compressor = self.hook.compressor
+        per_worker = gather if (self.hook.compressing and compressor.collective == "gather") else ring
+        return {"comm_payload_bytes": float(sizes["payload"]),
+                "comm_bytes_per_worker": float(per_worker),
+                "compression_ratio": sizes["dense"] / max(sizes["payload"], 1)}
+
+
+def _find_hook(model):
+    pipeline = getattr(model.optimizer, "_tfdist_pipeline", None)
+    hooks = pipeline.hooks if pipeline is not None else []
+    found = [h for h in hooks if isinstance(h, GradientCompression)]
+    return found[0] if found else None
+
+
+def _num_workers(model):
+    strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None:
+        return 1
+    spec = resolver.cluster_spec().as_dict()
+    return max(1, len(spec.get("chief", [])) + len(spec.get("worker", [])))
