@@ -282,3 +282,64 @@ def test_trainer_with_compression_learns(strategies):
 def test_compression_is_refused_where_nothing_is_exchanged(strategies):
     with pytest.raises(ValueError, match="nothing to compress"):
         tfdist.keras.DistributedOptimizer("sgd", "topk", strategy=strategies("central_storage"))
+
+
+def trained_weights(strategy, compression, steps, loop="trainer", callbacks=()):
+    import keras
+    from models import conv_model, dataset, loss
+
+    with strategy.scope():
+        model = conv_model(seed=3, batchnorm=False, dropout=0)
+    data = dataset(32 * steps, 32)
+    if loop == "trainer":
+        hooks = [build(compression, min_size=64, start_step=3)] if compression else []
+        tfdist.Trainer(model, keras.optimizers.SGD(0.05), loss(), strategy=strategy,
+                       hooks=hooks).fit(data, verbose=0)
+    else:
+        optimizer = keras.optimizers.SGD(0.05)
+        if compression:
+            optimizer = tfdist.keras.DistributedOptimizer(optimizer, compression, strategy=strategy,
+                                                          min_size=64, start_step=3)
+        with strategy.scope():
+            model.compile(optimizer, loss())
+        model.fit(data, verbose=0, callbacks=list(callbacks))
+    return [w.numpy() for w in model.weights]
+
+
+@pytest.mark.usefixtures("jobs_path")
+@pytest.mark.parametrize("loop", ["trainer", "fit"])
+def test_delayed_start_exchanges_uncompressed_until_start_step(strategies, loop):
+    strategy = strategies("mirrored")
+    callbacks = [tfdist.callbacks.HookPhases()]
+    for steps, same in ((3, True), (5, False)):
+        plain = trained_weights(strategy, None, steps, loop)
+        compressed = trained_weights(strategy, "sign", steps, loop, callbacks)
+        equal = all(np.allclose(a, b, atol=1e-6) for a, b in zip(plain, compressed))
+        assert equal == same, (loop, steps)
+
+
+@pytest.mark.usefixtures("jobs_path")
+def test_delayed_start_under_fit_without_hook_phases_is_a_clear_error(strategies):
+    with pytest.raises(Exception, match="HookPhases"):
+        trained_weights(strategies("mirrored"), "sign", 3, "fit")
+
+
+@pytest.mark.usefixtures("jobs_path")
+def test_comm_stats_report_the_payload_and_ratio(strategies):
+    import keras
+    from models import conv_model, dataset, loss
+
+    strategy = strategies("mirrored")
+    with strategy.scope():
+        model = conv_model(seed=3, batchnorm=False, dropout=0)
+        optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.05), "topk",
+                                                      ratio=0.05, min_size=64, strategy=strategy)
+        model.compile(optimizer, loss())
+    history = model.fit(dataset(64, 32), epochs=1, verbose=0,
+                        callbacks=[tfdist.callbacks.CommStats()]).history
+    sizes = [int(np.prod(v.shape)) for v in model.trainable_variables]
+    large = sum(s for s in sizes if s >= 64)
+    payload = 4 * (sum(sizes) - large) + 8 * math.ceil(0.05 * large)
+    assert history["comm_payload_bytes"] == [payload]
+    assert history["compression_ratio"][0] == pytest.approx(4 * sum(sizes) / payload)
+    assert history["comm_bytes_per_worker"] == [0.0]  # one machine: nothing crosses a network

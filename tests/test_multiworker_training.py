@@ -67,6 +67,24 @@ def test_two_workers_match_single_device_training(write_config, tmp_path, loop):
         assert fixes.get("nested", 0) > 0 and fixes.get("scalar_axis", 0) > 0, fixes
 
 
+@pytest.mark.parametrize("compression,tolerance", [("topk", 2e-6), ("powersgd", 1e-4)])
+def test_compressed_exchange_across_processes_matches_single_device(write_config, tmp_path,
+                                                                    compression, tolerance):
+    """topk keeping everything and full-rank PowerSGD send the payloads across processes
+    (all-gather; two all-reduces) and must reproduce uncompressed training."""
+    import tensorflow as tf
+    from test_strategies import fit_weights
+
+    out = tmp_path / "out"
+    extra = ("--ratio", "1.0") if compression == "topk" else ("--rank", "64")
+    results, _ = launch(write_config, out, MWMS, "--model", "plain", "--epochs", "2",
+                        "--compression", compression, *extra)
+    reference, _ = fit_weights(tf.distribute.get_strategy(), "fit")
+    for task in results:
+        for w, r in zip(weights(out, task), reference):
+            np.testing.assert_allclose(w, r, atol=tolerance)
+
+
 @pytest.mark.parametrize("loop,model", [("fit", "conv"), ("fit", "dict"),
                                         ("trainer", "conv"), ("trainer", "dict")])
 def test_batchnorm_dropout_and_dict_models_learn_on_two_workers(write_config, tmp_path, loop, model):

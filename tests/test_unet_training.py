@@ -97,6 +97,8 @@ def test_every_config_runs_a_few_steps(tmp_path, name):
         script = [sys.executable, str(TRAIN), "--config", f"configs/{name}", "--output_dir", str(out),
                   "--epochs", "1", "--steps_per_epoch", "3", "--validation_steps", "1",
                   "--image_size", "16", "--batch_size", "8"]
+        if config.compression:  # compress from the first step
+            script += ["--start_step", "0"]
     else:
         script = [sys.executable, str(QUICKSTART), "--config", f"configs/{name}",
                   "--output_dir", str(out), "--epochs", "1"]
@@ -106,6 +108,9 @@ def test_every_config_runs_a_few_steps(tmp_path, name):
     metrics = json.loads((out / "metrics.json").read_text())
     if name.startswith("unet_"):
         assert metrics["steps"] == 3 and metrics["strategy"] == config.strategy.name
+        if config.compression:
+            assert metrics["compression"] == config.compression.name
+            assert metrics["bytes_exchanged"]["compression_ratio"] > 1.5
         assert set(metrics["final"]) >= {"loss", "mean_iou", "pixel_accuracy", "val_mean_iou"}
         assert (out / "predictions.png").stat().st_size > 0 and (out / "curves.png").exists()
         assert "wrote predictions.png" in result.stdout

@@ -34,6 +34,7 @@ flags.DEFINE_integer("seed", None, "override train.seed")
 flags.DEFINE_enum("loop", None, ["fit", "ctl"], "override train.loop")
 flags.DEFINE_string("dataset", None, "override train.dataset")
 flags.DEFINE_string("data_dir", None, "override train.data_dir")
+flags.DEFINE_integer("start_step", None, "override compression.start_step")
 FLAGS = flags.FLAGS
 OVERRIDES = ("epochs", "steps_per_epoch", "validation_steps", "batch_size", "image_size",
              "learning_rate", "seed", "loop", "dataset", "data_dir")
@@ -59,6 +60,14 @@ class Progress(keras.callbacks.Callback):
               flush=True)
 
 
+def _bytes(history):
+    """Gradient bytes per step per worker and compression ratio (CommStats), if known."""
+    if "comm_bytes_per_worker" not in history:
+        return None
+    return {"per_step_per_worker": history["comm_bytes_per_worker"][-1],
+            "compression_ratio": history["compression_ratio"][-1]}
+
+
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
@@ -73,6 +82,16 @@ def main(argv):
         optimizer = keras.optimizers.Adam(train.learning_rate)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     callbacks = [tfdist.callbacks.SyncReplicaState()]  # one model on every replica
+    hooks = []
+    if config.compression is not None:
+        overrides = {} if FLAGS.start_step is None else {"start_step": FLAGS.start_step}
+        compression = tfdist.compression.build(config.compression, **overrides)
+        if train.loop == "fit":
+            optimizer = tfdist.keras.DistributedOptimizer(optimizer, compression, strategy=strategy)
+            callbacks.append(tfdist.callbacks.HookPhases())
+        else:
+            hooks.append(compression)
+        callbacks.append(tfdist.callbacks.CommStats())
     if chief:
         callbacks.append(Progress(train.epochs, train.steps_per_epoch))
     fit_args = dict(epochs=train.epochs, steps_per_epoch=train.steps_per_epoch,
@@ -87,7 +106,7 @@ def main(argv):
                 data.dataset_fn(train, "validation")), **fit_args)
     else:
         trainer = tfdist.Trainer(model, optimizer, loss, strategy=strategy,
-                                 metrics=metrics.segmentation_metrics(classes))
+                                 metrics=metrics.segmentation_metrics(classes), hooks=hooks)
         history = trainer.fit(data.dataset_fn(train, "train"),
                               validation_data=data.dataset_fn(train, "validation"), **fit_args)
     wall = time.time() - start
@@ -100,7 +119,9 @@ def main(argv):
                                      "replicas": strategy.num_replicas_in_sync,
                                      "steps": train.epochs * train.steps_per_epoch,
                                      "wall_time_seconds": round(wall, 2),
-                                     "bytes_exchanged": None,
+                                     "compression": (config.compression.name
+                                                     if config.compression else None),
+                                     "bytes_exchanged": _bytes(history.history),
                                  })
         final = history.history
         print(f"final validation mean IoU {final['val_mean_iou'][-1]:.3f}, pixel accuracy "

@@ -33,6 +33,9 @@ def parse():
     p.add_argument("--out", required=True)
     p.add_argument("--backup")
     p.add_argument("--kill", type=int)
+    p.add_argument("--compression", help="name; exchanged compressed, min_size 1")
+    p.add_argument("--ratio", type=float)
+    p.add_argument("--rank", type=int)
     return p.parse_args()
 
 
@@ -76,6 +79,10 @@ def main():
                  "plain": lambda: conv_model(seed=3, batchnorm=False, dropout=0)}[args.model]()
         optimizer = (keras.optimizers.SGD(0.05) if args.model == "plain"
                      else keras.optimizers.Adam(0.01))
+    if args.compression:
+        options = {k: v for k, v in (("ratio", args.ratio), ("rank", args.rank)) if v}
+        optimizer = tfdist.keras.DistributedOptimizer(optimizer, args.compression, min_size=1,
+                                                      strategy=strategy, **options)
     result = {"replicas": strategy.num_replicas_in_sync}
     callbacks = [tfdist.callbacks.SyncReplicaState()] if args.loop == "fit" else []
     if args.backup:

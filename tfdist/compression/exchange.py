@@ -16,7 +16,7 @@ from tfdist.compression import powersgd
 from tfdist.compression.buffers import Layout, pack, unpack
 from tfdist.compression.compressors import PowerSGD
 from tfdist.training.hooks import TrainingHook
-from tfdist.training.variables import underlying
+from tfdist.keras.variables import underlying
 
 NON_FINITE = ("tfdist compression: a NaN or Inf gradient reached the exchange; nothing was "
               "sent and the error-feedback residuals were not updated")
@@ -45,6 +45,7 @@ class GradientCompression(TrainingHook):
         self.start_step, self.min_size, self.seed = int(start_step), int(min_size), int(seed)
         self.residual, self.qs = None, []
         self.compressing = self.start_step <= 0
+        self.phased = self.start_step > 0
 
     def phase(self, step):
         self.compressing = step >= self.start_step
@@ -163,7 +164,8 @@ def _all_gather(context, tensor):
     size = tensor.shape[0]
     words = tf.bitcast(tf.reshape(tf.pad(tensor, [[0, -size % 4]]), [-1, 4]), tf.int32)
     gathered = context.all_gather(words[None], axis=0)
-    return tf.reshape(tf.bitcast(gathered, tensor.dtype), [gathered.shape[0], -1])[:, :size]
+    replicas = context.num_replicas_in_sync
+    return tf.reshape(tf.bitcast(gathered, tensor.dtype), [replicas, -1])[:, :size]
 
 
 def _all_reduce(context, tensors):

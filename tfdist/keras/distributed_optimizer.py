@@ -1,7 +1,5 @@
 """`DistributedOptimizer`: a Keras 3 optimizer that exchanges compressed gradients."""
 
-import warnings
-
 import tensorflow as tf
 
 from tfdist.compression.factory import build
@@ -21,6 +19,9 @@ def DistributedOptimizer(optimizer, compression="none", strategy=None, **options
             model.compile(tfdist.keras.DistributedOptimizer(keras.optimizers.Adam(),
                                                             compression="topk", ratio=0.01), ...)
 
+    With `start_step > 0`, add `tfdist.callbacks.HookPhases()` to fit's callbacks (the
+    first step says so if it is missing); `tfdist.callbacks.CommStats()` logs the bytes.
+
     Args:
         optimizer: a Keras 3 optimizer (instance or name), not yet built.
         compression: a compressor name, a `CompressionConfig`, a `compression:` section
@@ -35,11 +36,6 @@ def DistributedOptimizer(optimizer, compression="none", strategy=None, **options
     strategy = strategy or tf.distribute.get_strategy()
     hook = build(compression, **options)
     check_strategy(strategy, hook)
-    if hook.start_step > 0:
-        warnings.warn("compression starts at step "
-                      f"{hook.start_step}: with model.fit, add tfdist.callbacks.HookPhases() "
-                      "to the callbacks so the switch happens (tfdist.Trainer needs nothing)",
-                      stacklevel=2)
     with strategy.scope():
         return with_gradient_pipeline(optimizer, GradientPipeline([hook]))
 
@@ -48,6 +44,11 @@ def check_strategy(strategy, hook):
     """Compression needs replicas that each hold a gradient to exchange."""
     if hook.compressor.name == "none":
         return
+    if isinstance(strategy, tf.distribute.ParameterServerStrategy):
+        raise ValueError(
+            "compressing the worker -> parameter server gradient push is not supported yet; "
+            "use MirroredStrategy or MultiWorkerMirroredStrategy for compression. Received: "
+            f"compression={hook.compressor.name!r} under ParameterServerStrategy")
     if not isinstance(strategy, COMPRESSIBLE):
         raise ValueError(
             f"compression {hook.compressor.name!r} needs MirroredStrategy or "

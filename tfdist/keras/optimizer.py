@@ -62,5 +62,6 @@ def _exchange_gradients(self, grads_and_vars):
     """Replaces Keras' SUM all-reduce with the pipeline (same contract, same context)."""
     if not tf.distribute.get_replica_context():
         return grads_and_vars  # cross-replica context: nothing to exchange, as in Keras
+    self._tfdist_pipeline.check_phases_driven()
     step = self._tfdist_step() if self._tfdist_step else self.iterations
     return self._tfdist_pipeline(grads_and_vars, tf.cast(step, tf.int64))

@@ -11,7 +11,7 @@ every epoch and `tfdist.callbacks.SyncReplicaState` does it for `model.fit`.
 
 import tensorflow as tf
 
-from tfdist.training.variables import underlying
+from tfdist.keras.variables import underlying
 
 
 def per_replica_state(strategy, variables):

@@ -27,6 +27,8 @@ class TrainingHook:
 
     #: True when this hook performs the cross-replica exchange (at most one per step).
     replaces_exchange = False
+    #: True when `phase` changes during training (the step must then be traced again).
+    phased = False
 
     def build(self, strategy, variables):
         """Creates the hook's state; called once, under `strategy.scope()`."""
@@ -110,3 +112,14 @@ class GradientPipeline:
         changed = phases != getattr(self, "_phases", None)
         self._phases = phases
         return changed
+
+    def check_phases_driven(self):
+        """Raises if a phased hook would be traced before anyone set its phase."""
+        phased = [type(h).__name__ for h in self.hooks if h.phased]
+        if phased and not hasattr(self, "_phases"):
+            raise RuntimeError(
+                f"{', '.join(phased)} changes phase during training (e.g. compression from "
+                "start_step on), which needs the train step traced again: with model.fit add "
+                "tfdist.callbacks.HookPhases() to the callbacks; in your own loop call "
+                "pipeline.enter_phase(step) before each step and retrace when it returns "
+                "True (tfdist.Trainer does both)")

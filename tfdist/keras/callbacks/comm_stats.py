@@ -33,7 +33,7 @@ class CommStats(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.hook is None or logs is None:
             return
-        stats = self.stats(int(self.model.optimizer.iterations) - 1)
+        stats = self.stats(int(self.model.optimizer.iterations.numpy()) - 1)
         logs.update(stats)
         if self._writer is not None:
             with self._writer.as_default():

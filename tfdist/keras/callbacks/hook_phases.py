@@ -14,5 +14,6 @@ class HookPhases(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         pipeline = getattr(self.model.optimizer, "_tfdist_pipeline", None)
-        if pipeline is not None and pipeline.enter_phase(int(self.model.optimizer.iterations)):
+        step = int(self.model.optimizer.iterations.numpy())
+        if pipeline is not None and pipeline.enter_phase(step):
             self.model.make_train_function(force=True)
