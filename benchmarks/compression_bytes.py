@@ -1,0 +1,149 @@
+"""Bytes that really cross the network per training step, for each gradient compressor.
+
+Runs the UNet example on 2 local workers (MultiWorkerMirroredStrategy, model.fit) inside
+a private network namespace (`unshare -n`, needs root), so the loopback counters of
+/proc/net/dev count exactly the job's traffic. Each compressor runs twice, for a short and
+a long number of steps; the difference divided by the difference in steps is the bytes
+per step, free of start-up and shutdown traffic. Next to it: tfdist's own `CommStats`
+estimate and the compression ratio against `none`.
+
+    python benchmarks/compression_bytes.py            # all compressors
+    python benchmarks/compression_bytes.py --quick    # fewer steps
+
+Writes benchmarks/results/compression_bytes.json and .png, and prints a markdown table.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+COMPRESSORS = {  # name -> compression section (None: no compression at all)
+    "none": None,
+    "fp16": {"name": "fp16"},
+    "bf16": {"name": "bf16"},
+    "int8": {"name": "int8"},
+    "qsgd": {"name": "qsgd", "levels": 15},
+    "sign": {"name": "sign", "error_feedback": True, "min_size": 0},
+    "topk": {"name": "topk", "ratio": 0.01, "error_feedback": True, "min_size": 0},
+    "randomk": {"name": "randomk", "ratio": 0.01, "error_feedback": True, "min_size": 0},
+    "powersgd": {"name": "powersgd", "rank": 4, "error_feedback": True, "min_size": 0},
+}
+TARGETS = {"fp16": 1.9, "bf16": 1.9, "int8": 3.5, "qsgd": 3.5, "sign": 20, "topk": 30,
+           "randomk": 50, "powersgd": 15}
+
+
+def config_text(compression):
+    lines = ["cluster: {worker: 2}", "strategy: {name: multi_worker_mirrored, communication: ring}",
+             "train: {image_size: 32, batch_size: 32, loop: fit, validation_steps: 1}"]
+    if compression:
+        lines.append("compression: " + json.dumps(compression))
+    return "\n".join(lines) + "\n"
+
+
+def loopback_bytes(dev_text):
+    for line in dev_text.splitlines():
+        if line.strip().startswith("lo:"):
+            return int(line.split(":", 1)[1].split()[0])  # received = sent on loopback
+    raise RuntimeError("no loopback line in /proc/net/dev")
+
+
+def run_job(config, steps, workdir):
+    """Loopback bytes and CommStats of one job of `steps` steps, in a fresh namespace."""
+    out = workdir / f"out-{steps}"
+    train = [sys.executable, str(ROOT / "examples/unet_segmentation/train.py"),
+             "--config", str(config), "--output_dir", str(out), "--epochs", "1",
+             "--steps_per_epoch", str(steps), "--start_step", "0"]
+    launch = [sys.executable, "-m", "tfdist", "launch", str(config), "--", *train]
+    script = (f"ip link set lo up && cat /proc/net/dev > {workdir}/before && "
+              f"{' '.join(launch)} > {workdir}/log-{steps} 2>&1; "
+              f"code=$?; cat /proc/net/dev > {workdir}/after; exit $code")
+    subprocess.run(["unshare", "-n", "sh", "-c", script], check=True, timeout=900, cwd=ROOT)
+    moved = (loopback_bytes((workdir / "after").read_text())
+             - loopback_bytes((workdir / "before").read_text()))
+    metrics = json.loads((out / "metrics.json").read_text())
+    return moved, metrics.get("bytes_exchanged")
+
+
+def measure(name, short, long):
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"tfdist-bench-{name}-"))
+    try:
+        config = workdir / "job.yaml"
+        config.write_text(config_text(COMPRESSORS[name]))
+        started = time.time()
+        small, _ = run_job(config, short, workdir)
+        large, stats = run_job(config, long, workdir)
+        per_step = (large - small) / (long - short)
+        estimate = stats["per_step_per_worker"] * 2 if stats else None  # both workers send
+        print(f"{name:9s} {per_step / 1e3:10.1f} kB/step ({time.time() - started:.0f}s)", flush=True)
+        return {"name": name, "loopback_bytes_per_step": per_step,
+                "commstats_bytes_per_step": estimate,
+                "commstats_ratio": stats["compression_ratio"] if stats else 1.0}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def report(rows):
+    none = next(r for r in rows if r["name"] == "none")["loopback_bytes_per_step"]
+    lines = ["| compressor | loopback kB/step (2 workers) | fewer bytes than none | target | "
+             "CommStats kB/step | CommStats vs measured |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        r["reduction"] = none / r["loopback_bytes_per_step"]
+        target = TARGETS.get(r["name"])
+        r["meets_target"] = None if target is None else r["reduction"] >= target
+        estimate = r["commstats_bytes_per_step"]
+        gap = "" if not estimate else f"{estimate / r['loopback_bytes_per_step'] - 1:+.0%}"
+        lines.append(f"| {r['name']} | {r['loopback_bytes_per_step'] / 1e3:.1f} | "
+                     f"{r['reduction']:.1f}x | {f'>= {target}x' if target else ''}"
+                     f"{'' if target is None else (' met' if r['meets_target'] else ' MISSED')} | "
+                     f"{'' if not estimate else f'{estimate / 1e3:.1f}'} | {gap} |")
+    return "\n".join(lines)
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    names = [r["name"] for r in rows]
+    ax.bar(names, [r["loopback_bytes_per_step"] / 1e3 for r in rows], color="#3c8dbc")
+    ax.set_yscale("log")
+    ax.set_ylabel("kB per step (loopback, 2 workers)")
+    ax.set_title("UNet gradient exchange: bytes on the wire per step")
+    for i, r in enumerate(rows):
+        ax.text(i, r["loopback_bytes_per_step"] / 1e3, f"{r['reduction']:.0f}x",
+                ha="center", va="bottom", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps per run")
+    parser.add_argument("--only", nargs="*", default=list(COMPRESSORS), choices=list(COMPRESSORS))
+    args = parser.parse_args()
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        sys.exit("this benchmark needs root and unshare(1) for a private network namespace")
+    short, long = (5, 15) if args.quick else (10, 40)
+    rows = [measure(name, short, long) for name in ["none", *[n for n in args.only if n != "none"]]]
+    table = report(rows)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "compression_bytes.json").write_text(json.dumps(
+        {"steps": [short, long], "rows": rows, "machine": os.uname().machine,
+         "cpus": os.cpu_count()}, indent=2))
+    (RESULTS / "compression_bytes.md").write_text(table + "\n")
+    plot(rows, RESULTS / "compression_bytes.png")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
