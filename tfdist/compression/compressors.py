@@ -64,7 +64,7 @@ class Int8(Compressor):
 
     def encode(self, x, layout, seeds):
         ids = layout.segment_ids()
-        scale = tf.math.unsorted_segment_max(tf.abs(x), ids, layout.num_segments) / 127.0
+        scale = tf.math.segment_max(tf.abs(x), ids) / 127.0  # ids are sorted
         scale = tf.where(scale > 0, scale, tf.ones_like(scale))
         q = tf.cast(tf.round(x / tf.gather(scale, ids)), tf.int8)
         return q, scale
@@ -93,7 +93,7 @@ class QSGD(Compressor):
 
     def encode(self, x, layout, seeds):
         ids = layout.segment_ids()
-        norm = tf.sqrt(tf.math.unsorted_segment_sum(tf.square(x), ids, layout.num_segments))
+        norm = tf.sqrt(tf.math.segment_sum(tf.square(x), ids))
         safe = tf.where(norm > 0, norm, tf.ones_like(norm))
         scaled = tf.abs(x) / tf.gather(safe, ids) * self.levels
         noise = tf.random.stateless_uniform(tf.shape(x), seeds["local"])
@@ -120,7 +120,7 @@ class Sign(Compressor):
 
     def encode(self, x, layout, seeds):
         ids = layout.segment_ids()
-        scale = tf.math.unsorted_segment_mean(tf.abs(x), ids, layout.num_segments)
+        scale = tf.math.segment_mean(tf.abs(x), ids)
         bits = tf.cast(x >= 0, tf.int32)
         bits = tf.pad(bits, [[0, -layout.size % 8]])
         packed = tf.reduce_sum(tf.reshape(bits, [-1, 8]) * tf.constant(self._WEIGHTS), axis=1)

@@ -122,12 +122,15 @@ class GradientCompression(TrainingHook):
         if self.compressor.collective == "sum":
             summed = self.compressor.decode(
                 tuple(context.all_reduce(tf.distribute.ReduceOp.SUM, list(payload))), layout, seeds)
+            own = self.compressor.decode(payload, layout, seeds) if self.residual is not None else None
         else:
             gathered = [_all_gather(context, p) for p in payload]
-            summed = tf.add_n([self.compressor.decode(tuple(g[r] for g in gathered), layout, seeds)
-                               for r in range(context.num_replicas_in_sync)])
+            decoded = [self.compressor.decode(tuple(g[r] for g in gathered), layout, seeds)
+                       for r in range(context.num_replicas_in_sync)]
+            summed = tf.add_n(decoded)
+            own = tf.stack(decoded)[context.replica_id_in_sync_group]  # decoded once, reused
         if self.residual is not None:
-            self.residual.assign(buffer - self.compressor.decode(payload, layout, seeds))
+            self.residual.assign(buffer - own)
         return summed
 
     def _powersgd_sum(self, context, buffer, layout):
