@@ -9,6 +9,8 @@ estimate and the compression ratio against `none`.
 
     python benchmarks/compression_bytes.py            # all compressors
     python benchmarks/compression_bytes.py --quick    # fewer steps
+    python benchmarks/compression_bytes.py --parameter-server   # chief + 2 workers + 1 ps:
+        # the casts and int8 compress the gradient push (the weight pulls stay float32)
 
 Writes benchmarks/results/compression_bytes.json and .png, and prints a markdown table.
 """
@@ -40,9 +42,15 @@ TARGETS = {"fp16": 1.9, "bf16": 1.9, "int8": 3.5, "qsgd": 3.5, "sign": 20, "topk
            "randomk": 50, "powersgd": 15}
 
 
-def config_text(compression):
-    lines = ["cluster: {worker: 2}", "strategy: {name: multi_worker_mirrored, communication: ring}",
-             "train: {image_size: 32, batch_size: 32, loop: fit, validation_steps: 1}"]
+PS_COMPRESSORS = ("none", "fp16", "bf16", "int8")
+
+
+def config_text(compression, parameter_server=False):
+    lines = (["cluster: {chief: 1, worker: 2, ps: 1}", "strategy: parameter_server",
+              "train: {image_size: 32, batch_size: 16, loop: ctl, validation_steps: 1}"]
+             if parameter_server else
+             ["cluster: {worker: 2}", "strategy: {name: multi_worker_mirrored, communication: ring}",
+              "train: {image_size: 32, batch_size: 32, loop: fit, validation_steps: 1}"])
     if compression:
         lines.append("compression: " + json.dumps(compression))
     return "\n".join(lines) + "\n"
@@ -72,11 +80,11 @@ def run_job(config, steps, workdir):
     return moved, metrics.get("bytes_exchanged")
 
 
-def measure(name, short, long):
+def measure(name, short, long, parameter_server=False):
     workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"tfdist-bench-{name}-"))
     try:
         config = workdir / "job.yaml"
-        config.write_text(config_text(COMPRESSORS[name]))
+        config.write_text(config_text(COMPRESSORS[name], parameter_server))
         started = time.time()
         small, _ = run_job(config, short, workdir)
         large, stats = run_job(config, long, workdir)
@@ -90,13 +98,13 @@ def measure(name, short, long):
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def report(rows):
+def report(rows, targets):
     none = next(r for r in rows if r["name"] == "none")["loopback_bytes_per_step"]
     lines = ["| compressor | loopback kB/step (2 workers) | fewer bytes than none | target | "
              "CommStats kB/step | CommStats vs measured |", "|---|---|---|---|---|---|"]
     for r in rows:
         r["reduction"] = none / r["loopback_bytes_per_step"]
-        target = TARGETS.get(r["name"])
+        target = targets.get(r["name"])
         r["meets_target"] = None if target is None else r["reduction"] >= target
         estimate = r["commstats_bytes_per_step"]
         gap = "" if not estimate else f"{estimate / r['loopback_bytes_per_step'] - 1:+.0%}"
@@ -130,18 +138,25 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps per run")
     parser.add_argument("--only", nargs="*", default=list(COMPRESSORS), choices=list(COMPRESSORS))
+    parser.add_argument("--parameter-server", action="store_true",
+                        help="chief + 2 workers + 1 ps (compressors: none, fp16, bf16, int8)")
     args = parser.parse_args()
+    if args.parameter_server:
+        args.only = [n for n in args.only if n in PS_COMPRESSORS]
     if os.geteuid() != 0 or not shutil.which("unshare"):
         sys.exit("this benchmark needs root and unshare(1) for a private network namespace")
     short, long = (5, 15) if args.quick else (10, 40)
-    rows = [measure(name, short, long) for name in ["none", *[n for n in args.only if n != "none"]]]
-    table = report(rows)
+    rows = [measure(name, short, long, args.parameter_server)
+            for name in ["none", *[n for n in args.only if n != "none"]]]
+    # Targets are for the all-reduce; under parameter servers the weight pulls stay float32.
+    table = report(rows, {} if args.parameter_server else TARGETS)
+    stem = "compression_bytes_ps" if args.parameter_server else "compression_bytes"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "compression_bytes.json").write_text(json.dumps(
+    (RESULTS / f"{stem}.json").write_text(json.dumps(
         {"steps": [short, long], "rows": rows, "machine": os.uname().machine,
          "cpus": os.cpu_count()}, indent=2))
-    (RESULTS / "compression_bytes.md").write_text(table + "\n")
-    plot(rows, RESULTS / "compression_bytes.png")
+    (RESULTS / f"{stem}.md").write_text(table + "\n")
+    plot(rows, RESULTS / f"{stem}.png")
     print(table)
 
 

@@ -100,11 +100,14 @@ def test_batchnorm_dropout_and_dict_models_learn_on_two_workers(write_config, tm
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("model", ["conv", "dict"])
-def test_parameter_server_trainer_learns_and_counts_steps_exactly(write_config, tmp_path, model):
+@pytest.mark.parametrize("model,compression", [("conv", None), ("dict", None),
+                                               ("conv", "int8"), ("conv", "fp16")])
+def test_parameter_server_trainer_learns_and_counts_steps_exactly(write_config, tmp_path, model,
+                                                                  compression):
     out = tmp_path / "out"
+    extra = ("--compression", compression) if compression else ()
     results, run = launch(write_config, out, PS, "--strategy", "parameter_server",
-                          "--model", model, "--epochs", "3")
+                          "--model", model, "--epochs", "3", *extra)
     assert set(results) == {"chief-0"}, "only the coordinator runs the script"
     result = results["chief-0"]
     assert "tfdist.Trainer" in result["fit_error"] and "keras #18624" in result["fit_error"]

@@ -79,7 +79,7 @@ def main():
                  "plain": lambda: conv_model(seed=3, batchnorm=False, dropout=0)}[args.model]()
         optimizer = (keras.optimizers.SGD(0.05) if args.model == "plain"
                      else keras.optimizers.Adam(0.01))
-    if args.compression:
+    if args.compression and args.strategy != "parameter_server":
         options = {k: v for k, v in (("ratio", args.ratio), ("rank", args.rank)) if v}
         optimizer = tfdist.keras.DistributedOptimizer(optimizer, args.compression, min_size=1,
                                                       strategy=strategy, **options)
@@ -106,8 +106,9 @@ def main():
             return dataset(256, 32, seed=context.input_pipeline_id, dict_inputs=dict_inputs,
                            repeat=True).shuffle(8)
 
+        hooks = [tfdist.compression.build(args.compression)] if args.compression else []
         trainer = tfdist.Trainer(model, optimizer, loss(), strategy=strategy,
-                                 metrics=["sparse_categorical_accuracy"])
+                                 metrics=["sparse_categorical_accuracy"], hooks=hooks)
         history = trainer.fit(dataset_fn, epochs=args.epochs, steps_per_epoch=12, verbose=0)
         result.update(completed_steps=trainer.completed_steps, step=int(trainer.step.numpy()),
                       loss_count=float(trainer.loss_tracker.count.numpy()),

@@ -205,4 +205,5 @@ class PowerSGD(Compressor):
 
 
 def _num_replicas():
-    return tf.distribute.get_replica_context().num_replicas_in_sync
+    context = tf.distribute.get_replica_context()
+    return context.num_replicas_in_sync if context is not None else 1

@@ -5,7 +5,11 @@ for PowerSGD every tensor of rank < 2) are fused into one float32 buffer and all
 as they are; the others are fused into one buffer, to which error feedback adds the
 residual, and which the compressor encodes; the payload itself crosses the network
 (all-reduce for "sum" compressors, all-gather for "gather" ones) and is decoded and
-summed on arrival. Before `start_step` everything goes uncompressed (delayed start):
+summed on arrival. Under ParameterServerStrategy there is no exchange between replicas:
+the casts and int8 compress each gradient *push* instead — encoded on the worker,
+decoded inside the variable update on the parameter server (`push`, used by the
+optimizer wrapper in `tfdist.keras.optimizer`).
+Before `start_step` everything goes uncompressed (delayed start):
 the switch is a Python phase (collectives cannot sit inside `tf.cond` in replica context),
 so the step function is traced once more when it happens (`TrainingHook.phase`).
 """
@@ -53,8 +57,18 @@ class GradientCompression(TrainingHook):
 
     # --- state ----------------------------------------------------------------------
 
+    PUSH_COMPRESSORS = ("none", "fp16", "bf16", "int8")
+
     def build(self, strategy, variables):
         self.num_replicas = strategy.num_replicas_in_sync
+        self.push = isinstance(strategy, tf.distribute.ParameterServerStrategy)
+        if self.push and (self.compressor.name not in self.PUSH_COMPRESSORS
+                          or self.error_feedback or self.start_step > 0):
+            raise ValueError(
+                "under ParameterServerStrategy only the gradient push is compressed, with "
+                f"[{', '.join(self.PUSH_COMPRESSORS)}], without error feedback or delayed start. "
+                f"Received: compression={self.compressor.name!r}, "
+                f"error_feedback={self.error_feedback}, start_step={self.start_step}")
         self.slots = {_key(v): i for i, v in enumerate(variables)}
         shapes = [tuple(v.shape) for v in variables]
         self.large = [i for i, s in enumerate(shapes) if self._compressed(s)]
@@ -81,6 +95,8 @@ class GradientCompression(TrainingHook):
     # --- the exchange ---------------------------------------------------------------
 
     def exchange(self, grads, variables, step):
+        if self.push:  # nothing crosses between replicas; the push is compressed instead
+            return list(grads)
         context = tf.distribute.get_replica_context()
         dense = [None] * len(self.slots)
         for grad, variable in zip(grads, variables):

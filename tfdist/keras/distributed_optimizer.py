@@ -46,9 +46,8 @@ def check_strategy(strategy, hook):
         return
     if isinstance(strategy, tf.distribute.ParameterServerStrategy):
         raise ValueError(
-            "compressing the worker -> parameter server gradient push is not supported yet; "
-            "use MirroredStrategy or MultiWorkerMirroredStrategy for compression. Received: "
-            f"compression={hook.compressor.name!r} under ParameterServerStrategy")
+            "Keras model.fit does not run under ParameterServerStrategy; compress the "
+            "gradient push with tfdist.Trainer(..., hooks=[tfdist.compression.build('fp16')])")
     if not isinstance(strategy, COMPRESSIBLE):
         raise ValueError(
             f"compression {hook.compressor.name!r} needs MirroredStrategy or "

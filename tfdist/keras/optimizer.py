@@ -13,6 +13,7 @@ import keras
 import tensorflow as tf
 
 SEAM = "_all_reduce_sum_gradients"
+UPDATE_SEAM = "_distributed_tf_update_step"
 
 
 def with_gradient_pipeline(optimizer, pipeline, step=None):
@@ -40,10 +41,12 @@ def with_gradient_pipeline(optimizer, pipeline, step=None):
         raise ValueError("the optimizer already has variables; pass a fresh optimizer so "
                          f"its state is created under the strategy scope. Received: {optimizer}")
     base = type(optimizer)
-    if not hasattr(base, SEAM):
-        raise RuntimeError(f"Keras {keras.__version__}: {base.__name__} has no {SEAM}; "
-                           "tfdist's gradient exchange seam moved — see tfdist/keras/optimizer.py")
+    for seam in (SEAM, UPDATE_SEAM):
+        if not hasattr(base, seam):
+            raise RuntimeError(f"Keras {keras.__version__}: {base.__name__} has no {seam}; "
+                               "tfdist's gradient seam moved — see tfdist/keras/optimizer.py")
     cls = type(base.__name__, (base,), {SEAM: _exchange_gradients, "build": _build,
+                                        UPDATE_SEAM: _update_with_push,
                                         "__module__": base.__module__,
                                         "__qualname__": base.__qualname__})
     wrapped = cls.from_config(optimizer.get_config())
@@ -56,6 +59,30 @@ def _build(self, variables):
     """Keras' build, then the pipeline's hooks get the same variables (same scope)."""
     type(self).__mro__[1].build(self, variables)
     self._tfdist_pipeline.build(tf.distribute.get_strategy(), variables)
+
+
+def _update_with_push(self, distribution, grads_and_vars, learning_rate):
+    """Keras' per-variable update; with a push compressor (ParameterServerStrategy), each
+    gradient is encoded here, on the worker, and decoded inside the update, which runs
+    on the variable's parameter server: the encoded payload is what crosses."""
+    from tfdist.compression.buffers import Layout  # here: compression builds on this module
+
+    push = self._tfdist_pipeline.push_compressor()
+    base = type(self).__mro__[1]
+    if push is None:
+        return getattr(base, UPDATE_SEAM)(self, distribution, grads_and_vars, learning_rate)
+
+    def apply(variable, *payload_and_rate, shape, layout):
+        *payload, rate = payload_and_rate
+        grad = tf.reshape(push.decode(tuple(payload), layout, None), shape)
+        return self.update_step(tf.cast(grad, variable.dtype), variable, rate)
+
+    for grad, variable in grads_and_vars:
+        grad = tf.convert_to_tensor(grad)
+        layout = Layout((tuple(grad.shape),))
+        payload = push.encode(tf.reshape(tf.cast(grad, tf.float32), [-1]), layout, None)
+        distribution.extended.update(variable, apply, args=(*payload, learning_rate),
+                                     kwargs={"shape": grad.shape, "layout": layout}, group=False)
 
 
 def _exchange_gradients(self, grads_and_vars):

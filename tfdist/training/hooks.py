@@ -113,6 +113,13 @@ class GradientPipeline:
         self._phases = phases
         return changed
 
+    def push_compressor(self):
+        """The compressor of the gradient push to parameter servers, if a hook has one."""
+        for hook in self.hooks:
+            if getattr(hook, "push", False) and hook.compressor.name != "none":
+                return hook.compressor
+        return None
+
     def check_phases_driven(self):
         """Raises if a phased hook would be traced before anyone set its phase."""
         phased = [type(h).__name__ for h in self.hooks if h.phased]

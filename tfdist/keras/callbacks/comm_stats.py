@@ -10,9 +10,10 @@ class CommStats(keras.callbacks.Callback):
     """Adds to each epoch's logs, from the payload sizes of tfdist's gradient exchange:
 
     - ``comm_payload_bytes``: gradient bytes each replica contributes per step;
-    - ``comm_bytes_per_worker``: bytes each worker sends per step over the network
-      (ring all-reduce: 2 (W - 1) / W x payload; all-gather: (W - 1) x payload;
-      W = number of workers; 0 on one machine);
+    - ``comm_bytes_per_worker``: gradient bytes each worker sends per step over the
+      network (ring all-reduce: 2 (W - 1) / W x payload; all-gather: (W - 1) x payload;
+      W = number of workers; 0 on one machine; under parameter servers, the pushed
+      payload — weight pulls are not counted);
     - ``compression_ratio``: uncompressed float32 bytes / payload bytes.
 
     Args:
@@ -48,6 +49,8 @@ class CommStats(keras.callbacks.Callback):
         gather = (workers - 1) * sizes["payload"]
         compressor = self.hook.compressor
         per_worker = gather if (self.hook.compressing and compressor.collective == "gather") else ring
+        if getattr(self.hook, "push", False):  # parameter servers: each worker pushes its payload
+            per_worker = sizes["payload"]
         return {"comm_payload_bytes": float(sizes["payload"]),
                 "comm_bytes_per_worker": float(per_worker),
                 "compression_ratio": sizes["dense"] / max(sizes["payload"], 1)}
