@@ -64,7 +64,8 @@ def loopback_bytes(dev_text):
 
 
 def run_job(config, steps, workdir):
-    """Loopback bytes and CommStats of one job of `steps` steps, in a fresh namespace."""
+    """Loopback bytes, CommStats and wall seconds of one job of `steps` steps, in a fresh
+    namespace."""
     out = workdir / f"out-{steps}"
     train = [sys.executable, str(ROOT / "examples/unet_segmentation/train.py"),
              "--config", str(config), "--output_dir", str(out), "--epochs", "1",
@@ -73,11 +74,13 @@ def run_job(config, steps, workdir):
     script = (f"ip link set lo up && cat /proc/net/dev > {workdir}/before && "
               f"{' '.join(launch)} > {workdir}/log-{steps} 2>&1; "
               f"code=$?; cat /proc/net/dev > {workdir}/after; exit $code")
+    started = time.perf_counter()
     subprocess.run(["unshare", "-n", "sh", "-c", script], check=True, timeout=900, cwd=ROOT)
+    seconds = time.perf_counter() - started
     moved = (loopback_bytes((workdir / "after").read_text())
              - loopback_bytes((workdir / "before").read_text()))
     metrics = json.loads((out / "metrics.json").read_text())
-    return moved, metrics.get("bytes_exchanged")
+    return moved, metrics.get("bytes_exchanged"), seconds
 
 
 def measure(name, short, long, parameter_server=False):
@@ -85,13 +88,13 @@ def measure(name, short, long, parameter_server=False):
     try:
         config = workdir / "job.yaml"
         config.write_text(config_text(COMPRESSORS[name], parameter_server))
-        started = time.time()
-        small, _ = run_job(config, short, workdir)
-        large, stats = run_job(config, long, workdir)
+        small, _, small_seconds = run_job(config, short, workdir)
+        large, stats, large_seconds = run_job(config, long, workdir)
         per_step = (large - small) / (long - short)
+        seconds = (large_seconds - small_seconds) / (long - short)  # start-up cancels out
         estimate = stats["per_step_per_worker"] * 2 if stats else None  # both workers send
-        print(f"{name:9s} {per_step / 1e3:10.1f} kB/step ({time.time() - started:.0f}s)", flush=True)
-        return {"name": name, "loopback_bytes_per_step": per_step,
+        print(f"{name:9s} {per_step / 1e3:10.1f} kB/step {seconds:6.3f} s/step", flush=True)
+        return {"name": name, "loopback_bytes_per_step": per_step, "seconds_per_step": seconds,
                 "commstats_bytes_per_step": estimate,
                 "commstats_ratio": stats["compression_ratio"] if stats else 1.0}
     finally:
@@ -100,8 +103,10 @@ def measure(name, short, long, parameter_server=False):
 
 def report(rows, targets):
     none = next(r for r in rows if r["name"] == "none")["loopback_bytes_per_step"]
+    none_seconds = next(r for r in rows if r["name"] == "none").get("seconds_per_step")
     lines = ["| compressor | loopback kB/step (2 workers) | fewer bytes than none | target | "
-             "CommStats kB/step | CommStats vs measured |", "|---|---|---|---|---|---|"]
+             "CommStats kB/step | CommStats vs measured | s/step | step time vs none |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         r["reduction"] = none / r["loopback_bytes_per_step"]
         target = targets.get(r["name"])
@@ -111,7 +116,8 @@ def report(rows, targets):
         lines.append(f"| {r['name']} | {r['loopback_bytes_per_step'] / 1e3:.1f} | "
                      f"{r['reduction']:.1f}x | {f'>= {target}x' if target else ''}"
                      f"{'' if target is None else (' met' if r['meets_target'] else ' MISSED')} | "
-                     f"{'' if not estimate else f'{estimate / 1e3:.1f}'} | {gap} |")
+                     f"{'' if not estimate else f'{estimate / 1e3:.1f}'} | {gap} | "
+                     f"{r['seconds_per_step']:.3f} | {r['seconds_per_step'] / none_seconds - 1:+.0%} |")
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 import tfdist
 from tfdist.compression import (QSGD, Cast, Compressor, GradientCompression, Int8, PowerSGD,
                                 RandomK, Sign, TopK, build)
-from tfdist.compression.buffers import Layout, pack
+from tfdist.compression.buffers import pack, unpack
 from tfdist.config import ConfigError
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
@@ -27,11 +27,48 @@ def seeds(step=0, replica=0):
     return {"shared": shared, "local": tf.random.experimental.stateless_fold_in(shared, replica)}
 
 
+def flat(tensors):
+    return np.concatenate([np.ravel(t) for t in tensors])
+
+
 def roundtrip(compressor, xs, step=0):
-    buffer, layout = pack(xs)
+    """(input, decoded output) as flat arrays without padding, payload bytes, layout."""
+    buffer, layout = pack(xs, compressor.align)
     payload = compressor.encode(buffer, layout, seeds(step))
     nbytes = sum(int(np.prod(p.shape)) * p.dtype.size for p in payload)
-    return buffer.numpy(), compressor.decode(payload, layout, seeds(step)).numpy(), nbytes, layout
+    decoded = compressor.decode(payload, layout, seeds(step))
+    return flat(xs), flat(unpack(decoded, layout)), nbytes, layout
+
+
+@pytest.mark.parametrize("align", [1, 8, 256])
+def test_pack_pads_each_tensor_to_whole_blocks_and_unpack_restores_it(align):
+    xs = tensors()
+    buffer, layout = pack(xs, align)
+    blocks = layout.blocks(buffer).numpy()
+    ids = layout.block_ids().numpy()
+    for i, x in enumerate(xs):  # each tensor fills its own blocks, then zeros
+        np.testing.assert_array_equal(blocks[ids == i].ravel()[:x.size], x.ravel())
+        assert not blocks[ids == i].ravel()[x.size:].any()
+    assert layout.size % align == 0 and layout.size - sum(x.size for x in xs) < align * len(xs)
+    np.testing.assert_array_equal(layout.padding_mask().numpy().ravel() != 0,
+                                  np.concatenate([np.arange(p) < n for n, p in
+                                                  zip(layout.sizes, layout.padded_sizes)]))
+    for x, y in zip(xs, unpack(buffer, layout)):
+        np.testing.assert_array_equal(x, y.numpy())
+
+
+def test_padding_decodes_to_zero_so_error_feedback_keeps_it_zero():
+    """Sign cannot send a zero; its padding must still decode to zero, or the residual of
+    the padding would grow and enter the per-tensor mean."""
+    hook = GradientCompression(Sign(), error_feedback=True, min_size=1)
+    variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
+    hook.build(tf.distribute.get_strategy(), variables)
+    for step in range(3):
+        tf.distribute.get_strategy().run(lambda: hook.exchange(
+            [tf.constant(t) for t in tensors(seed=step)], variables, tf.constant(step, tf.int64)))
+    mask = hook.large_layout.padding_mask().numpy().ravel()
+    assert np.abs(hook.residual.numpy()[mask == 0]).max() == 0
+    assert np.abs(hook.residual.numpy()[mask == 1]).max() > 0
 
 
 @pytest.mark.parametrize("compressor", [Compressor(), Cast("float16"), Cast("bfloat16"), Int8(),
@@ -57,7 +94,9 @@ def test_sign_is_the_sign_times_the_mean_magnitude_per_tensor():
     x, y, nbytes, _ = roundtrip(Sign(), xs)
     expected = np.concatenate([np.where(t.ravel() >= 0, 1, -1) * np.abs(t).mean() for t in xs])
     np.testing.assert_allclose(y, expected, rtol=1e-6)
-    assert nbytes == math.ceil(x.size / 8) + 4 * len(xs)  # 1 bit per value
+    # 1 bit per value, plus at most a block of padding per tensor, plus the scales
+    assert math.ceil(x.size / 8) + 4 * len(xs) <= nbytes <= (
+        math.ceil(x.size / 8) + len(xs) * (Sign.align // 8 + 4))
 
 
 def test_topk_keeps_the_largest_magnitudes():
@@ -137,8 +176,7 @@ def test_gathered_payloads_are_each_decoded_and_summed(strategies):
     for r in range(2):
         _, y, _, _ = roundtrip(Sign(), tensors(seed=r))
         expected = expected + y
-    got, _ = pack([tf.constant(t) for t in replicas[0]])
-    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(flat(replicas[0]), expected, rtol=1e-5)
 
 
 def test_randomk_sends_only_values_at_shared_indices(strategies):

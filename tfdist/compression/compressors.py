@@ -18,12 +18,17 @@ import math
 
 import tensorflow as tf
 
+from tfdist.compression.buffers import per_block, tensor_max, tensor_sum
+
+BLOCK = 256  # quantisers' alignment: per-tensor scales broadcast over blocks
+
 
 class Compressor:
     """Base class; see the module docstring."""
 
     name = "none"
     collective = "sum"
+    align = 1  # the buffer layout this compressor wants (see `buffers.Layout`)
 
     def encode(self, x, layout, seeds):
         return (x,)
@@ -60,18 +65,18 @@ class Cast(Compressor):
 class Int8(Compressor):
     """8-bit linear quantisation with one float32 scale per tensor (max |x| / 127)."""
 
-    name, collective = "int8", "gather"
+    name, collective, align = "int8", "gather", BLOCK
 
     def encode(self, x, layout, seeds):
-        ids = layout.segment_ids()
-        scale = tf.math.segment_max(tf.abs(x), ids) / 127.0  # ids are sorted
+        blocks = layout.blocks(x)
+        scale = tensor_max(tf.abs(blocks), layout) / 127.0
         scale = tf.where(scale > 0, scale, tf.ones_like(scale))
-        q = tf.cast(tf.round(x / tf.gather(scale, ids)), tf.int8)
-        return q, scale
+        q = tf.cast(tf.round(blocks / per_block(scale, layout)), tf.int8)
+        return tf.reshape(q, [-1]), scale
 
     def decode(self, payload, layout, seeds):
         q, scale = payload
-        return tf.cast(q, tf.float32) * tf.gather(scale, layout.segment_ids())
+        return _flat(tf.cast(layout.blocks(q), tf.float32) * per_block(scale, layout))
 
     def payload_bytes(self, layout):
         return layout.size + 4 * layout.num_segments
@@ -84,7 +89,7 @@ class QSGD(Compressor):
     and Encoding".
     """
 
-    name, collective = "qsgd", "gather"
+    name, collective, align = "qsgd", "gather", BLOCK
 
     def __init__(self, levels=15):
         if not 1 <= levels <= 127:
@@ -92,17 +97,18 @@ class QSGD(Compressor):
         self.levels = levels
 
     def encode(self, x, layout, seeds):
-        ids = layout.segment_ids()
-        norm = tf.sqrt(tf.math.segment_sum(tf.square(x), ids))
+        blocks = layout.blocks(x)
+        norm = tf.sqrt(tensor_sum(tf.square(blocks), layout))
         safe = tf.where(norm > 0, norm, tf.ones_like(norm))
-        scaled = tf.abs(x) / tf.gather(safe, ids) * self.levels
-        noise = tf.random.stateless_uniform(tf.shape(x), seeds["local"])
-        level = tf.floor(scaled + noise)  # E[level] = scaled: unbiased
-        return tf.cast(tf.sign(x) * level, tf.int8), norm
+        scaled = tf.abs(blocks) * per_block(self.levels / safe, layout)
+        noise = tf.random.stateless_uniform(tf.shape(blocks), seeds["local"])
+        level = tf.floor(scaled + noise)  # E[level] = scaled: unbiased; padding stays 0
+        return _flat(tf.cast(tf.sign(blocks) * level, tf.int8)), norm
 
     def decode(self, payload, layout, seeds):
         level, norm = payload
-        return tf.cast(level, tf.float32) * tf.gather(norm, layout.segment_ids()) / self.levels
+        return _flat(tf.cast(layout.blocks(level), tf.float32)
+                     * per_block(norm / self.levels, layout))
 
     def payload_bytes(self, layout):
         return layout.size + 4 * layout.num_segments
@@ -115,26 +121,24 @@ class Sign(Compressor):
     "signSGD". Biased: use it with error feedback.
     """
 
-    name, collective = "sign", "gather"
+    name, collective, align = "sign", "gather", BLOCK
     _WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # bit i of a byte
 
     def encode(self, x, layout, seeds):
-        ids = layout.segment_ids()
-        scale = tf.math.segment_mean(tf.abs(x), ids)
-        bits = tf.cast(x >= 0, tf.int32)
-        bits = tf.pad(bits, [[0, -layout.size % 8]])
-        packed = tf.reduce_sum(tf.reshape(bits, [-1, 8]) * tf.constant(self._WEIGHTS), axis=1)
-        return tf.cast(packed, tf.uint8), scale
+        blocks = layout.blocks(x)
+        scale = tensor_sum(tf.abs(blocks), layout) / tf.constant(layout.sizes, tf.float32)
+        bits = tf.reshape(tf.cast(x >= 0, tf.uint8), [-1, 8])  # align is a multiple of 8
+        packed = tf.reduce_sum(bits * tf.constant(self._WEIGHTS, tf.uint8), axis=1)
+        return packed, scale
 
     def decode(self, payload, layout, seeds):
         packed, scale = payload
-        weights = tf.constant(self._WEIGHTS)
-        bits = tf.bitwise.bitwise_and(tf.cast(packed, tf.int32)[:, None], weights) > 0
-        signs = tf.where(tf.reshape(bits, [-1])[:layout.size], 1.0, -1.0)
-        return signs * tf.gather(scale, layout.segment_ids())
+        bits = tf.bitwise.bitwise_and(packed[:, None], tf.constant(self._WEIGHTS, tf.uint8)) > 0
+        magnitude = per_block(scale, layout) * layout.padding_mask()  # padding decodes to 0
+        return _flat(tf.where(layout.blocks(bits), magnitude, -magnitude))
 
     def payload_bytes(self, layout):
-        return math.ceil(layout.size / 8) + 4 * layout.num_segments
+        return layout.size // 8 + 4 * layout.num_segments
 
 
 class TopK(Compressor):
@@ -202,6 +206,10 @@ class PowerSGD(Compressor):
         if rank < 1:
             raise ValueError(f"rank must be >= 1. Received: rank={rank}")
         self.rank = rank
+
+
+def _flat(blocks):
+    return tf.reshape(blocks, [-1])
 
 
 def _num_replicas():

@@ -74,7 +74,7 @@ class GradientCompression(TrainingHook):
         self.large = [i for i, s in enumerate(shapes) if self._compressed(s)]
         self.small = [i for i in range(len(shapes)) if i not in set(self.large)]
         self.small_layout = Layout(tuple(shapes[i] for i in self.small))
-        self.large_layout = Layout(tuple(shapes[i] for i in self.large))
+        self.large_layout = Layout(tuple(shapes[i] for i in self.large), self.compressor.align)
         local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
         if self.error_feedback and self.large:
             self.residual = tf.Variable(tf.zeros([self.large_layout.size]),
@@ -113,7 +113,7 @@ class GradientCompression(TrainingHook):
     def _exchange_large(self, context, tensors, step):
         if not tensors:
             return []
-        buffer, layout = pack(tensors)
+        buffer, layout = pack(tensors, self.compressor.align)
         if self.residual is not None:
             buffer += self.residual
         buffer = tf.debugging.assert_all_finite(buffer, NON_FINITE)

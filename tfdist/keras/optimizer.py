@@ -65,24 +65,23 @@ def _update_with_push(self, distribution, grads_and_vars, learning_rate):
     """Keras' per-variable update; with a push compressor (ParameterServerStrategy), each
     gradient is encoded here, on the worker, and decoded inside the update, which runs
     on the variable's parameter server: the encoded payload is what crosses."""
-    from tfdist.compression.buffers import Layout  # here: compression builds on this module
+    from tfdist.compression.buffers import pack, unpack  # here: compression builds on this
 
     push = self._tfdist_pipeline.push_compressor()
     base = type(self).__mro__[1]
     if push is None:
         return getattr(base, UPDATE_SEAM)(self, distribution, grads_and_vars, learning_rate)
 
-    def apply(variable, *payload_and_rate, shape, layout):
+    def apply(variable, *payload_and_rate, layout):
         *payload, rate = payload_and_rate
-        grad = tf.reshape(push.decode(tuple(payload), layout, None), shape)
+        grad, = unpack(push.decode(tuple(payload), layout, None), layout)
         return self.update_step(tf.cast(grad, variable.dtype), variable, rate)
 
     for grad, variable in grads_and_vars:
-        grad = tf.convert_to_tensor(grad)
-        layout = Layout((tuple(grad.shape),))
-        payload = push.encode(tf.reshape(tf.cast(grad, tf.float32), [-1]), layout, None)
+        buffer, layout = pack([grad], push.align)
+        payload = push.encode(buffer, layout, None)
         distribution.extended.update(variable, apply, args=(*payload, learning_rate),
-                                     kwargs={"shape": grad.shape, "layout": layout}, group=False)
+                                     kwargs={"layout": layout}, group=False)
 
 
 def _exchange_gradients(self, grads_and_vars):
