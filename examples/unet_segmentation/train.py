@@ -45,11 +45,16 @@ class Progress(keras.callbacks.Callback):
 
     def __init__(self, epochs, steps, every=25):
         self.epochs, self.steps, self.every, self.start = epochs, steps, every, time.time()
+        self.step_seconds = []
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self.batch_start = time.perf_counter()
+
     def on_train_batch_end(self, batch, logs=None):
+        self.step_seconds.append(time.perf_counter() - self.batch_start)
         if (batch + 1) % self.every == 0 and logs:
             print(f"epoch {self.epoch + 1}/{self.epochs} step {batch + 1}/{self.steps} "
                   f"loss {float(logs['loss']):.4f} ({time.time() - self.start:.0f}s)", flush=True)
@@ -92,8 +97,9 @@ def main(argv):
         else:
             hooks.append(compression)
         callbacks.append(tfdist.callbacks.CommStats())
+    progress = Progress(train.epochs, train.steps_per_epoch)
     if chief:
-        callbacks.append(Progress(train.epochs, train.steps_per_epoch))
+        callbacks.append(progress)
     fit_args = dict(epochs=train.epochs, steps_per_epoch=train.steps_per_epoch,
                     validation_steps=train.validation_steps, callbacks=callbacks, verbose=0)
     start = time.time()
@@ -119,6 +125,8 @@ def main(argv):
                                      "replicas": strategy.num_replicas_in_sync,
                                      "steps": train.epochs * train.steps_per_epoch,
                                      "wall_time_seconds": round(wall, 2),
+                                     # median: the first steps trace, phases retrace
+                                     "seconds_per_step": float(np.median(progress.step_seconds)),
                                      "compression": (config.compression.name
                                                      if config.compression else None),
                                      "bytes_exchanged": _bytes(history.history),
