@@ -15,25 +15,17 @@ import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 import tfdist
-from tfdist.keras.optimizer import SEAM
+from tfdist.keras.optimizer import APPLY_SEAM, SEAM
 from tfdist.strategies import CentralStorageStrategy
 from tfdist.strategies.parameter_server import _called_from_keras_trainer
-from tfdist.training import GradientPipeline, TrainingHook
+from tfdist.training import GradientPipeline
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
 
 
-class CountExchanges(TrainingHook):
-    def build(self, strategy, variables):
-        self.count = tf.Variable(0, dtype=tf.int64, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-
-    def before_exchange(self, grads, variables, step):
-        self.count.assign_add(1)
-        return grads
-
-
 def test_optimizer_all_reduce_seam_is_where_fit_exchanges_gradients(strategies):
     """tfdist/keras/optimizer.py overrides Keras' `_all_reduce_sum_gradients`."""
+    from counting import CountExchanges
     from models import conv_model, dataset, loss
 
     assert hasattr(keras.optimizers.Adam, SEAM), f"Keras optimizers lost {SEAM}"
@@ -104,3 +96,17 @@ def test_upstream_central_storage_still_fails_with_batchnorm():
         model.compile("sgd", "mse")
     with pytest.raises(ValueError, match="aggregation"):
         model.fit(np.ones((4, 2)), np.ones((4, 2)), batch_size=4, verbose=0)
+
+
+def test_seams_of_local_sgd_and_phases_are_still_there():
+    """Checkpoint callbacks average local-SGD replicas in `_save_model`; phased steps
+    (gradient accumulation, delayed compression) swap `model.train_function`, which
+    Keras' fit must read at every step; accumulation overrides `_backend_apply_gradients`."""
+    assert "_save_model" in vars(keras.callbacks.ModelCheckpoint)
+    assert "_save_model" in vars(keras.callbacks.BackupAndRestore)
+    assert hasattr(keras.optimizers.Optimizer, APPLY_SEAM)
+    for name in ("_accumulated_gradients", "_backend_increment_gradient_accumulators",
+                 "_backend_reset_gradient_accumulators", "_get_variable_index"):
+        assert name in inspect.getsource(keras.src.optimizers.base_optimizer), name
+    fit_source = inspect.getsource(keras_tf_trainer.TensorFlowTrainer.fit)
+    assert "self.train_function(iterator)" in fit_source

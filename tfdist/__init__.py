@@ -17,7 +17,8 @@ _LAZY = {
     "TrainingHook": "tfdist.training",
     "callbacks": "tfdist.callbacks",
 }
-_SUBPACKAGES = ("cluster", "config", "keras", "launch", "strategies", "training")
+_SUBPACKAGES = ("cluster", "compression", "config", "keras", "launch", "local_sgd", "strategies",
+                "training")
 
 __all__ = ["Config", "ConfigError", "load_config", "__version__", *_LAZY]
 

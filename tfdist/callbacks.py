@@ -1,6 +1,8 @@
 """`tfdist.callbacks`: the Keras callbacks of tfdist, for `model.fit` and `tfdist.Trainer`."""
 
-from tfdist.keras.callbacks import (BackupAndRestore, CommStats, HookPhases, ModelCheckpoint,
+from tfdist.keras.callbacks import (BackupAndRestore, CommStats, HookPhases,
+                                    LearningRateWarmup, LocalSGD, ModelCheckpoint,
                                     SyncReplicaState)
 
-__all__ = ["BackupAndRestore", "CommStats", "HookPhases", "ModelCheckpoint", "SyncReplicaState"]
+__all__ = ["BackupAndRestore", "CommStats", "HookPhases", "LearningRateWarmup", "LocalSGD",
+           "ModelCheckpoint", "SyncReplicaState"]

@@ -7,13 +7,24 @@ that calls `apply_gradients`) can exchange gradients differently. This module bu
 subclass of the optimizer's own class that overrides just that method — no global
 patch; `tests/test_keras_seams.py` fails loudly if Keras moves it. Keras versions
 tested: 3.5 - 3.15.
+
+The same subclass fixes Keras' gradient accumulation under MirroredStrategy and
+MultiWorkerMirroredStrategy: Keras chooses "accumulate" or "exchange and update" with a
+`tf.cond` around the all-reduce, and a collective inside a cond in replica context is
+refused (`merge_call called while defining a new graph`). Here the choice is a Python
+phase (`AccumulationPhase`): the step is traced once for each branch and the loop picks
+the right one, so the exchange happens once per accumulated step.
 """
 
 import keras
 import tensorflow as tf
 
+from tfdist.training.hooks import GradientPipeline, TrainingHook
+
 SEAM = "_all_reduce_sum_gradients"
 UPDATE_SEAM = "_distributed_tf_update_step"
+APPLY_SEAM = "_backend_apply_gradients"
+_ROUTED = {}  # optimizer class -> its tfdist subclass
 
 
 def with_gradient_pipeline(optimizer, pipeline, step=None):
@@ -40,19 +51,96 @@ def with_gradient_pipeline(optimizer, pipeline, step=None):
     if optimizer.built:
         raise ValueError("the optimizer already has variables; pass a fresh optimizer so "
                          f"its state is created under the strategy scope. Received: {optimizer}")
-    base = type(optimizer)
-    for seam in (SEAM, UPDATE_SEAM):
-        if not hasattr(base, seam):
-            raise RuntimeError(f"Keras {keras.__version__}: {base.__name__} has no {seam}; "
-                               "tfdist's gradient seam moved — see tfdist/keras/optimizer.py")
-    cls = type(base.__name__, (base,), {SEAM: _exchange_gradients, "build": _build,
-                                        UPDATE_SEAM: _update_with_push,
-                                        "__module__": base.__module__,
-                                        "__qualname__": base.__qualname__})
-    wrapped = cls.from_config(optimizer.get_config())
-    wrapped._tfdist_pipeline = pipeline
-    wrapped._tfdist_step = step
+    wrapped = routed_class(type(optimizer)).from_config(optimizer.get_config())
+    _route(wrapped, pipeline, step)
     return wrapped
+
+
+def add_hook(optimizer, hook, strategy):
+    """Adds `hook` to `optimizer`'s pipeline, in place — routing the optimizer through a
+    pipeline first if it is a plain Keras optimizer (its class becomes tfdist's subclass
+    of its own class; nothing else changes). A hook of the same class already there (a
+    callback of an earlier `fit`) is replaced. Builds the hook if the optimizer is built.
+    """
+    if getattr(optimizer, "_tfdist_pipeline", None) is None:
+        optimizer.__class__ = routed_class(type(optimizer))
+        _route(optimizer, GradientPipeline(), None)
+    pipeline = optimizer._tfdist_pipeline
+    if hook in pipeline.hooks:
+        return
+    pipeline.hooks = [h for h in pipeline.hooks if type(h) is not type(hook)]
+    pipeline.add(hook)
+    if optimizer.built:
+        with strategy.scope():
+            hook.build(strategy, list(optimizer._trainable_variables))
+
+
+def before_read(model):
+    """Lets the hooks of `model.optimizer` make one model of the replicas (local SGD
+    averages them) before something reads or saves it; on every worker."""
+    pipeline = getattr(getattr(model, "optimizer", None), "_tfdist_pipeline", None)
+    if pipeline is not None:
+        pipeline.before_read(model)
+
+
+def routed_class(base):
+    """The subclass of optimizer class `base` with tfdist's seams (one per class)."""
+    if getattr(base, "_tfdist_routed", False):
+        return base
+    if base not in _ROUTED:
+        for seam in (SEAM, UPDATE_SEAM, APPLY_SEAM):
+            if not hasattr(base, seam):
+                raise RuntimeError(f"Keras {keras.__version__}: {base.__name__} has no {seam}; "
+                                   "tfdist's gradient seam moved — see tfdist/keras/optimizer.py")
+        _ROUTED[base] = type(base.__name__, (base,), {
+            SEAM: _exchange_gradients, "build": _build, UPDATE_SEAM: _update_with_push,
+            APPLY_SEAM: _apply_gradients, "_tfdist_routed": True,
+            "__module__": base.__module__, "__qualname__": base.__qualname__})
+    return _ROUTED[base]
+
+
+def _route(optimizer, pipeline, step):
+    optimizer._tfdist_pipeline = pipeline
+    optimizer._tfdist_step = step
+    optimizer._tfdist_accumulating = False
+    if optimizer.gradient_accumulation_steps:
+        if optimizer.use_ema:
+            raise ValueError("tfdist does not combine gradient_accumulation_steps with "
+                             "use_ema; use one of them")
+        pipeline.add(AccumulationPhase(optimizer))
+
+
+class AccumulationPhase(TrainingHook):
+    """The phase of Keras' gradient accumulation: accumulate, or exchange and update."""
+
+    phased = True
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    def phase(self, step):
+        micro_steps = int(self.optimizer._iterations.numpy())
+        steps = self.optimizer.gradient_accumulation_steps
+        self.optimizer._tfdist_accumulating = (micro_steps + 1) % steps != 0
+        return self.optimizer._tfdist_accumulating
+
+
+def _apply_gradients(self, grads, trainable_variables):
+    """Keras' gradient application, with accumulation chosen in Python (see above)."""
+    base = type(self).__mro__[1]
+    steps = self.gradient_accumulation_steps
+    if not steps:
+        return getattr(base, APPLY_SEAM)(self, grads, trainable_variables)
+    self._tfdist_pipeline.check_phases_driven()
+    accumulators = [self._accumulated_gradients[self._get_variable_index(v)]
+                    for v in trainable_variables]
+    if self._tfdist_accumulating:  # local only: no exchange
+        return self._backend_increment_gradient_accumulators(grads, accumulators)
+    grads = [(g + a) / steps for g, a in zip(grads, accumulators)]  # as Keras does
+    grads = self._clip_gradients(grads)
+    self._apply_weight_decay(trainable_variables)
+    self._backend_update_step(grads, trainable_variables, self.learning_rate)
+    self._backend_reset_gradient_accumulators()
 
 
 def _build(self, variables):

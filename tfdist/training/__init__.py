@@ -1,6 +1,14 @@
 """Custom training loops: `Trainer`, its hooks, and per-strategy data feeding."""
 
 from tfdist.training.hooks import GradientPipeline, TrainingHook
-from tfdist.training.trainer import Trainer
 
 __all__ = ["GradientPipeline", "Trainer", "TrainingHook"]
+
+
+def __getattr__(name):
+    # Loaded on first use: the Trainer builds on tfdist.keras, which builds on the hooks.
+    if name == "Trainer":
+        from tfdist.training.trainer import Trainer
+
+        return Trainer
+    raise AttributeError(f"module 'tfdist.training' has no attribute {name!r}")

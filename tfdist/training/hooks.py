@@ -8,10 +8,15 @@ replicas, and applies them. Hooks plug into that step at four points:
     after_exchange(grads, variables, step)    exchanged gradients (replica context)
     on_step_end(step)                         after the update (cross-replica context)
 
+and, outside the compiled step, in Python on every worker:
+
+    after_step(model, steps_done)             between two steps
+    before_read(model)                        before anything reads or saves the model
+
 Gradient compression replaces `exchange` (compress, communicate the payload,
 decompress); local SGD replaces it with "no exchange" between averages and averages
-the model in `on_step_end`. The same `GradientPipeline` runs inside `tfdist.Trainer`
-and, through the optimizer wrapper in `tfdist.keras`, inside `model.fit`.
+the model in `after_step` and `before_read`. The same `GradientPipeline` runs inside
+`tfdist.Trainer` and, through the optimizer wrapper in `tfdist.keras`, inside `model.fit`.
 """
 
 import tensorflow as tf
@@ -46,6 +51,13 @@ class TrainingHook:
     def on_step_end(self, step):
         """Runs after the optimizer update, in cross-replica context; `step` counts it."""
 
+    def after_step(self, model, steps_done):
+        """Runs in Python between steps, on every worker; `steps_done` counts the steps."""
+
+    def before_read(self, model):
+        """Runs in Python on every worker before validation, checkpoints, the end of an
+        epoch or of training: whatever reads the model must see one model."""
+
     def phase(self, step):
         """What the traced step depends on at Python step `step` (e.g. "compressing").
 
@@ -74,11 +86,18 @@ class GradientPipeline:
     """
 
     def __init__(self, hooks=()):
-        self.hooks = list(hooks)
-        owners = [h for h in self.hooks if h.replaces_exchange]
+        self.hooks = []
+        self._exchange = lambda g, v, s: all_reduce_sum(g)
+        for hook in hooks:
+            self.add(hook)
+
+    def add(self, hook):
+        """Appends `hook`; raises ValueError if it would be a second exchange owner."""
+        owners = [h for h in [*self.hooks, hook] if h.replaces_exchange]
         if len(owners) > 1:
             names = ", ".join(type(h).__name__ for h in owners)
             raise ValueError(f"only one hook may replace the gradient exchange. Received: {names}")
+        self.hooks.append(hook)
         self._exchange = owners[0].exchange if owners else (lambda g, v, s: all_reduce_sum(g))
 
     def build(self, strategy, variables):
@@ -105,6 +124,14 @@ class GradientPipeline:
         for hook in self.hooks:
             hook.on_step_end(step)
 
+    def after_step(self, model, steps_done):
+        for hook in self.hooks:
+            hook.after_step(model, steps_done)
+
+    def before_read(self, model):
+        for hook in self.hooks:
+            hook.before_read(model)
+
     def enter_phase(self, step):
         """Sets every hook's phase for Python step `step`; True if any phase changed
         (the caller must then trace its step function again)."""
@@ -112,6 +139,11 @@ class GradientPipeline:
         changed = phases != getattr(self, "_phases", None)
         self._phases = phases
         return changed
+
+    @property
+    def phases(self):
+        """The phases set by the last `enter_phase` (a key for cached step functions)."""
+        return getattr(self, "_phases", None)
 
     def push_compressor(self):
         """The compressor of the gradient push to parameter servers, if a hook has one."""

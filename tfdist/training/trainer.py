@@ -58,7 +58,7 @@ class Trainer:
             self.metrics = [_as_metric(m) for m in metrics or []]
         model.optimizer = self.optimizer
         self.completed_steps = 0
-        self._train_function = self._make_train_function()
+        self._train_functions = {}  # hooks' phases -> the step traced for them
         self._test_function = self._make_test_function()
 
     # --- the compiled steps -----------------------------------------------------------
@@ -171,6 +171,7 @@ class Trainer:
                                      "not empty and that each worker's shard has a full batch")
                 iterator = iter(train_data)
             self.completed_steps += steps
+            self.pipeline.before_read(self.model)  # e.g. local SGD: one model again
             sync_replica_state(self.strategy, self.model.non_trainable_variables)
             logs = self._logs()
             if val_data is not None:
@@ -193,6 +194,7 @@ class Trainer:
         return self._evaluate(data, steps, callbacks, verbose)
 
     def _evaluate(self, data, steps, callbacks, verbose):
+        self.pipeline.before_read(self.model)
         self._reset_metrics()
         callbacks.on_test_begin()
         self._run_steps(False, iter(data), steps,
@@ -206,9 +208,7 @@ class Trainer:
         done = 0
         for batch in (range(steps) if steps is not None else itertools.count()):
             on_begin(batch)
-            if training and self.pipeline.enter_phase(self.completed_steps + done):
-                self._train_function = self._make_train_function()  # a hook changed phase
-            function = self._train_function if training else self._test_function
+            function = self._train_function_for_step(done) if training else self._test_function
             logs = {}  # under a coordinator, results stay on the workers until the epoch ends
             if self.coordinator is not None:
                 self.coordinator.schedule(function, args=(iterator,))
@@ -219,10 +219,25 @@ class Trainer:
                     return done, True
                 logs = function(data)
             done += 1
+            if training and self.coordinator is None:
+                self.pipeline.after_step(self.model, self._update_steps(done))
             on_end(batch, logs)
         if self.coordinator is not None:
             self.coordinator.join()
         return done, False
+
+    def _update_steps(self, done_this_epoch):
+        """Optimizer updates so far (micro-batches / gradient_accumulation_steps)."""
+        micro = self.completed_steps + done_this_epoch
+        return micro // (self.optimizer.gradient_accumulation_steps or 1)
+
+    def _train_function_for_step(self, done_this_epoch):
+        """The step function traced for the hooks' phases at this step (one per phase)."""
+        self.pipeline.enter_phase(self._update_steps(done_this_epoch))
+        key = self.pipeline.phases
+        if key not in self._train_functions:
+            self._train_functions[key] = self._make_train_function()
+        return self._train_functions[key]
 
     # --- helpers ----------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 import keras
 
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
+from tfdist.keras.optimizer import before_read
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -13,7 +14,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     every worker restores from it (so all start from the same state), only the chief
     writes it, and the other workers write their backups to a temporary directory that
     is removed at the end of training. A job killed mid-epoch and relaunched resumes
-    after the last completed epoch (or the last `save_freq` batch).
+    after the last completed epoch (or the last `save_freq` batch). Under local SGD the
+    replicas are averaged before each backup.
 
     Works with `model.fit` and `tfdist.Trainer`. Arguments as in Keras.
     """
@@ -37,6 +39,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             super().on_train_end(logs)
         self._scratch.cleanup()
         self._point_to(self._chief_dir)
+
+    def _save_model(self):
+        before_read(self.model)
+        super()._save_model()
 
     def _point_to(self, directory):
         """Aims every path of Keras' callback at `directory`."""

@@ -3,6 +3,7 @@
 import keras
 
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
+from tfdist.keras.optimizer import before_read
 
 
 class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
@@ -10,7 +11,8 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     Other workers still save (every worker takes part, as distributed variables may
     need it) but into a temporary directory removed at the end of training, so workers
-    never race on the same file. Arguments as in Keras.
+    never race on the same file. Under local SGD the replicas are averaged before
+    each save, so a checkpoint holds one model. Arguments as in Keras.
     """
 
     def __init__(self, filepath, **kwargs):
@@ -27,3 +29,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         super().on_train_end(logs)
         self._scratch.cleanup()
         self.filepath = self._chief_filepath
+
+    def _save_model(self, epoch, batch, logs):
+        before_read(self.model)
+        super()._save_model(epoch, batch, logs)
