@@ -85,6 +85,39 @@ def test_compressed_exchange_across_processes_matches_single_device(write_config
             np.testing.assert_allclose(w, r, atol=tolerance)
 
 
+@pytest.mark.parametrize("loop", ["fit", "trainer"])
+def test_local_sgd_workers_diverge_between_averages_and_end_identical(write_config, tmp_path,
+                                                                      loop):
+    out = tmp_path / "out"
+    results, _ = launch(write_config, out, MWMS, "--loop", loop, "--model", "plain",
+                        "--epochs", "2", "--local_sgd", "3", "--warmup", "1")
+    a, b = (results[t]["checksums"] for t in ("worker-0", "worker-1"))
+    assert len(a) == len(b) == 8  # 2 epochs of 4 steps
+    same = [x == y for x, y in zip(a, b)]
+    # step 1 synchronous, 2-3 local, average after 4 (and at the epoch end), 5-6 local,
+    # average after 7, 8 local then averaged at the end of the epoch
+    assert same[:7] == [True, False, False, True, False, False, True], same
+    for x, y in zip(weights(out, "worker-0"), weights(out, "worker-1")):
+        np.testing.assert_array_equal(x, y)
+    assert results["worker-0"]["history"]["loss"][-1] < results["worker-0"]["history"]["loss"][0]
+
+
+def test_accumulation_on_two_workers_equals_one_device_on_the_whole_batch(write_config,
+                                                                          tmp_path):
+    """2 workers x 2 micro-batches of 16 = one step on a batch of 64, exchanged once."""
+    import keras
+    from models import conv_model, dataset, loss
+
+    out = tmp_path / "out"
+    launch(write_config, out, MWMS, "--model", "plain", "--epochs", "2", "--accumulate", "2")
+    model = conv_model(seed=3, batchnorm=False, dropout=0)
+    model.compile(keras.optimizers.SGD(0.05), loss())
+    model.fit(dataset(128, 64), epochs=2, verbose=0)
+    for task in ("worker-0", "worker-1"):
+        for w, r in zip(weights(out, task), model.get_weights()):
+            np.testing.assert_allclose(w, r, atol=1e-5)
+
+
 @pytest.mark.parametrize("loop,model", [("fit", "conv"), ("fit", "dict"),
                                         ("trainer", "conv"), ("trainer", "dict")])
 def test_batchnorm_dropout_and_dict_models_learn_on_two_workers(write_config, tmp_path, loop, model):

@@ -7,6 +7,8 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
     --loop fit | trainer
     --model conv | dict | plain      (plain: no BatchNormalization, no Dropout)
     --backup DIR --kill EPOCH        (worker:1 SIGKILLs itself mid-epoch EPOCH, once)
+    --local_sgd PERIOD --warmup W    local SGD; records a weight checksum after each step
+    --accumulate K                   SGD with gradient_accumulation_steps=K
 """
 
 import argparse
@@ -36,7 +38,21 @@ def parse():
     p.add_argument("--compression", help="name; exchanged compressed, min_size 1")
     p.add_argument("--ratio", type=float)
     p.add_argument("--rank", type=int)
+    p.add_argument("--local_sgd", type=int, help="period")
+    p.add_argument("--warmup", type=int, default=0)
+    p.add_argument("--accumulate", type=int)
+    p.add_argument("--batch", type=int, default=32)
     return p.parse_args()
+
+
+class Checksums(keras.callbacks.Callback):
+    """This worker's copy of the first kernel, summed, after every step."""
+
+    def __init__(self):
+        self.sums = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.sums.append(float(np.sum(self.model.trainable_variables[0].numpy())))
 
 
 class EpochLog(keras.callbacks.Callback):
@@ -77,14 +93,26 @@ def main():
     with strategy.scope():
         model = {"conv": conv_model, "dict": dict_model,
                  "plain": lambda: conv_model(seed=3, batchnorm=False, dropout=0)}[args.model]()
-        optimizer = (keras.optimizers.SGD(0.05) if args.model == "plain"
-                     else keras.optimizers.Adam(0.01))
+        optimizer = (keras.optimizers.SGD(0.05, gradient_accumulation_steps=args.accumulate)
+                     if args.model == "plain" else keras.optimizers.Adam(0.01))
     if args.compression and args.strategy != "parameter_server":
         options = {k: v for k, v in (("ratio", args.ratio), ("rank", args.rank)) if v}
         optimizer = tfdist.keras.DistributedOptimizer(optimizer, args.compression, min_size=1,
                                                       strategy=strategy, **options)
+    if args.accumulate and args.loop == "fit":  # tfdist's phased accumulation
+        optimizer = tfdist.keras.DistributedOptimizer(optimizer, strategy=strategy)
     result = {"replicas": strategy.num_replicas_in_sync}
     callbacks = [tfdist.callbacks.SyncReplicaState()] if args.loop == "fit" else []
+    hooks = []
+    if args.accumulate and args.loop == "fit":
+        callbacks.append(tfdist.callbacks.HookPhases())
+    if args.local_sgd:
+        if args.loop == "fit":
+            callbacks.append(tfdist.callbacks.LocalSGD(args.local_sgd, args.warmup))
+        else:
+            hooks.append(tfdist.local_sgd.ModelAverager(args.local_sgd, args.warmup))
+    checksums = Checksums()
+    callbacks.append(checksums)
     if args.backup:
         callbacks += [tfdist.callbacks.BackupAndRestore(args.backup),
                      EpochLog(os.path.join(args.out, "epochs.log")),
@@ -116,19 +144,20 @@ def main():
     elif args.loop == "fit":
         with strategy.scope():
             model.compile(optimizer, loss(), metrics=["sparse_categorical_accuracy"])
-        data = dataset(128, 32, dict_inputs=dict_inputs)
+        data = dataset(128, args.batch, dict_inputs=dict_inputs)
         history = model.fit(data, epochs=args.epochs, verbose=0, callbacks=callbacks)
         result["evaluate"] = model.evaluate(data, verbose=0, return_dict=True)
         result["predict_shape"] = list(model.predict(data, verbose=0).shape)
     else:
         trainer = tfdist.Trainer(model, optimizer, loss(), strategy=strategy,
-                                 metrics=["sparse_categorical_accuracy"])
-        data = dataset(128, 32, dict_inputs=dict_inputs)
+                                 metrics=["sparse_categorical_accuracy"], hooks=hooks)
+        data = dataset(128, args.batch, dict_inputs=dict_inputs)
         history = trainer.fit(data, epochs=args.epochs, verbose=0, callbacks=callbacks)
         result["evaluate"] = trainer.evaluate(data, verbose=0)
         result["completed_steps"] = trainer.completed_steps
 
     result["history"] = history.history
+    result["checksums"] = checksums.sums
     result["keras_fixes"] = dict(getattr(strategy, "keras_fixes", {}))
     np.savez(os.path.join(args.out, f"{name}.npz"), *[w.numpy() for w in model.weights])
     with open(os.path.join(args.out, f"{name}.json"), "w") as f:
