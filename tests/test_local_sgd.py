@@ -195,7 +195,7 @@ def test_trainer_period_one_equals_synchronous_and_replicas_diverge_otherwise(st
 
 # --- gradient accumulation ----------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["mirrored", "default"])
+@pytest.mark.parametrize("name", ["mirrored", "central_storage", "default"])
 def test_accumulating_k_micro_batches_equals_one_step_on_a_k_times_batch(strategies, name):
     from counting import CountExchanges
 

@@ -104,6 +104,11 @@ def _route(optimizer, pipeline, step):
     optimizer._tfdist_step = step
     optimizer._tfdist_accumulating = False
     if optimizer.gradient_accumulation_steps:
+        if isinstance(tf.distribute.get_strategy(), tf.distribute.ParameterServerStrategy):
+            raise ValueError(
+                "gradient_accumulation_steps does not apply under ParameterServerStrategy: "
+                "workers update the variables asynchronously, one step at a time; give each "
+                "worker a larger batch instead")
         if optimizer.use_ema:
             raise ValueError("tfdist does not combine gradient_accumulation_steps with "
                              "use_ema; use one of them")
@@ -134,8 +139,15 @@ def _apply_gradients(self, grads, trainable_variables):
     self._tfdist_pipeline.check_phases_driven()
     accumulators = [self._accumulated_gradients[self._get_variable_index(v)]
                     for v in trainable_variables]
+    context = tf.distribute.get_replica_context()
+    stored_once = isinstance(tf.distribute.get_strategy(),
+                             tf.distribute.experimental.CentralStorageStrategy)
     if self._tfdist_accumulating:  # local only: no exchange
+        if stored_once and context is not None:  # one accumulator for all (local) replicas
+            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
         return self._backend_increment_gradient_accumulators(grads, accumulators)
+    if stored_once and context is not None:  # the sum below adds it once per replica
+        accumulators = [a / context.num_replicas_in_sync for a in accumulators]
     grads = [(g + a) / steps for g, a in zip(grads, accumulators)]  # as Keras does
     grads = self._clip_gradients(grads)
     self._apply_weight_decay(trainable_variables)
