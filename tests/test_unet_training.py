@@ -99,6 +99,8 @@ def test_every_config_runs_a_few_steps(tmp_path, name):
                   "--image_size", "16", "--batch_size", "8"]
         if config.compression:  # compress from the first step
             script += ["--start_step", "0"]
+        if config.local_sgd:  # local from the second step
+            script += ["--warmup_steps", "1"]
     else:
         script = [sys.executable, str(QUICKSTART), "--config", f"configs/{name}",
                   "--output_dir", str(out), "--epochs", "1"]
@@ -108,9 +110,14 @@ def test_every_config_runs_a_few_steps(tmp_path, name):
     metrics = json.loads((out / "metrics.json").read_text())
     if name.startswith("unet_"):
         assert metrics["steps"] == 3 and metrics["strategy"] == config.strategy.name
+        ratio = metrics["bytes_exchanged"]["compression_ratio"]
         if config.compression:
             assert metrics["compression"] == config.compression.name
-            assert metrics["bytes_exchanged"]["compression_ratio"] > 1.5
+            assert ratio > 1.5
+        if config.local_sgd:  # one model average per period
+            assert ratio >= config.local_sgd.period * (2 if config.compression else 1) * 0.99
+        if not (config.compression or config.local_sgd):
+            assert ratio == 1.0
         assert set(metrics["final"]) >= {"loss", "mean_iou", "pixel_accuracy", "val_mean_iou"}
         assert (out / "predictions.png").stat().st_size > 0 and (out / "curves.png").exists()
         assert "wrote predictions.png" in result.stdout

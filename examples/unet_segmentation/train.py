@@ -35,6 +35,8 @@ flags.DEFINE_enum("loop", None, ["fit", "ctl"], "override train.loop")
 flags.DEFINE_string("dataset", None, "override train.dataset")
 flags.DEFINE_string("data_dir", None, "override train.data_dir")
 flags.DEFINE_integer("start_step", None, "override compression.start_step")
+flags.DEFINE_integer("warmup_steps", None, "override local_sgd.warmup_steps")
+flags.DEFINE_integer("period", None, "override local_sgd.period")
 FLAGS = flags.FLAGS
 OVERRIDES = ("epochs", "steps_per_epoch", "validation_steps", "batch_size", "image_size",
              "learning_rate", "seed", "loop", "dataset", "data_dir")
@@ -88,7 +90,16 @@ def main(argv):
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     callbacks = [tfdist.callbacks.SyncReplicaState()]  # one model on every replica
     hooks = []
-    if config.compression is not None:
+    if config.local_sgd is not None:  # compression, if any, compresses the model averages
+        overrides = {k: getattr(FLAGS, k) for k in ("warmup_steps", "period")
+                     if getattr(FLAGS, k) is not None}
+        if train.loop == "fit":
+            callbacks.append(tfdist.callbacks.LocalSGD.from_config(
+                config.local_sgd, compression=config.compression, **overrides))
+        else:
+            hooks.append(tfdist.local_sgd.ModelAverager.from_config(
+                config.local_sgd, compression=config.compression, **overrides))
+    elif config.compression is not None:
         overrides = {} if FLAGS.start_step is None else {"start_step": FLAGS.start_step}
         compression = tfdist.compression.build(config.compression, **overrides)
         if train.loop == "fit":
@@ -96,7 +107,7 @@ def main(argv):
             callbacks.append(tfdist.callbacks.HookPhases())
         else:
             hooks.append(compression)
-        callbacks.append(tfdist.callbacks.CommStats())
+    callbacks.append(tfdist.callbacks.CommStats())  # bytes per step, in every run
     progress = Progress(train.epochs, train.steps_per_epoch)
     if chief:
         callbacks.append(progress)
@@ -129,6 +140,8 @@ def main(argv):
                                      "seconds_per_step": float(np.median(progress.step_seconds)),
                                      "compression": (config.compression.name
                                                      if config.compression else None),
+                                     "local_sgd": (vars(config.local_sgd)
+                                                   if config.local_sgd else None),
                                      "bytes_exchanged": _bytes(history.history),
                                  })
         final = history.history

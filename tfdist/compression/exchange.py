@@ -164,15 +164,18 @@ class GradientCompression(TrainingHook):
     # --- statistics -----------------------------------------------------------------
 
     def bytes_per_step(self, step=None):
-        """{"payload": bytes this replica contributes, "dense": float32 bytes uncompressed}."""
-        dense = 4 * (self.small_layout.size + self.large_layout.size)
+        """{"payload": bytes this replica contributes, "dense": float32 bytes uncompressed,
+        "collective": "gather" or "sum"}."""
+        dense = 4 * (sum(self.small_layout.sizes) + sum(self.large_layout.sizes))
         if step is not None and step < self.start_step:
-            return {"payload": dense, "dense": dense}
+            return {"payload": dense, "dense": dense, "collective": "sum"}
         if isinstance(self.compressor, PowerSGD):
             large = powersgd.payload_bytes(self.large_layout.shapes, self.compressor.rank)
         else:
             large = self.compressor.payload_bytes(self.large_layout) if self.large else 0
-        return {"payload": 4 * self.small_layout.size + large, "dense": dense}
+        gather = self.compressing and self.compressor.collective == "gather"
+        return {"payload": 4 * self.small_layout.size + large, "dense": dense,
+                "collective": "gather" if gather else "sum"}
 
 
 def _all_gather(context, tensor):

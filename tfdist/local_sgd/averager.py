@@ -75,6 +75,7 @@ class ModelAverager(TrainingHook):
                 f"{type(strategy).__name__} variables are stored once. Received: "
                 f"strategy={type(strategy).__name__}")
         self.strategy, self.anchored = strategy, False
+        self.model_bytes = 4 * sum(int(v.shape.num_elements()) for v in variables)
         if self.compression is not None:
             local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
             self.anchors = [tf.Variable(tf.zeros(v.shape, tf.float32), name="tfdist_anchor",
@@ -102,6 +103,15 @@ class ModelAverager(TrainingHook):
             return all_reduce_sum(grads)
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
         return [tf.convert_to_tensor(g) * replicas for g in grads]  # this replica's own mean
+
+    def bytes_per_step(self, step=None):
+        """Like `GradientCompression.bytes_per_step`: after the warm-up, one average of
+        the trainable weights (compressed or not) every `period` steps."""
+        dense = {"payload": self.model_bytes, "dense": self.model_bytes, "collective": "sum"}
+        if step is not None and step < self.warmup_steps:
+            return dense
+        sent = self.compression.bytes_per_step() if self.compression is not None else dense
+        return {**sent, "payload": sent["payload"] / self.period, "dense": self.model_bytes}
 
     # --- between steps ----------------------------------------------------------------
 

@@ -3,13 +3,13 @@
 import keras
 import tensorflow as tf
 
-from tfdist.compression.exchange import GradientCompression
-
 
 class CommStats(keras.callbacks.Callback):
-    """Adds to each epoch's logs, from the payload sizes of tfdist's gradient exchange:
+    """Adds to each epoch's logs, from the payload sizes of tfdist's gradient exchange
+    (plain float32 all-reduce, `GradientCompression` or local SGD's `ModelAverager`,
+    whose one model average is spread over its `period` steps):
 
-    - ``comm_payload_bytes``: gradient bytes each replica contributes per step;
+    - ``comm_payload_bytes``: bytes each replica contributes per step;
     - ``comm_bytes_per_worker``: gradient bytes each worker sends per step over the
       network (ring all-reduce: 2 (W - 1) / W x payload; all-gather: (W - 1) x payload;
       W = number of workers; 0 on one machine; under parameter servers, the pushed
@@ -18,7 +18,8 @@ class CommStats(keras.callbacks.Callback):
 
     Args:
         log_dir: also write them as TensorBoard scalars there (optional).
-        hook: the `GradientCompression` to read; found on the model's optimizer by default.
+        hook: the hook to read (with a `bytes_per_step(step)` method); by default the
+            one on the model's optimizer, else the plain all-reduce of the weights' size.
     """
 
     def __init__(self, log_dir=None, hook=None):
@@ -32,7 +33,7 @@ class CommStats(keras.callbacks.Callback):
             self._writer = tf.summary.create_file_writer(self.log_dir)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.hook is None or logs is None:
+        if logs is None:
             return
         stats = self.stats(int(self.model.optimizer.iterations.numpy()) - 1)
         logs.update(stats)
@@ -43,12 +44,15 @@ class CommStats(keras.callbacks.Callback):
             self._writer.flush()
 
     def stats(self, step):
-        sizes = self.hook.bytes_per_step(step)
+        if self.hook is not None:
+            sizes = self.hook.bytes_per_step(step)
+        else:  # Keras' own exchange: one float32 all-reduce of every gradient
+            dense = 4 * sum(int(v.shape.num_elements()) for v in self.model.trainable_variables)
+            sizes = {"payload": dense, "dense": dense}
         workers = _num_workers(self.model)
         ring = 2 * (workers - 1) / workers * sizes["payload"]
         gather = (workers - 1) * sizes["payload"]
-        compressor = self.hook.compressor
-        per_worker = gather if (self.hook.compressing and compressor.collective == "gather") else ring
+        per_worker = gather if sizes.get("collective") == "gather" else ring
         if getattr(self.hook, "push", False):  # parameter servers: each worker pushes its payload
             per_worker = sizes["payload"]
         return {"comm_payload_bytes": float(sizes["payload"]),
@@ -59,7 +63,7 @@ class CommStats(keras.callbacks.Callback):
 def _find_hook(model):
     pipeline = getattr(model.optimizer, "_tfdist_pipeline", None)
     hooks = pipeline.hooks if pipeline is not None else []
-    found = [h for h in hooks if isinstance(h, GradientCompression)]
+    found = [h for h in hooks if h.replaces_exchange and hasattr(h, "bytes_per_step")]
     return found[0] if found else None
 
 
