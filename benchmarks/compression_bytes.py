@@ -20,12 +20,11 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from netns import ROOT, bytes_per_step
+
 RESULTS = ROOT / "benchmarks" / "results"
 COMPRESSORS = {  # name -> compression section (None: no compression at all)
     "none": None,
@@ -56,39 +55,13 @@ def config_text(compression, parameter_server=False):
     return "\n".join(lines) + "\n"
 
 
-def loopback_bytes(dev_text):
-    for line in dev_text.splitlines():
-        if line.strip().startswith("lo:"):
-            return int(line.split(":", 1)[1].split()[0])  # received = sent on loopback
-    raise RuntimeError("no loopback line in /proc/net/dev")
-
-
-def run_job(config, steps, workdir):
-    """Loopback bytes, CommStats and median seconds per step (the chief's) of one job of
-    `steps` steps, in a fresh namespace."""
-    out = workdir / f"out-{steps}"
-    train = [sys.executable, str(ROOT / "examples/unet_segmentation/train.py"),
-             "--config", str(config), "--output_dir", str(out), "--epochs", "1",
-             "--steps_per_epoch", str(steps), "--start_step", "0"]
-    launch = [sys.executable, "-m", "tfdist", "launch", str(config), "--", *train]
-    script = (f"ip link set lo up && cat /proc/net/dev > {workdir}/before && "
-              f"{' '.join(launch)} > {workdir}/log-{steps} 2>&1; "
-              f"code=$?; cat /proc/net/dev > {workdir}/after; exit $code")
-    subprocess.run(["unshare", "-n", "sh", "-c", script], check=True, timeout=900, cwd=ROOT)
-    moved = (loopback_bytes((workdir / "after").read_text())
-             - loopback_bytes((workdir / "before").read_text()))
-    metrics = json.loads((out / "metrics.json").read_text())
-    return moved, metrics.get("bytes_exchanged"), metrics["seconds_per_step"]
-
-
 def measure(name, short, long, parameter_server=False):
     workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"tfdist-bench-{name}-"))
     try:
         config = workdir / "job.yaml"
         config.write_text(config_text(COMPRESSORS[name], parameter_server))
-        small, _, _ = run_job(config, short, workdir)
-        large, stats, seconds = run_job(config, long, workdir)
-        per_step = (large - small) / (long - short)
+        per_step, metrics = bytes_per_step(config, short, long, workdir, "--start_step", 0)
+        stats, seconds = metrics.get("bytes_exchanged"), metrics["seconds_per_step"]
         estimate = stats["per_step_per_worker"] * 2 if stats else None  # both workers send
         print(f"{name:9s} {per_step / 1e3:10.1f} kB/step {seconds:6.3f} s/step", flush=True)
         return {"name": name, "loopback_bytes_per_step": per_step, "seconds_per_step": seconds,

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tfdist.compression.buffers import per_block, tensor_max, tensor_sum
 
-BLOCK = 256  # quantisers' alignment: per-tensor scales broadcast over blocks
+BLOCK = 64  # quantisers' alignment: per-tensor scales broadcast over blocks
 
 
 class Compressor:

@@ -50,6 +50,7 @@ class TrainingHook:
 
     def on_step_end(self, step):
         """Runs after the optimizer update, in cross-replica context; `step` counts it."""
+        return None  # a body AutoGraph can convert (a docstring alone is not)
 
     def after_step(self, model, steps_done):
         """Runs in Python between steps, on every worker; `steps_done` counts the steps."""
