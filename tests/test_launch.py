@@ -240,7 +240,7 @@ def test_failed_task_is_restarted_with_the_same_tf_config(tmp_path, write_config
 
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "failed-once").exists()
-    assert re.search(r"worker:1\b.*restarting it \(1/1\)", result.stderr), result.stderr
+    assert re.search(r"worker:1\b.*restarting the whole job \(1/1\)", result.stderr), result.stderr
     attempts = (tmp_path / "attempts").read_text().splitlines()
     assert len(attempts) == 2 and attempts[0] == attempts[1]
 
@@ -258,6 +258,67 @@ def test_task_that_keeps_failing_is_run_one_plus_max_restarts_times(tmp_path, wr
     assert (tmp_path / "attempts").read_text().splitlines() == ["attempt", "attempt"]
     assert "(1/1)" in result.stderr and "(2/1)" not in result.stderr
     assert "worker:1 exited with code 4; stopping the other tasks" in result.stderr
+
+
+def test_a_synchronous_job_restarts_every_task_after_a_failure(tmp_path, write_config, env):
+    """MultiWorkerMirroredStrategy's collective group cannot take in a restarted worker:
+    the healthy worker is restarted too, in the same launch."""
+    config = write_config(TWO_WORKERS)
+    result = run_launch(config, "--max-restarts", "1", env=env, command=task("""
+        with open(out / f"{name}.starts", "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        if name == "worker:1" and not (out / "failed-once").exists():
+            wait_for("worker:0.starts")
+            (out / "failed-once").touch()
+            sys.exit(1)
+        time.sleep(0.5)
+    """, tmp_path))
+    assert result.returncode == 0, result.stderr + result.stdout
+    for name in ("worker:0", "worker:1"):
+        starts = (tmp_path / f"{name}.starts").read_text().split()
+        assert len(starts) == 2 and starts[0] != starts[1]
+
+
+def test_a_hung_task_is_reported_by_name_and_the_job_stops(tmp_path, write_config, env):
+    """worker:1 blocks without output or CPU (like a collective whose peer died); worker:0
+    keeps computing without output (busy is not hung)."""
+    config = write_config(TWO_WORKERS)
+    started = time.monotonic()
+    result = run_launch(config, "--hang-seconds", "3", env=env, command=task("""
+        report("pid", str(os.getpid()))
+        if name == "worker:1":
+            time.sleep(60)
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            pass
+        report("done", "")
+    """, tmp_path))
+    assert result.returncode == 137, result.stderr
+    assert re.search(r"worker:1 is hung: no output and no CPU time for 3s", result.stderr)
+    assert "worker:0 is hung" not in result.stderr
+    assert time.monotonic() - started < 20
+    assert_gone(wait_for_pids(tmp_path, ["worker:0.pid", "worker:1.pid"]).values())
+
+
+def test_tasks_temporary_files_are_removed_even_when_killed(tmp_path, write_config, env):
+    config = write_config(TWO_WORKERS)
+    proc = start_launch(config, "--grace-seconds", "1", env=env, command=task("""
+        import signal, tempfile
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # SIGKILLed: no chance to clean up
+        scratch = tempfile.mkdtemp(prefix="scratch-")
+        Path(scratch, "big.bin").write_bytes(b"x" * 1000)
+        report("scratch", scratch)
+        report("pid", str(os.getpid()))
+        time.sleep(60)
+    """, tmp_path))
+    pids = wait_for_pids(tmp_path, ["worker:0.pid", "worker:1.pid"], proc)
+    scratch = [(tmp_path / f"worker:{i}.scratch").read_text() for i in range(2)]
+    assert all(os.path.isdir(path) for path in scratch) and scratch[0] != scratch[1]
+    proc.send_signal(signal.SIGTERM)
+    returncode, _, err = finish(proc, timeout=15)
+    assert returncode == 143, err
+    assert_gone(pids.values())
+    assert not any(os.path.exists(path) for path in scratch)
 
 
 # --- signals to the launcher -----------------------------------------------------------------

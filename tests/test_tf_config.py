@@ -82,3 +82,52 @@ def test_cli_reports_a_missing_task_without_traceback(write_config, capsys):
     err = capsys.readouterr().err
     assert "no task worker:9" in err and "worker:0..1" in err and "Traceback" not in err
     assert os.environ.get("TF_CONFIG") is None
+
+
+FIXED = """
+    cluster:
+      chief: ["localhost:2000"]
+      worker: ["localhost:2001", "127.0.0.1:2002"]
+    strategy: multi_worker_mirrored
+"""
+
+
+@pytest.mark.parametrize("raw,message", [
+    (None, "TF_CONFIG is not set, so this process would train alone"),
+    ("{not json", "TF_CONFIG is not a valid task description"),
+    ('{"cluster": {"worker": ["localhost:2001"]}}', "not a valid task description"),
+    (tf_config_json({"chief": ["localhost:2000"], "worker": ["localhost:2001"]}, "worker", 0),
+     "TF_CONFIG of task worker:0 disagrees with .*job.yaml: its cluster has "
+     r"\{'chief': 1, 'worker': 1\} tasks, the config \{'chief': 1, 'worker': 2\}"),
+    (tf_config_json({"chief": ["localhost:2000"], "worker": ["localhost:2001", "otherhost:2002"]},
+                    "worker", 1), "task worker:1 puts worker:1 at otherhost:2002, but .* says "
+                                  "127.0.0.1:2002"),
+    (json.dumps({"cluster": {"chief": ["localhost:2000"],
+                             "worker": ["localhost:2001", "localhost:2002"]},
+                 "task": {"type": "worker", "index": 5}}), "names task worker:5, which is not"),
+])
+def test_a_tf_config_that_disagrees_with_the_config_is_named(write_config, monkeypatch, raw,
+                                                              message):
+    import tfdist
+    from tfdist.strategies import StrategyError
+
+    config = load_config(write_config(FIXED))
+    if raw is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", raw)
+    with pytest.raises(StrategyError, match=message):
+        tfdist.get_strategy(config)
+
+
+def test_the_tf_config_the_launcher_writes_matches(write_config):
+    from tfdist.cluster.tf_config import check_matches
+
+    config = load_config(write_config(FIXED))
+    addresses = cluster_dict(config.cluster)
+    for job, index in config.cluster.tasks():  # localhost and 127.0.0.1 are the same place
+        check_matches(config.cluster, tf_config_json(addresses, job, index))
+    counted = load_config(write_config("cluster: {worker: 3}\nstrategy: multi_worker_mirrored\n"))
+    check_matches(counted.cluster, tf_config_json(cluster_dict(counted.cluster, pick_free_ports=True),
+                                                  "worker", 2))
+    check_matches(load_config(write_config("cluster: {worker: 1}\n")).cluster, None)  # alone

@@ -58,11 +58,16 @@ def _parser():
                              "-- COMMAND [ARGS...]")
     p.add_argument("config")
     p.add_argument("--max-restarts", type=_non_negative, default=0, metavar="N",
-                   help="restart a failed task up to N times (default 0: stop the job)")
+                   help="restart after a failure up to N times (default 0: stop the job); "
+                        "multi_worker_mirrored restarts every task, parameter_server the "
+                        "failed one")
     p.add_argument("--task", metavar="TYPE:INDEX",
                    help="run only this task (one host of a cluster with fixed addresses)")
     p.add_argument("--grace-seconds", type=float, default=10.0,
                    help="time tasks get to exit after SIGTERM before SIGKILL")
+    p.add_argument("--hang-seconds", type=float, default=600.0,
+                   help="a task with no output and no CPU use for this long is reported "
+                        "as hung and killed (default 600; 0: never)")
     p.set_defaults(run=_launch)
 
     p = sub.add_parser("manifest", help="print a Kubeflow TFJob for the cluster",
@@ -121,7 +126,7 @@ def _launch(args, command):
         only_task = parse_task(args.task, {j: a for j, a in config.cluster.jobs().items()})
     _require_command(command, "launch")
     return launch(config, command, max_restarts=args.max_restarts, only_task=only_task,
-                  grace_seconds=args.grace_seconds)
+                  grace_seconds=args.grace_seconds, hang_seconds=args.hang_seconds)
 
 
 def _manifest(args, command):

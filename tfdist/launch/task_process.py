@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 
 _PR_SET_PDEATHSIG = 1
 try:
@@ -37,6 +38,9 @@ class TaskProcess:
         self.proc = None
         self._reader = None
         self.restarts = 0
+        self.last_progress = time.monotonic()
+        self._cpu_ticks = 0
+        self.hung = False
 
     def start(self):
         """Starts (or restarts) the process.
@@ -50,11 +54,13 @@ class TaskProcess:
         self._reader = threading.Thread(target=self._pump, args=(self.proc.stdout,),
                                         name=f"output of {self.name}", daemon=True)
         self._reader.start()
+        self.last_progress, self._cpu_ticks, self.hung = time.monotonic(), 0, False
 
     def _pump(self, stream):
         prefix = f"[{self.name}] "
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            self.last_progress = time.monotonic()
             with self._lock:
                 self._out.write(prefix + line + "\n")
                 self._out.flush()
@@ -77,6 +83,14 @@ class TaskProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
+    def seconds_without_progress(self):
+        """Seconds since the task last printed a line or used CPU time (its whole
+        process group): a task blocked on a dead peer does neither."""
+        ticks = _group_cpu_ticks(self.proc.pid) if self.proc else 0
+        if ticks != self._cpu_ticks:
+            self._cpu_ticks, self.last_progress = ticks, time.monotonic()
+        return time.monotonic() - self.last_progress
+
     def wait_output(self, timeout=2.0):
         """Waits for the output pump to drain (after the process has exited)."""
         if self._reader is not None:
@@ -86,3 +100,19 @@ class TaskProcess:
 def exit_code(returncode):
     """A shell-style exit code: a signal-killed child (-9) becomes 128 + 9."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def _group_cpu_ticks(pgid):
+    """User + system CPU ticks of every live process in process group `pgid` (Linux)."""
+    total = 0
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after "(comm)": state ppid pgrp ...
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total

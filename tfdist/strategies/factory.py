@@ -5,6 +5,8 @@ import os
 
 import tensorflow as tf
 
+from tfdist.cluster.spec import ClusterError
+from tfdist.cluster.tf_config import check_matches
 from tfdist.config.load import strategy_from_dict
 from tfdist.config.schema import Config, StrategyConfig
 from tfdist.strategies.central_storage import CentralStorageStrategy
@@ -42,10 +44,26 @@ def get_strategy(name_or_config="default", **options):
     Raises:
         ConfigError: unknown name or option ("valid values are [...]").
         StrategyError: the strategy cannot be built here (no TF_CONFIG for
-            parameter_server, logical devices requested too late).
+            parameter_server, logical devices requested too late), or, given a `Config`
+            with a cluster, TF_CONFIG disagrees with it (the message names the task).
     """
     spec = _strategy_config(name_or_config, options)
+    if isinstance(name_or_config, Config) and spec.name in MULTI_TASK:
+        _check_tf_config(name_or_config)
     return _BUILDERS[spec.name](dict(spec.options))
+
+
+MULTI_TASK = ("multi_worker_mirrored", "parameter_server")
+
+
+def _check_tf_config(config):
+    """The cluster this process joins (TF_CONFIG) must be the one in the config file."""
+    if config.cluster is None:
+        return
+    try:
+        check_matches(config.cluster, os.environ.get("TF_CONFIG"), config.path or "the config")
+    except ClusterError as e:
+        raise StrategyError(str(e)) from None
 
 
 def _strategy_config(name_or_config, options):
