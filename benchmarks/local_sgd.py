@@ -5,12 +5,12 @@ private network namespace, counting loopback bytes (see netns.py).
 
 - Sweep: synchronous training and local SGD with period 1, 2, 4, 8, 16, 32 (after a
   warm-up of 8 synchronous steps); bytes per step after the warm-up from two runs of
-  40 and 104 steps (the difference is 64 steps: whole periods for every period), next to
-  tfdist's CommStats estimate, the step time and the training loss at 104 steps.
+  16 and 48 steps (the difference is 32 steps: whole periods for every period), next to
+  tfdist's CommStats estimate, the step time and the training loss at 48 steps.
 - Quality: synchronous vs period 8 (warm-up 40) for the demo's full 6 x 80 steps, same
   samples: the final training loss must stay within 5%.
 
-    python benchmarks/local_sgd.py            # sweep + quality (about 40 minutes)
+    python benchmarks/local_sgd.py            # sweep + quality (about 20 minutes)
     python benchmarks/local_sgd.py --sweep-only
 
 Writes benchmarks/results/local_sgd.json, .md and .png.
@@ -27,7 +27,7 @@ from netns import ROOT, bytes_per_step, run_job
 
 RESULTS = ROOT / "benchmarks" / "results"
 PERIODS = (1, 2, 4, 8, 16, 32)
-WARMUP, SHORT, LONG = 8, 40, 104
+WARMUP, SHORT, LONG = 8, 16, 48
 
 
 def config_text(period, warmup):
@@ -72,7 +72,7 @@ def quality_row(period):
 def report(sweep, quality):
     sync = sweep[0]["loopback_bytes_per_step"]
     lines = ["| period | loopback kB/step | fewer bytes than sync | target (0.8 x period) | "
-             "CommStats kB/step | s/step | training loss at 104 steps |",
+             f"CommStats kB/step | s/step | training loss at {LONG} steps |",
              "|---|---|---|---|---|---|---|"]
     for r in sweep:
         r["reduction"] = sync / r["loopback_bytes_per_step"]
