@@ -179,3 +179,125 @@ def test_killed_worker_resumes_from_backup_without_losing_an_epoch(write_config,
         assert abs(resumed - clean_value) < 0.02 * max(first, 1), (metric, resumed, clean_value)
     for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
         np.testing.assert_array_equal(a, b)
+
+
+def wait_for_file(path, timeout=120):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.1)
+
+
+def task_pids(out, job, index):
+    """PIDs of this test's processes (launched with TFDIST_TEST_OUT=out) for job:index."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        task = f'"task":{{"type":"{job}","index":{index}}}'
+        if f"TFDIST_TEST_OUT={out}" in environ and any(
+                e.startswith("TF_CONFIG=") and task in e for e in environ):
+            pids.append(int(entry))
+    return pids
+
+
+class Background:
+    """`tfdist launch` of the job in the background; its output lines (the launcher's
+    messages and every task's prefixed output) gathered as they come."""
+
+    def __init__(self, write_config, out, cluster, *args, launcher_args=()):
+        import threading
+
+        out.mkdir(exist_ok=True)
+        (out.parent / "tmp").mkdir(exist_ok=True)
+        config = write_config(cluster, name="cluster.yaml")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tfdist", "launch", config, "--grace-seconds", "5",
+             *launcher_args, "--", sys.executable, str(JOB), "--out", str(out), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=dict(os.environ, TMPDIR=str(out.parent / "tmp"), TFDIST_TEST_OUT=str(out)))
+        self.lines = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout),
+                                       daemon=True)
+        self.reader.start()
+
+    def wait_for_line(self, text, timeout=120):
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            assert self.proc.poll() is None or self.reader.is_alive(), self.output()[-3000:]
+            assert time.monotonic() < deadline, f"no line with {text!r}:\n{self.output()[-3000:]}"
+            time.sleep(0.1)
+
+    def finish(self, timeout=300):
+        try:
+            self.proc.wait(timeout)
+        finally:
+            self.proc.kill()
+        self.reader.join(5)
+        return self.proc.returncode, self.output()
+
+    def output(self):
+        return "".join(self.lines)
+
+
+def test_parameter_server_worker_killed_the_others_go_on_and_it_is_used_again(write_config,
+                                                                             tmp_path):
+    out = tmp_path / "out"
+    """worker:1 is SIGKILLed after epoch 0; epoch 1 runs on worker:0 alone while the
+    launcher restarts worker:1; epochs 2-3 run with both again."""
+    import signal
+
+    out = tmp_path / "out"
+    job = Background(write_config, out, PS, "--strategy", "parameter_server", "--loop",
+                     "trainer", "--model", "conv", "--epochs", "4", "--pause_after", "0,1",
+                     "--trace_batches", launcher_args=("--max-restarts", "1"))
+    wait_for_file(out / "paused-0")
+    for pid in task_pids(out, "worker", 1):
+        os.kill(pid, signal.SIGKILL)
+    (out / "resume-0").touch()
+    job.wait_for_line("worker:1 exited with code 137; restarting it (1/1)")
+    wait_for_file(out / "paused-1")
+    job.wait_for_line("Cluster successfully recovered")  # the coordinator sees worker:1 again
+    (out / "resume-1").touch()
+    code, output = job.finish()
+    assert code == 0, output[-3000:]
+    restarted = output.split("[worker:1] tfdist server: worker:1 serving")
+    assert len(restarted) == 3, output[-3000:]  # started twice
+    assert "[worker:1] batch on worker" in restarted[2]  # and used again
+    result = json.loads((out / "chief-0.json").read_text())
+    assert result["completed_steps"] == 48 and result["step"] == 48  # exact, no step lost
+    assert result["history"]["loss"][-1] < result["history"]["loss"][0]
+
+
+def test_parameter_server_killed_stops_the_job_clearly_and_a_relaunch_resumes(write_config,
+                                                                              tmp_path):
+    import signal
+
+    out, backup = tmp_path / "out", tmp_path / "backup"
+    args = ("--strategy", "parameter_server", "--loop", "trainer", "--model", "conv",
+            "--epochs", "4", "--backup", str(backup))
+    job = Background(write_config, out, PS, *args, "--pause_after", "1")
+    wait_for_file(out / "paused-1")
+    for pid in task_pids(out, "ps", 0):
+        os.kill(pid, signal.SIGKILL)
+    (out / "resume-1").touch()
+    code, output = job.finish(timeout=120)
+    assert code == 137, output[-3000:]
+    assert "[tfdist] ps:0 exited with code 137; stopping the other tasks" in output
+    assert (out / "epochs.log").read_text().split("\n")[:-1][-1].startswith("1 ")
+
+    results, _ = launch(write_config, out, PS, *args)  # the same command again
+    lines = (out / "epochs.log").read_text().split("\n")[:-1]
+    assert [line.split()[0] for line in lines] == ["0", "1", "2", "3"], lines  # each once
+    result = results["chief-0"]
+    assert result["completed_steps"] == 24 == result["step"]  # epochs 2 and 3 only
+    losses = [float(line.split()[1]) for line in lines]
+    assert losses[2] < losses[0]  # went on from epoch 1's weights, not from scratch
+    assert not backup.exists()

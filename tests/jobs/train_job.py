@@ -9,6 +9,9 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
     --backup DIR --kill EPOCH        (worker:1 SIGKILLs itself mid-epoch EPOCH, once)
     --local_sgd PERIOD --warmup W    local SGD; records a weight checksum after each step
     --accumulate K                   SGD with gradient_accumulation_steps=K
+    --pause_after E1,E2              after epoch E the chief writes <out>/paused-E and waits
+                                     for <out>/resume-E (for a test to kill a task meanwhile)
+    --trace_batches                  parameter_server: each worker prints "batch on worker"
 """
 
 import argparse
@@ -16,11 +19,13 @@ import json
 import os
 import signal
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
 from models import conv_model, dataset, dict_model, loss  # noqa: E402
@@ -42,7 +47,26 @@ def parse():
     p.add_argument("--warmup", type=int, default=0)
     p.add_argument("--accumulate", type=int)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--pause_after", type=lambda text: {int(e) for e in text.split(",")},
+                   default=set())
+    p.add_argument("--trace_batches", action="store_true")
     return p.parse_args()
+
+
+class PauseAfter(keras.callbacks.Callback):
+    """The chief pauses after each of `epochs` until the test says so (at most 120 s)."""
+
+    def __init__(self, epochs, out):
+        self.epochs, self.out = epochs, out
+
+    def on_epoch_end(self, epoch, logs=None):
+        resume = os.path.join(self.out, f"resume-{epoch}")
+        if epoch not in self.epochs or not tfdist.is_chief() or os.path.exists(resume):
+            return
+        open(os.path.join(self.out, f"paused-{epoch}"), "w").close()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(resume) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 class Checksums(keras.callbacks.Callback):
@@ -82,6 +106,11 @@ class KillOnce(keras.callbacks.Callback):
                 and not os.path.exists(self.marker):
             open(self.marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _traced(y):
+    with tf.control_dependencies([tf.print("batch on worker", output_stream=sys.stdout)]):
+        return tf.identity(y)
 
 
 def main():
@@ -131,13 +160,21 @@ def main():
             result["fit_error"] = str(e)
 
         def dataset_fn(context):
-            return dataset(256, 32, seed=context.input_pipeline_id, dict_inputs=dict_inputs,
+            data = dataset(256, 32, seed=context.input_pipeline_id, dict_inputs=dict_inputs,
                            repeat=True).shuffle(8)
+            if args.trace_batches:  # runs on the worker: its output is prefixed by the launcher
+                data = data.map(lambda x, y: (tf.identity(x), _traced(y)))
+            return data
 
+        if args.trace_batches:  # and the coordinator's recovery messages
+            tf.get_logger().setLevel("INFO")
+        if args.pause_after:
+            callbacks.append(PauseAfter(args.pause_after, args.out))
         hooks = [tfdist.compression.build(args.compression)] if args.compression else []
         trainer = tfdist.Trainer(model, optimizer, loss(), strategy=strategy,
                                  metrics=["sparse_categorical_accuracy"], hooks=hooks)
-        history = trainer.fit(dataset_fn, epochs=args.epochs, steps_per_epoch=12, verbose=0)
+        history = trainer.fit(dataset_fn, epochs=args.epochs, steps_per_epoch=12, verbose=0,
+                              callbacks=[c for c in callbacks if not isinstance(c, Checksums)])
         result.update(completed_steps=trainer.completed_steps, step=int(trainer.step.numpy()),
                       loss_count=float(trainer.loss_tracker.count.numpy()),
                       optimizer_iterations=int(trainer.optimizer.iterations.numpy()))
