@@ -85,6 +85,7 @@ CASES = [
      ["compression.name", "nothing is exchanged"]),
     ("sign-under-ps", "cluster: {chief: 1, worker: 1, ps: 1}\nstrategy: parameter_server\n"
                       "compression: sign\n", ["only [none, fp16, bf16, int8]"]),
+    ("control-character", "strategy: \x1f\n", ["invalid YAML", "special characters"]),
     ("local-sgd-period-zero", "local_sgd: {period: 0}\n", ["local_sgd.period", ">= 1"]),
     ("local-sgd-no-period", "local_sgd: {warmup_steps: 10}\n", ["missing key 'period'"]),
     ("local-sgd-negative-warmup", "local_sgd: {period: 4, warmup_steps: -3}\n", [">= 0"]),

@@ -105,7 +105,7 @@ class GradientCompression(TrainingHook):
         for i, shape in zip(self.small + self.large, shapes):
             if dense[i] is None:
                 dense[i] = tf.zeros(shape, tf.float32)
-        small = _all_reduce(context, [dense[i] for i in self.small])
+        small = _all_reduce(context, [dense[i] for i in self.small], check_finite=True)
         large = self._exchange_large(context, [dense[i] for i in self.large], step)
         summed = dict(zip(self.small + self.large, small + large))
         return [tf.cast(summed[self.slots[_key(v)]], g.dtype) for g, v in zip(grads, variables)]
@@ -190,9 +190,11 @@ def _all_gather(context, tensor):
     return tf.reshape(tf.bitcast(gathered, tensor.dtype), [replicas, -1])[:, :size]
 
 
-def _all_reduce(context, tensors):
+def _all_reduce(context, tensors, check_finite=False):
     """Sums `tensors` over replicas in one fused float32 all-reduce."""
     if not tensors:
         return []
     buffer, layout = pack(tensors)
+    if check_finite:
+        buffer = tf.debugging.assert_all_finite(buffer, NON_FINITE)
     return unpack(context.all_reduce(tf.distribute.ReduceOp.SUM, buffer), layout)

@@ -70,7 +70,12 @@ def read_yaml(path):
 
 def parse_yaml(text, file="<string>"):
     """Like `read_yaml`, from a string."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)  # reads the text: control characters fail here
+    except yaml.reader.ReaderError as e:
+        raise ConfigError(f"invalid YAML: character #x{e.character:04x} is not allowed "
+                          "(special characters are not allowed in YAML)", file=file,
+                          line=text[:e.position].count("\n") + 1) from None
     try:
         node = loader.get_single_node()
         if node is None:
