@@ -381,3 +381,36 @@ def test_comm_stats_report_the_payload_and_ratio(strategies):
     assert history["comm_payload_bytes"] == [payload]
     assert history["compression_ratio"][0] == pytest.approx(4 * sum(sizes) / payload)
     assert history["comm_bytes_per_worker"] == [0.0]  # one machine: nothing crosses a network
+
+
+@pytest.mark.usefixtures("jobs_path")
+@pytest.mark.parametrize("name", ["none", "fp16", "bf16", "int8", "qsgd", "sign", "topk",
+                                  "randomk", "powersgd"])
+def test_a_nan_batch_is_refused_under_every_compressor_and_nothing_is_poisoned(strategies,
+                                                                              name):
+    """A batch with a NaN input makes NaN gradients: the step fails with tfdist's message,
+    and the weights and error-feedback residuals are those before it, all finite."""
+    import keras
+    from models import conv_model, images, loss
+
+    strategy = strategies("mirrored")
+    error_feedback = name not in ("none", "fp16", "bf16", "int8", "qsgd")
+    with strategy.scope():
+        model = conv_model(seed=3, batchnorm=False, dropout=0)
+        optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.05), name,
+                                                      min_size=64, error_feedback=error_feedback)
+        model.compile(optimizer, loss())
+    x, y = images(64)
+    model.fit(x[:32], y[:32], batch_size=32, epochs=1, verbose=0)  # one good step
+    hook = model.optimizer._tfdist_pipeline.hooks[0]
+    before = [w.numpy() for w in model.weights]
+    residual = None if hook.residual is None else hook.residual.numpy()
+    x[40, 0, 0, 0] = np.nan
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN or Inf gradient"):
+        model.fit(x[32:], y[32:], batch_size=32, epochs=1, verbose=0)
+    for a, b in zip(before, model.weights):
+        np.testing.assert_array_equal(a, b.numpy())
+        assert np.all(np.isfinite(a))
+    if residual is not None:
+        np.testing.assert_array_equal(hook.residual.numpy(), residual)
+        assert np.all(np.isfinite(residual))

@@ -408,6 +408,21 @@ def test_non_local_address_is_refused_with_a_hint_about_task(tmp_path, write_con
     assert not (tmp_path / "ran").exists()
 
 
+def test_unresolvable_host_is_reported_naming_the_task(tmp_path, write_config, env):
+    (port,) = free_ports(1)
+    config = write_config(f"""
+        cluster: {{worker: ["localhost:{port}", "nohost.invalid:2222"]}}
+        strategy: multi_worker_mirrored
+    """)
+    result = run_launch(config, "--task", "worker:0", env=env,
+                        command=task('(out / "ran").touch()', tmp_path))
+    assert result.returncode == 2
+    assert "worker:1 is at nohost.invalid:2222, but host 'nohost.invalid' cannot be resolved" \
+        in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "ran").exists()
+
+
 def test_missing_command_is_reported_without_traceback(tmp_path, write_config, env):
     config = write_config(TWO_WORKERS)
     result = run_launch(config, env=env, command=["/nonexistent/binary", "--flag"])

@@ -43,6 +43,20 @@ def check_local_ports_free(cluster, tasks=None):
                                "in use by another process; free it or choose another port")
 
 
+def check_resolvable(cluster):
+    """Raises `ClusterError` naming the first task whose host name does not resolve."""
+    import socket
+
+    for job, addresses in cluster.jobs().items():
+        for index, address in enumerate(addresses):
+            try:
+                socket.getaddrinfo(address.host, address.port or 0)
+            except (socket.gaierror, UnicodeError) as e:
+                raise ClusterError(f"{job}:{index} is at {address}, but host {address.host!r} "
+                                   f"cannot be resolved ({getattr(e, 'strerror', None) or e}); "
+                                   "check the cluster: section") from None
+
+
 def parse_task(text, cluster=None):
     """'worker:1' -> ('worker', 1), checked against `cluster` ({job: addresses}) if given.
 

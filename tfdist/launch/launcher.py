@@ -9,7 +9,7 @@ import threading
 import time
 
 from tfdist.cluster.roles import runs_server, task_argv
-from tfdist.cluster.spec import check_local_ports_free, cluster_dict
+from tfdist.cluster.spec import check_local_ports_free, check_resolvable, cluster_dict
 from tfdist.cluster.tf_config import tf_config_json
 from tfdist.launch.task_process import TaskProcess, exit_code
 
@@ -84,6 +84,7 @@ class Launcher:
                 f"--task starts one host of a cluster with fixed addresses, but cluster.{job} "
                 "is a task count, whose ports are only picked when tfdist launches every task "
                 "itself; list \"host:port\" addresses for every task")
+        check_resolvable(cluster)
         check_local_ports_free(cluster, selected)
         addresses = cluster_dict(cluster, pick_free_ports=only_task is None)
         tasks = []

@@ -5,7 +5,7 @@ import os
 
 import tensorflow as tf
 
-from tfdist.cluster.spec import ClusterError
+from tfdist.cluster.spec import ClusterError, check_resolvable
 from tfdist.cluster.tf_config import check_matches
 from tfdist.config.load import strategy_from_dict
 from tfdist.config.schema import Config, StrategyConfig
@@ -62,6 +62,7 @@ def _check_tf_config(config):
         return
     try:
         check_matches(config.cluster, os.environ.get("TF_CONFIG"), config.path or "the config")
+        check_resolvable(config.cluster)
     except ClusterError as e:
         raise StrategyError(str(e)) from None
 
