@@ -16,21 +16,6 @@ import tfdist
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
 
 
-class Crash(keras.callbacks.Callback):
-    """Raises in the middle of `epoch` (a preempted job, in one process)."""
-
-    def __init__(self, epoch):
-        super().__init__()
-        self.epoch, self.current = epoch, None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.current = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.current == self.epoch and batch == 1:
-            raise KeyboardInterrupt("preempted")
-
-
 def train(strategy, setup, callbacks, epochs=6):
     from models import conv_model, dataset, loss
 
@@ -55,11 +40,13 @@ SETUPS = {
 
 @pytest.mark.parametrize("name", list(SETUPS))
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(strategies, tmp_path, name):
+    from faults import Interrupt
+
     strategy = strategies("mirrored")
     _, clean = train(strategy, SETUPS[name], [])
     backup = tfdist.callbacks.BackupAndRestore(str(tmp_path / "backup"))
     with pytest.raises(KeyboardInterrupt):
-        train(strategy, SETUPS[name], [backup, Crash(epoch=3)])
+        train(strategy, SETUPS[name], [backup, Interrupt(epoch=3)])
     resumed_model, resumed = train(strategy, SETUPS[name],
                                    [tfdist.callbacks.BackupAndRestore(str(tmp_path / "backup"))])
     assert len(resumed["loss"]) == 3  # epochs 3, 4, 5: resumed after the backup of epoch 2

@@ -193,26 +193,13 @@ def test_bad_arguments():
         tfdist.Trainer(model, trainer.optimizer, "mse")
 
 
-class Interrupt(keras.callbacks.Callback):
-    """Fails in the middle of epoch `epoch`, like a preempted worker."""
-
-    def __init__(self, epoch):
-        self.epoch, self.current = epoch, None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.current = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.current == self.epoch and batch == 1:
-            raise KeyboardInterrupt("preempted")
-
-
 class KeepWeights(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self.weights = [w.numpy() for w in self.model.weights]
 
 
 def test_trainer_resumes_from_backup_after_an_interruption(strategies, tmp_path):
+    from faults import Interrupt
     from models import dataset
 
     backup = str(tmp_path / "backup")
