@@ -24,23 +24,35 @@ def loopback_bytes(dev_text):
 
 
 def run_job(config, steps, workdir, *flags, epochs=1, timeout=1800):
-    """Launches every task of `config` (a path) for `epochs` x `steps` steps in a fresh
-    namespace; returns (loopback bytes, the chief's metrics.json as a dict)."""
-    workdir = pathlib.Path(workdir)
-    out = workdir / f"out-{steps}"
+    """Launches every task of `config` (a path) running the UNet example for `epochs` x
+    `steps` steps in a fresh namespace; returns (loopback bytes, the chief's metrics)."""
+    out = pathlib.Path(workdir) / f"out-{steps}"
     train = [sys.executable, str(TRAIN), "--config", str(config), "--output_dir", str(out),
              "--epochs", str(epochs), "--steps_per_epoch", str(steps), *map(str, flags)]
-    launch = [sys.executable, "-m", "tfdist", "launch", str(config), "--", *train]
+    return run_in_namespace(config, train, out, workdir, timeout)
+
+
+def run_in_namespace(config, command, output_dir, workdir, timeout=1800):
+    """`tfdist launch config -- command` in a fresh network namespace; returns (loopback
+    bytes of the whole job, the metrics.json the command wrote to `output_dir`)."""
+    workdir, output_dir = pathlib.Path(workdir), pathlib.Path(output_dir)
+    log = workdir / f"log-{output_dir.name}"
+    launch = [sys.executable, "-m", "tfdist", "launch", str(config), "--", *map(str, command)]
     script = (f"ip link set lo up && cat /proc/net/dev > {workdir}/before && "
-              f"{shlex.join(launch)} > {workdir}/log-{steps} 2>&1; "
+              f"{shlex.join(launch)} > {log} 2>&1; "
               f"code=$?; cat /proc/net/dev > {workdir}/after; exit $code")
     done = subprocess.run(["unshare", "-n", "sh", "-c", script], timeout=timeout, cwd=ROOT)
     if done.returncode != 0:
-        log = (workdir / f"log-{steps}").read_text()[-3000:]
-        raise RuntimeError(f"job failed (exit {done.returncode}):\n{log}")
+        raise RuntimeError(f"job failed (exit {done.returncode}):\n{log.read_text()[-3000:]}")
     moved = (loopback_bytes((workdir / "after").read_text())
              - loopback_bytes((workdir / "before").read_text()))
-    return moved, json.loads((out / "metrics.json").read_text())
+    return moved, json.loads((output_dir / "metrics.json").read_text())
+
+
+def bytes_between(timeline, first, last):
+    """Loopback bytes per step between steps `first` and `last` (1-based, inclusive of
+    the steps after `first`), from a job's timeline of (seconds, loss, loopback)."""
+    return (timeline[last - 1][2] - timeline[first - 1][2]) / (last - first)
 
 
 def bytes_per_step(config, short, long, workdir, *flags):

@@ -42,12 +42,24 @@ OVERRIDES = ("epochs", "steps_per_epoch", "validation_steps", "batch_size", "ima
              "learning_rate", "seed", "loop", "dataset", "data_dir")
 
 
+def loopback_bytes():
+    """Bytes received on `lo` so far (= bytes sent on loopback), or None off Linux. In a
+    private network namespace (the benchmarks) this is exactly the job's traffic."""
+    try:
+        with open("/proc/net/dev") as f:
+            line = next(l for l in f if l.strip().startswith("lo:"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split(":", 1)[1].split()[0])
+
+
 class Progress(keras.callbacks.Callback):
-    """A line every `every` steps and at each epoch end (readable in any log)."""
+    """A line every `every` steps and at each epoch end (readable in any log); records
+    each step's duration, and after each step the time, loss and loopback counter."""
 
     def __init__(self, epochs, steps, every=25):
         self.epochs, self.steps, self.every, self.start = epochs, steps, every, time.time()
-        self.step_seconds = []
+        self.step_seconds, self.timeline = [], []
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
@@ -57,6 +69,8 @@ class Progress(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.step_seconds.append(time.perf_counter() - self.batch_start)
+        loss = float(logs["loss"]) if logs and "loss" in logs else None
+        self.timeline.append((round(time.time() - self.start, 3), loss, loopback_bytes()))
         if (batch + 1) % self.every == 0 and logs:
             print(f"epoch {self.epoch + 1}/{self.epochs} step {batch + 1}/{self.steps} "
                   f"loss {float(logs['loss']):.4f} ({time.time() - self.start:.0f}s)", flush=True)
@@ -138,6 +152,10 @@ def main(argv):
                                      "wall_time_seconds": round(wall, 2),
                                      # median: the first steps trace, phases retrace
                                      "seconds_per_step": float(np.median(progress.step_seconds)),
+                                     # per step: (seconds since start, loss, loopback bytes)
+                                     "timeline": progress.timeline,
+                                     "weight_shapes": [list(v.shape) for v in
+                                                       model.trainable_variables],
                                      "compression": (config.compression.name
                                                      if config.compression else None),
                                      "local_sgd": (vars(config.local_sgd)

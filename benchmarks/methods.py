@@ -1,0 +1,56 @@
+"""The methods the benchmark report compares, and the UNet job that runs each.
+
+A method is plain tf.distribute (no tfdist in the process), tfdist in pass-through mode
+(`none`), a gradient compressor, or local SGD. `job_config` writes the config file of the
+UNet example for it; `command` is what every task runs.
+"""
+
+import json
+import sys
+
+from netns import ROOT, TRAIN
+
+PLAIN = ROOT / "benchmarks" / "plain_tf_distribute.py"
+EF = {"error_feedback": True, "min_size": 0}
+METHODS = {  # name -> config sections (None: plain tf.distribute)
+    "plain tf.distribute": None,
+    "none": {},
+    "fp16": {"compression": {"name": "fp16"}},
+    "bf16": {"compression": {"name": "bf16"}},
+    "int8": {"compression": {"name": "int8"}},
+    "qsgd": {"compression": {"name": "qsgd", "levels": 15}},
+    "sign+EF": {"compression": {"name": "sign", **EF}},
+    "sign": {"compression": {"name": "sign", "min_size": 0}},
+    "topk+EF": {"compression": {"name": "topk", "ratio": 0.01, **EF}},
+    "topk": {"compression": {"name": "topk", "ratio": 0.01, "min_size": 0}},
+    "randomk+EF": {"compression": {"name": "randomk", "ratio": 0.01, **EF}},
+    "powersgd+EF": {"compression": {"name": "powersgd", "rank": 4, **EF}},
+    "local SGD 2": {"local_sgd": {"period": 2}},
+    "local SGD 8": {"local_sgd": {"period": 8}},
+    "local SGD 32": {"local_sgd": {"period": 32}},
+}
+
+
+def job_config(method, workers, warmup=0, hosts=None, port=23456):
+    """The config text of `method` on `workers` local workers (or on `hosts`, one worker
+    each at a fixed port: the emulated-network runs)."""
+    cluster = (f"worker: {json.dumps([f'{h}:{port}' for h in hosts])}" if hosts
+               else f"worker: {workers}")
+    lines = [f"cluster: {{{cluster}}}",
+             "strategy: {name: multi_worker_mirrored, communication: ring}",
+             "train: {image_size: 32, batch_size: 32, loop: ctl, validation_steps: 2}"]
+    for section, value in (METHODS[method] or {}).items():
+        if section == "local_sgd":
+            value = {**value, "warmup_steps": warmup}
+        lines.append(f"{section}: {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def command(method, config, output_dir, steps, epochs=1, seed=0):
+    """The command every task runs for `method` (steps per epoch x epochs)."""
+    if METHODS[method] is None:
+        return [sys.executable, str(PLAIN), "--output_dir", str(output_dir),
+                "--steps", str(steps * epochs), "--seed", str(seed)]
+    return [sys.executable, str(TRAIN), "--config", str(config), "--output_dir", str(output_dir),
+            "--epochs", str(epochs), "--steps_per_epoch", str(steps), "--seed", str(seed),
+            "--start_step", "0"]

@@ -1,0 +1,380 @@
+"""The benchmark report: bytes, time and quality of every method, side by side with plain
+tf.distribute, from one command.
+
+    sudo python benchmarks/report.py           # everything (about 2 hours on 2 cores)
+    sudo python benchmarks/report.py --quick   # fewer methods and steps (about 15 minutes)
+
+Parts (each in its own module):
+  wire.py          bytes per step on 2 and 3 workers in a private network namespace,
+                   next to the analytic figure (analytic.py) and tfdist's CommStats;
+                   step time of tfdist's pass-through mode against plain tf.distribute
+  compression_cost.py   compress + decompress time as a share of a step
+  quality.py       final training loss and validation mean IoU, 2 seeds, every method
+  slow_network.py  2 hosts joined by a veth link capped with tc (100 Mbit/s, 1 Gbit/s):
+                   step time and time to a target loss
+  analytic.py      projection to 8 and 64 workers at 1, 10 and 100 Gbit/s
+
+Writes benchmarks/results/report.json and report.csv (raw), report_*.png (plots) and
+docs/benchmarks.md (generated; do not edit by hand).
+"""
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import pathlib
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import analytic
+import slow_network
+import wire
+from methods import METHODS
+from netns import ROOT
+
+RESULTS = ROOT / "benchmarks" / "results"
+DOC = ROOT / "docs" / "benchmarks.md"
+COST_NAMES = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "qsgd": "qsgd", "sign+EF": "sign",
+              "topk+EF": "topk", "randomk+EF": "randomk", "powersgd+EF": "powersgd"}
+BYTE_TARGETS = {"fp16": 1.9, "bf16": 1.9, "int8": 3.5, "qsgd": 3.5, "sign+EF": 20,
+                "topk+EF": 30, "randomk+EF": 50, "powersgd+EF": 15}
+COST_LIMITS = {"fp16": 0.05, "bf16": 0.05, "int8": 0.05, "sign+EF": 0.05, "topk+EF": 0.15,
+               "powersgd+EF": 0.15}
+GBIT = 1_000_000_000
+
+PLANS = {
+    "quick": {
+        "wire": {2: ["plain tf.distribute", "none", "fp16", "int8", "sign+EF", "topk+EF",
+                     "powersgd+EF", "local SGD 8"],
+                 3: ["none", "topk+EF"]},
+        "window": 8, "quality": ["--quick"],
+        "slow": {100_000_000: ["none", "topk+EF", "local SGD 8"]},
+        "slow_steps": 24,
+    },
+    "full": {
+        "wire": {w: [m for m in METHODS if m not in ("sign", "topk")] for w in (2, 3)},
+        "window": 32, "quality": [],
+        "slow": {r: ["plain tf.distribute", "none", "fp16", "int8", "sign+EF", "topk+EF",
+                     "randomk+EF", "powersgd+EF", "local SGD 8", "local SGD 32"]
+                 for r in (100_000_000, GBIT)},
+        "slow_steps": 80,
+    },
+}
+
+
+def run_script(*args):
+    subprocess.run([sys.executable, *map(str, args)], check=True, cwd=ROOT / "benchmarks")
+
+
+def measure(plan, workdir):
+    """Runs every part; returns the raw results."""
+    results = {"wire": [], "slow": []}
+    for workers, methods in plan["wire"].items():
+        for method in methods:
+            results["wire"].append(wire.measure(method, workers, plan["window"], workdir))
+            row = results["wire"][-1]
+            print(f"wire {workers} workers {method:20s} {row['bytes_per_step'] / 1e3:9.1f} kB/step "
+                  f"{row['seconds_per_step']:.3f} s/step", flush=True)
+    results["shapes"] = wire.add_analytic(results["wire"])
+    run_script("compression_cost.py")
+    results["cost"] = json.loads((RESULTS / "compression_cost.json").read_text())
+    run_script("quality.py", "--out", RESULTS / "quality.json", *plan["quality"])
+    results["quality"] = json.loads((RESULTS / "quality.json").read_text())
+    for rate, methods in plan["slow"].items():
+        for method in methods:
+            metrics = slow_network.run(method, rate, plan["slow_steps"], workdir)
+            results["slow"].append({"method": method, "rate_bits": rate,
+                                    "seconds_per_step": metrics["seconds_per_step"],
+                                    "timeline": metrics["timeline"]})
+            print(f"slow {rate / 1e6:.0f} Mbit/s {method:20s} "
+                  f"{metrics['seconds_per_step']:.3f} s/step", flush=True)
+    return results
+
+
+# --- derived figures ----------------------------------------------------------------------
+
+def wire_rows(results, workers):
+    rows = [r for r in results["wire"] if r["workers"] == workers]
+    none = next(r for r in rows if r["method"] == "none")
+    for r in rows:
+        r["reduction"] = none["bytes_per_step"] / r["bytes_per_step"]
+        r["step_vs_none"] = r["seconds_per_step"] / none["seconds_per_step"]
+    return rows
+
+
+def quality_rows(results):
+    by_method = {}
+    for r in results["quality"]:
+        by_method.setdefault(r["method"], []).append(r)
+    none = statistics.mean(r["loss"] for r in by_method["none"])
+    rows = []
+    for method, runs in by_method.items():
+        loss = statistics.mean(r["loss"] for r in runs)
+        rows.append({"method": method, "seeds": len(runs), "loss": loss,
+                     "loss_spread": max(r["loss"] for r in runs) - min(r["loss"] for r in runs),
+                     "loss_vs_none": loss / none - 1,
+                     "val_mean_iou": statistics.mean(r["val_mean_iou"] for r in runs)})
+    return rows
+
+
+def time_to(timeline, target):
+    """Seconds until the logged training loss first reaches `target` (None: never)."""
+    return next((t for t, loss, _ in timeline if loss is not None and loss <= target), None)
+
+
+def slow_rows(results):
+    rows = []
+    for rate in sorted({r["rate_bits"] for r in results["slow"]}):
+        runs = [r for r in results["slow"] if r["rate_bits"] == rate]
+        none = next(r for r in runs if r["method"] == "none")
+        losses = [loss for _, loss, _ in none["timeline"] if loss is not None]
+        target = losses[int(0.75 * len(losses))]  # where `none` is at 3/4 of its run
+        for r in runs:
+            rows.append({"method": r["method"], "rate_bits": rate,
+                         "seconds_per_step": r["seconds_per_step"],
+                         "speedup": none["seconds_per_step"] / r["seconds_per_step"],
+                         "target_loss": target, "seconds_to_target": time_to(r["timeline"], target)})
+    return rows
+
+
+def projection_rows(results):
+    """Projected s/step for 8 and 64 workers at 1/10/100 Gbit/s, and the same model at 2
+    workers next to every emulated-network measurement."""
+    cost = {r["name"]: r["seconds"] for r in results["cost"]["rows"]}
+    compute = results["cost"]["step_seconds"]
+    shapes = [tuple(s) for s in results["shapes"]]
+    methods = [m for m in ("none", "fp16", "int8", "sign+EF", "topk+EF", "randomk+EF",
+                           "powersgd+EF", "local SGD 8", "local SGD 32")]
+    table = []
+    for method in methods:
+        c = cost.get(COST_NAMES.get(method), 0.0)
+        row = {"method": method}
+        for workers in (8, 64):
+            for gbit in (1, 10, 100):
+                row[f"{workers}x{gbit}"] = analytic.step_seconds(method, shapes, workers, compute,
+                                                                 c, gbit * GBIT)
+        table.append(row)
+    checks = []
+    for s in slow_rows(results):
+        if s["method"] in methods:
+            c = cost.get(COST_NAMES.get(s["method"]), 0.0)
+            checks.append({"method": s["method"], "rate_bits": s["rate_bits"],
+                           "measured": s["seconds_per_step"],
+                           "projected": analytic.step_seconds(s["method"], shapes, 2, compute, c,
+                                                              s["rate_bits"])})
+    return table, checks
+
+
+# --- outputs ------------------------------------------------------------------------------
+
+def environment(mode):
+    import keras
+    import tensorflow as tf
+
+    return {"date": datetime.date.today().isoformat(), "mode": mode,
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} "
+                       f"{platform.release()}",
+            "python": platform.python_version(), "tensorflow": tf.__version__,
+            "keras": keras.__version__}
+
+
+def targets(results):
+    """Every target of the compression, local-SGD and benchmark issues, met or not."""
+    rows = []
+    two = {r["method"]: r for r in wire_rows(results, 2)}
+    for method, target in BYTE_TARGETS.items():
+        if method in two:
+            got = two[method]["reduction"]
+            rows.append((f"{method}: ≥ {target}× fewer bytes than none (2 workers)",
+                         f"{got:.1f}×", got >= target, ""))
+    for method, r in two.items():
+        if r.get("commstats_bytes_per_step"):
+            gap = r["commstats_bytes_per_step"] / r["bytes_per_step"] - 1
+            rows.append((f"{method}: CommStats within 15% of measured bytes", f"{gap:+.0%}",
+                         abs(gap) <= 0.15, "gRPC and TCP framing are not in CommStats"))
+    cost = {r["name"]: r for r in results["cost"]["rows"]}
+    for method, limit in COST_LIMITS.items():
+        share = cost[COST_NAMES[method]]["fraction_of_step"]
+        rows.append((f"{method}: compress + decompress ≤ {limit:.0%} of a step", f"{share:.1%}",
+                     share <= limit, "measured against a one-process step with both cores; "
+                     "see the compute-cost section"))
+    for period in (2, 8, 32):
+        method = f"local SGD {period}"
+        if method in two:
+            got = two[method]["reduction"]
+            rows.append((f"{method}: ≥ {0.8 * period:.1f}× fewer bytes after warm-up",
+                         f"{got:.1f}×", got >= 0.8 * period, ""))
+    quality = {r["method"]: r for r in quality_rows(results)}
+    if "local SGD 8" in quality:
+        gap = quality["local SGD 8"]["loss_vs_none"]
+        rows.append(("local SGD 8: final training loss within 5% of synchronous",
+                     f"{gap:+.1%}", gap <= 0.05, "equal samples; mean of seeds"))
+    if "plain tf.distribute" in two:
+        ratio = two["none"]["seconds_per_step"] / two["plain tf.distribute"]["seconds_per_step"]
+        rows.append(("tfdist pass-through adds ≤ 3% step time over plain tf.distribute",
+                     f"{ratio - 1:+.1%}", ratio <= 1.03,
+                     "medians of one run each on a shared 2-core machine"))
+    return rows
+
+
+def plots(results, stem):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    quality = {r["method"]: r for r in quality_rows(results)}
+    two = wire_rows(results, 2)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in two:
+        if r["method"] in quality:
+            ax.scatter(r["bytes_per_step"] / 1e3, quality[r["method"]]["loss"])
+            ax.annotate(r["method"], (r["bytes_per_step"] / 1e3, quality[r["method"]]["loss"]),
+                        fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("kB per step on the wire (2 workers, measured)")
+    ax.set_ylabel("final training loss (equal samples)")
+    ax.set_title("Bytes against quality")
+    fig.tight_layout()
+    fig.savefig(f"{stem}_bytes_vs_quality.png", dpi=100)
+    plt.close(fig)
+
+    slow = slow_rows(results)
+    rates = sorted({r["rate_bits"] for r in slow})
+    fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4), squeeze=False)
+    for ax, rate in zip(axes[0], rates):
+        rows = [r for r in slow if r["rate_bits"] == rate]
+        ax.bar([r["method"] for r in rows], [r["seconds_per_step"] for r in rows], color="#3c8dbc")
+        ax.set_title(f"step time, 2 hosts at {rate / 1e6:.0f} Mbit/s")
+        ax.set_ylabel("seconds per step")
+        ax.tick_params(axis="x", rotation=45, labelsize=7)
+    fig.tight_layout()
+    fig.savefig(f"{stem}_slow_network.png", dpi=100)
+    plt.close(fig)
+
+
+def write_raw(results, stem):
+    pathlib.Path(f"{stem}.json").write_text(json.dumps(results, indent=1))
+    with open(f"{stem}.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["part", "method", "workers_or_rate", "seconds_per_step", "bytes_per_step",
+                         "analytic_bytes_per_step", "commstats_bytes_per_step", "loss",
+                         "val_mean_iou", "seed"])
+        for r in results["wire"]:
+            writer.writerow(["wire", r["method"], r["workers"], r["seconds_per_step"],
+                             r["bytes_per_step"], r["analytic_bytes_per_step"],
+                             r["commstats_bytes_per_step"], "", "", ""])
+        for r in results["quality"]:
+            writer.writerow(["quality", r["method"], 2, "", "", "", "", r["loss"],
+                             r["val_mean_iou"], r["seed"]])
+        for r in results["slow"]:
+            writer.writerow(["slow", r["method"], r["rate_bits"], r["seconds_per_step"],
+                             "", "", "", r["timeline"][-1][1], "", ""])
+
+
+def markdown(results):
+    env = results["environment"]
+    out = ["# Benchmarks", "",
+           "Generated by `sudo python benchmarks/report.py"
+           + (" --quick" if env["mode"] == "quick" else "") + "` — do not edit by hand.",
+           f"Measured on {env['date']}: {env['machine']}; Python {env['python']}, TensorFlow "
+           f"{env['tensorflow']}, Keras {env['keras']}; mode `{env['mode']}`. The UNet example "
+           "(32×32 synthetic shapes, 4 classes, 0.54 M parameters, global batch 32).", "",
+           "Raw results: `benchmarks/results/report.json`, `report.csv`.", "",
+           "## Targets", "", "| target | measured | met | note |", "|---|---|---|---|"]
+    for name, got, met, note in targets(results):
+        out.append(f"| {name} | {got} | {'yes' if met else '**MISSED**'} | {note if not met else ''} |")
+    for workers in sorted({r["workers"] for r in results["wire"]}):
+        out += ["", f"## Bytes on the wire, {workers} workers", "",
+                "Loopback bytes per step (all workers together) in a private network namespace, "
+                "read by the chief after every step, after the warm-up; the analytic figure "
+                "counts payloads only (ring: 2(N−1)/N × S per worker; all-gather: (N−1) × "
+                "payload); CommStats is tfdist's own estimate.", "",
+                "| method | measured kB/step | analytic kB/step | CommStats kB/step | "
+                "fewer bytes than none | s/step | step time vs none |", "|---|---|---|---|---|---|---|"]
+        for r in wire_rows(results, workers):
+            stats = r["commstats_bytes_per_step"]
+            out.append(f"| {r['method']} | {r['bytes_per_step'] / 1e3:.1f} | "
+                       f"{r['analytic_bytes_per_step'] / 1e3:.1f} | "
+                       f"{'' if stats is None else f'{stats / 1e3:.1f}'} | {r['reduction']:.1f}× | "
+                       f"{r['seconds_per_step']:.3f} | {r['step_vs_none']:.2f} |")
+    cost = results["cost"]
+    out += ["", "## Compute cost of compression", "",
+            f"Compress + decompress (and error feedback) on the UNet's fused gradients, one "
+            f"replica, against a one-process training step of {cost['step_seconds'] * 1e3:.0f} ms "
+            "(per-worker batch 16, both cores). On 2 cores the numbers are noisy.", "",
+            "| compressor | ms per step | share of the step |", "|---|---|---|"]
+    for r in cost["rows"]:
+        out.append(f"| {r['name']} | {r['seconds'] * 1e3:.2f} | {r['fraction_of_step']:.1%} |")
+    out += ["", "## Quality at equal samples", "",
+            "Final training loss (last epoch's mean) and validation mean IoU, mean over seeds, "
+            "2 replicas, same batches per seed; `sign` and `topk` without error feedback "
+            "are the negative controls.", "",
+            "| method | seeds | final loss | spread | vs none | val mean IoU |",
+            "|---|---|---|---|---|---|"]
+    for r in quality_rows(results):
+        out.append(f"| {r['method']} | {r['seeds']} | {r['loss']:.4f} | {r['loss_spread']:.4f} | "
+                   f"{r['loss_vs_none']:+.1%} | {r['val_mean_iou']:.3f} |")
+    out += ["", "![bytes against quality](../benchmarks/results/report_bytes_vs_quality.png)", "",
+            "## A real slow network", "",
+            "Two workers as two hosts (network namespaces joined by a veth link capped by "
+            "`tc tbf` in each direction); time to target = wall time until the logged training "
+            "loss reaches the loss `none` has at 3/4 of its run.", "",
+            "| link | method | s/step | speed-up vs none | target loss | seconds to target |",
+            "|---|---|---|---|---|---|"]
+    for r in slow_rows(results):
+        reach = "not reached" if r["seconds_to_target"] is None else f"{r['seconds_to_target']:.0f}"
+        out.append(f"| {r['rate_bits'] / 1e6:.0f} Mbit/s | {r['method']} | "
+                   f"{r['seconds_per_step']:.3f} | {r['speedup']:.2f}× | {r['target_loss']:.3f} | "
+                   f"{reach} |")
+    out += ["", "![step time on a slow network](../benchmarks/results/report_slow_network.png)"]
+    table, checks = projection_rows(results)
+    out += ["", "## Projection", "",
+            "Seconds per step = measured compute + measured compression cost + analytic bytes "
+            "per worker / bandwidth + 50 µs per sequential message; the same model for 2 "
+            "workers is checked against the emulated network below.", "",
+            "| method | 8 × 1 Gbit/s | 8 × 10 | 8 × 100 | 64 × 1 Gbit/s | 64 × 10 | 64 × 100 |",
+            "|---|---|---|---|---|---|---|"]
+    for r in table:
+        cells = [f"{r[f'{w}x{g}']:.3f}" for w in (8, 64) for g in (1, 10, 100)]
+        out.append(f"| {r['method']} | " + " | ".join(cells) + " |")
+    out += ["", "| check: 2 hosts | method | measured s/step | projected s/step |", "|---|---|---|---|"]
+    for c in checks:
+        out.append(f"| {c['rate_bits'] / 1e6:.0f} Mbit/s | {c['method']} | {c['measured']:.3f} | "
+                   f"{c['projected']:.3f} |")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer methods and steps")
+    parser.add_argument("--from-results", action="store_true",
+                        help="regenerate the report from benchmarks/results/report.json")
+    args = parser.parse_args()
+    stem = str(RESULTS / "report")
+    if args.from_results:
+        results = json.loads(pathlib.Path(f"{stem}.json").read_text())
+    else:
+        if os.geteuid() != 0 or not all(shutil.which(t) for t in ("unshare", "ip", "tc")):
+            sys.exit("the benchmarks need root, unshare, ip and tc (network namespaces)")
+        mode = "quick" if args.quick else "full"
+        workdir = tempfile.mkdtemp(prefix="tfdist-report-")
+        try:
+            results = measure(PLANS[mode], workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        results["environment"] = environment(mode)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        write_raw(results, stem)
+    plots(results, stem)
+    DOC.write_text(markdown(results))
+    print(f"wrote {DOC}")
+
+
+if __name__ == "__main__":
+    main()
