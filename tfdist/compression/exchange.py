@@ -165,17 +165,17 @@ class GradientCompression(TrainingHook):
 
     def bytes_per_step(self, step=None):
         """{"payload": bytes this replica contributes, "dense": float32 bytes uncompressed,
-        "collective": "gather" or "sum"}."""
+        "gathered": the part of the payload that is all-gathered (the rest is all-reduced)}."""
         dense = 4 * (sum(self.small_layout.sizes) + sum(self.large_layout.sizes))
         if step is not None and step < self.start_step:
-            return {"payload": dense, "dense": dense, "collective": "sum"}
+            return {"payload": dense, "dense": dense, "gathered": 0}
         if isinstance(self.compressor, PowerSGD):
             large = powersgd.payload_bytes(self.large_layout.shapes, self.compressor.rank)
         else:
             large = self.compressor.payload_bytes(self.large_layout) if self.large else 0
         gather = self.compressing and self.compressor.collective == "gather"
         return {"payload": 4 * self.small_layout.size + large, "dense": dense,
-                "collective": "gather" if gather else "sum"}
+                "gathered": large if gather else 0}
 
 
 def _all_gather(context, tensor):

@@ -107,11 +107,12 @@ class ModelAverager(TrainingHook):
     def bytes_per_step(self, step=None):
         """Like `GradientCompression.bytes_per_step`: after the warm-up, one average of
         the trainable weights (compressed or not) every `period` steps."""
-        dense = {"payload": self.model_bytes, "dense": self.model_bytes, "collective": "sum"}
+        dense = {"payload": self.model_bytes, "dense": self.model_bytes, "gathered": 0}
         if step is not None and step < self.warmup_steps:
             return dense
         sent = self.compression.bytes_per_step() if self.compression is not None else dense
-        return {**sent, "payload": sent["payload"] / self.period, "dense": self.model_bytes}
+        return {"payload": sent["payload"] / self.period, "dense": self.model_bytes,
+                "gathered": sent["gathered"] / self.period}
 
     # --- between steps ----------------------------------------------------------------
 

@@ -11,9 +11,9 @@ class CommStats(keras.callbacks.Callback):
 
     - ``comm_payload_bytes``: bytes each replica contributes per step;
     - ``comm_bytes_per_worker``: gradient bytes each worker sends per step over the
-      network (ring all-reduce: 2 (W - 1) / W x payload; all-gather: (W - 1) x payload;
-      W = number of workers; 0 on one machine; under parameter servers, the pushed
-      payload — weight pulls are not counted);
+      network (ring all-reduce: 2 (W - 1) / W x its part of the payload; all-gather:
+      (W - 1) x its part; W = number of workers; 0 on one machine; under parameter
+      servers, the pushed payload — weight pulls are not counted);
     - ``compression_ratio``: uncompressed float32 bytes / payload bytes.
 
     Args:
@@ -48,11 +48,11 @@ class CommStats(keras.callbacks.Callback):
             sizes = self.hook.bytes_per_step(step)
         else:  # Keras' own exchange: one float32 all-reduce of every gradient
             dense = 4 * sum(int(v.shape.num_elements()) for v in self.model.trainable_variables)
-            sizes = {"payload": dense, "dense": dense}
+            sizes = {"payload": dense, "dense": dense, "gathered": 0}
         workers = _num_workers(self.model)
-        ring = 2 * (workers - 1) / workers * sizes["payload"]
-        gather = (workers - 1) * sizes["payload"]
-        per_worker = gather if sizes.get("collective") == "gather" else ring
+        gathered = sizes["gathered"]
+        per_worker = (2 * (workers - 1) / workers * (sizes["payload"] - gathered)
+                      + (workers - 1) * gathered)
         if getattr(self.hook, "push", False):  # parameter servers: each worker pushes its payload
             per_worker = sizes["payload"]
         return {"comm_payload_bytes": float(sizes["payload"]),

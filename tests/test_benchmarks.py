@@ -1,0 +1,66 @@
+"""The benchmark report's arithmetic: the analytic byte model against tfdist's own
+CommStats (two independent computations), and the derived figures of the report."""
+
+import pathlib
+import sys
+
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import analytic  # noqa: E402
+import report  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("two_cpus", "unet_path")
+
+
+@pytest.mark.parametrize("method", ["none", "fp16", "int8", "qsgd", "sign+EF", "topk+EF",
+                                    "randomk+EF", "powersgd+EF", "local SGD 8"])
+@pytest.mark.parametrize("workers", [2, 3])
+def test_analytic_bytes_match_what_tfdist_counts(method, workers):
+    import tensorflow as tf
+
+    import tfdist
+    from methods import METHODS
+    from model import unet
+
+    model = unet(32, 4, 16, 3, 0.1)
+    spec = METHODS[method]
+    if "local_sgd" in spec:
+        hook = tfdist.local_sgd.ModelAverager(**spec["local_sgd"])
+    else:
+        hook = tfdist.compression.build(spec.get("compression", "none"))
+    hook.build(tf.distribute.get_strategy(), model.trainable_variables)
+    sizes = hook.bytes_per_step(10)
+    gathered = sizes["gathered"]
+    counted = 2 * (workers - 1) / workers * (sizes["payload"] - gathered) + (workers - 1) * gathered
+    shapes = [tuple(v.shape) for v in model.trainable_variables]
+    assert analytic.bytes_per_worker(method, shapes, workers) == pytest.approx(counted, rel=1e-9)
+
+
+def test_time_to_target_and_speed_ups_from_timelines():
+    timeline = lambda seconds, losses: [(s, l, 0) for s, l in zip(seconds, losses)]
+    results = {"slow": [
+        {"method": "none", "rate_bits": 10**8, "seconds_per_step": 2.0,
+         "timeline": timeline([2, 4, 6, 8], [1.0, 0.8, 0.6, 0.5])},
+        {"method": "topk+EF", "rate_bits": 10**8, "seconds_per_step": 0.5,
+         "timeline": timeline([0.5, 1, 1.5, 2], [1.0, 0.9, 0.5, 0.4])},
+        {"method": "sign", "rate_bits": 10**8, "seconds_per_step": 0.4,
+         "timeline": timeline([0.4, 0.8], [1.0, 0.9])}]}
+    rows = {r["method"]: r for r in report.slow_rows(results)}
+    assert rows["none"]["target_loss"] == 0.5  # the loss `none` has at 3/4 of its run
+    assert rows["none"]["seconds_to_target"] == 8
+    assert rows["topk+EF"]["seconds_to_target"] == 1.5 and rows["topk+EF"]["speedup"] == 4.0
+    assert rows["sign"]["seconds_to_target"] is None
+
+
+def test_projection_pays_for_bytes_only_when_the_network_is_slow():
+    shapes = [(3, 3, 64, 64)] * 10
+    args = dict(shapes=shapes, workers=8, compute=0.1)
+    slow = {m: analytic.step_seconds(m, cost=0.01 if m != "none" else 0, bandwidth_bits=10**9,
+                                     **args) for m in ("none", "topk+EF")}
+    fast = {m: analytic.step_seconds(m, cost=0.01 if m != "none" else 0, bandwidth_bits=10**11,
+                                     **args) for m in ("none", "topk+EF")}
+    assert slow["topk+EF"] < slow["none"]  # 1 Gbit/s: fewer bytes win
+    assert fast["topk+EF"] > fast["none"]  # 100 Gbit/s: the compute cost dominates
