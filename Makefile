@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 OUTPUT ?= output/unet
 DEMO_CONFIG ?= configs/unet_multi_worker_mirrored.yaml
 
-.PHONY: demo test test-fast venv clean
+.PHONY: demo test test-fast report report-full venv clean
 
 venv: $(VENV)/.installed
 
@@ -30,6 +30,13 @@ test: venv
 ## Everything but the multi-process tests (a quick local loop).
 test-fast: venv
 	$(BIN)/python -m pytest -m "not multiprocess"
+
+## The benchmark report (root: network namespaces), regenerating docs/benchmarks.md.
+report: venv
+	cd benchmarks && $(abspath $(BIN))/python report.py --quick
+
+report-full: venv
+	cd benchmarks && $(abspath $(BIN))/python report.py
 
 clean:
 	rm -rf $(VENV) output .pytest_cache

@@ -26,7 +26,7 @@ from methods import METHODS  # noqa: E402
 QUALITY_METHODS = [m for m, spec in METHODS.items() if spec is not None]
 
 
-def train_one(strategy, method, seed, steps, epochs):
+def train_one(strategy, method, seed, steps, epochs, warmup=None, **averager_options):
     import keras
 
     import data
@@ -38,7 +38,9 @@ def train_one(strategy, method, seed, steps, epochs):
     if "compression" in spec:
         hooks.append(tfdist.compression.build(spec["compression"]))
     if "local_sgd" in spec:
-        hooks.append(tfdist.local_sgd.ModelAverager(warmup_steps=steps // 2, **spec["local_sgd"]))
+        warmup = steps * epochs // 10 if warmup is None else warmup
+        hooks.append(tfdist.local_sgd.ModelAverager(warmup_steps=warmup, **spec["local_sgd"],
+                                                    **averager_options))
     train = types.SimpleNamespace(dataset="synthetic", seed=seed, image_size=32,
                                   num_examples=4096, batch_size=32)
     keras.utils.set_random_seed(seed)
@@ -63,13 +65,19 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--methods", nargs="*", default=QUALITY_METHODS)
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
+    parser.add_argument("--steps", type=int, help="steps per epoch")
+    parser.add_argument("--epochs", type=int)
+    parser.add_argument("--warmup", type=int, help="local SGD warm-up (default: 10%% of steps)")
+    parser.add_argument("--average_optimizer_state", action="store_true")
     args = parser.parse_args()
     strategy = tfdist.get_strategy("mirrored", logical_cpus=2)
-    steps, epochs = (12, 4) if args.quick else (40, 6)
+    steps, epochs = (12, 4) if args.quick else (80, 6)
+    steps, epochs = args.steps or steps, args.epochs or epochs
     rows = []
     for seed in args.seeds:
         for method in args.methods:
-            rows.append(train_one(strategy, method, seed, steps, epochs))
+            rows.append(train_one(strategy, method, seed, steps, epochs, args.warmup,
+                                  average_optimizer_state=args.average_optimizer_state))
             print(f"quality {method:12s} seed {seed}: loss {rows[-1]['loss']:.4f}, "
                   f"val mean IoU {rows[-1]['val_mean_iou']:.3f} "
                   f"({rows[-1]['seconds']:.0f}s)", flush=True)
