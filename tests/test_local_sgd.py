@@ -71,13 +71,14 @@ def test_period_one_gives_the_weights_of_synchronous_training(strategies):
 
 def test_replicas_differ_between_averages_and_agree_right_after(strategies):
     strategy = strategies("mirrored")
-    record = Record()
-    model, _ = fit(strategy, [tfdist.callbacks.LocalSGD(period=3, warmup_steps=2), record],
-                   steps=8)
+    record, local_sgd = Record(), tfdist.callbacks.LocalSGD(period=3, warmup_steps=2)
+    model, _ = fit(strategy, [local_sgd, record], steps=8)
     same = [agree(r) for r in record.seen]
     # steps 1-2 synchronous; then local steps 3, 4 and an average after step 5, and so on
     assert same == [True, True, False, False, True, False, False, True], same
     assert replicas_agree(model)  # the end of training averaged the last two local steps
+    (average,) = local_sgd.averager._functions.values()  # 2 averages, traced once
+    assert local_sgd.averager.averages == 2 and average.experimental_get_tracing_count() == 1
 
 
 def test_local_sgd_differs_from_synchronous_training_and_still_learns(strategies):

@@ -137,7 +137,7 @@ class ModelAverager(TrainingHook):
         """Sets every replica's weights (and the chosen state) to the mean over replicas
         and workers. Call it on every worker at the same point: it runs collectives."""
         variables = self.variables_of(model)
-        key = tuple(id(v) for v in variables)
+        key = tuple(id(v) for group in variables for v in group)
         if key not in self._functions:
             self._functions[key] = self._average_function(variables)
         self._functions[key](tf.constant(self.averages, tf.int64))
