@@ -64,3 +64,38 @@ def test_projection_pays_for_bytes_only_when_the_network_is_slow():
                                      **args) for m in ("none", "topk+EF")}
     assert slow["topk+EF"] < slow["none"]  # 1 Gbit/s: fewer bytes win
     assert fast["topk+EF"] > fast["none"]  # 100 Gbit/s: the compute cost dominates
+
+
+def test_the_report_names_every_missed_target():
+    """A results file where fp16 saves too little and sign costs too much: the generated
+    report must say MISSED for exactly those, with the reason."""
+    shapes = [[3, 3, 3, 16], [16], [3, 3, 16, 4], [4]]
+    wire = lambda method, kb, seconds: {
+        "method": method, "workers": 2, "bytes_per_step": kb * 1e3, "seconds_per_step": seconds,
+        "commstats_bytes_per_step": kb * 1e3, "analytic_bytes_per_step": kb * 1e3}
+    cost = lambda name, share: {"name": name, "seconds": share * 0.1, "fraction_of_step": share}
+    results = {
+        "environment": {"date": "2026-11-21", "mode": "quick", "machine": "x86_64, 2 CPUs",
+                        "python": "3.11", "tensorflow": "2.21.0", "keras": "3.15.1"},
+        "shapes": shapes,
+        "wire": [wire("plain tf.distribute", 4000, 0.30), wire("none", 4000, 0.306),
+                 wire("fp16", 2700, 0.3), wire("sign+EF", 130, 0.35),
+                 wire("local SGD 8", 500, 0.2)],
+        "cost": {"step_seconds": 0.1, "rows": [cost(n, 0.01) for n in (
+            "fp16", "bf16", "int8", "topk", "powersgd")] + [cost("sign", 0.09)]},
+        "quality": [{"method": m, "seed": s, "loss": loss, "val_mean_iou": 0.9}
+                    for s in (0, 1) for m, loss in (("none", 0.10), ("local SGD 8", 0.104))],
+        "slow": [{"method": m, "rate_bits": 10**8, "seconds_per_step": t,
+                  "timeline": [(t * (i + 1), 1.0 - 0.1 * i, 0) for i in range(8)]}
+                 for m, t in (("none", 0.6), ("local SGD 8", 0.3))]}
+    text = report.markdown(results)
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines()
+             if line.startswith("| ")}
+    assert "**MISSED**" in lines["fp16: ≥ 1.9× fewer bytes than none (2 workers)"]
+    assert "**MISSED**" in lines["sign+EF: compress + decompress ≤ 5% of a step"]
+    assert "one-process step" in lines["sign+EF: compress + decompress ≤ 5% of a step"]
+    assert "| yes |" in lines["sign+EF: ≥ 20× fewer bytes than none (2 workers)"]
+    assert "| yes |" in lines["local SGD 8: final training loss within 5% of synchronous"]
+    assert "| +2.0% | yes |" in lines[
+        "tfdist pass-through adds ≤ 3% step time over plain tf.distribute"]
+    assert text.count("**MISSED**") == 2
