@@ -38,7 +38,7 @@ def train_one(strategy, method, seed, steps, epochs, warmup=None, **averager_opt
     if "compression" in spec:
         hooks.append(tfdist.compression.build(spec["compression"]))
     if "local_sgd" in spec:
-        warmup = steps * epochs // 10 if warmup is None else warmup
+        warmup = steps * epochs // 2 if warmup is None else warmup  # post-local SGD
         hooks.append(tfdist.local_sgd.ModelAverager(warmup_steps=warmup, **spec["local_sgd"],
                                                     **averager_options))
     train = types.SimpleNamespace(dataset="synthetic", seed=seed, image_size=32,
@@ -67,7 +67,7 @@ def main():
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
     parser.add_argument("--steps", type=int, help="steps per epoch")
     parser.add_argument("--epochs", type=int)
-    parser.add_argument("--warmup", type=int, help="local SGD warm-up (default: 10%% of steps)")
+    parser.add_argument("--warmup", type=int, help="local SGD warm-up (default: half the steps)")
     parser.add_argument("--average_optimizer_state", action="store_true")
     args = parser.parse_args()
     strategy = tfdist.get_strategy("mirrored", logical_cpus=2)

@@ -45,15 +45,21 @@ def sync_replica_state(strategy, variables):
     return len(state)
 
 
+_COMPILED = {}  # (strategy, variables) ids -> the compiled average; the last few only
+_CACHE_SIZE = 8
+
+
 def _average(strategy, state):
-    @tf.function
-    def average():
+    key = (id(strategy), *map(id, state))
+    if key not in _COMPILED:
+        if len(_COMPILED) >= _CACHE_SIZE:
+            _COMPILED.pop(next(iter(_COMPILED)))
+
         def replica_fn():
             context = tf.distribute.get_replica_context()
             means = context.all_reduce(tf.distribute.ReduceOp.MEAN, [v.read_value() for v in state])
             for variable, mean in zip(state, means):
                 variable.assign(mean)
 
-        strategy.run(replica_fn)
-
-    average()
+        _COMPILED[key] = tf.function(lambda: strategy.run(replica_fn))
+    _COMPILED[key]()
