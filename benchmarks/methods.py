@@ -38,7 +38,8 @@ def job_config(method, workers, warmup=0, hosts=None, port=23456):
                else f"worker: {workers}")
     lines = [f"cluster: {{{cluster}}}",
              "strategy: {name: multi_worker_mirrored, communication: ring}",
-             "train: {image_size: 32, batch_size: 32, loop: ctl, validation_steps: 2}"]
+             f"train: {{image_size: 32, batch_size: {16 * workers}, loop: ctl, "
+             "validation_steps: 2}"]  # 16 per worker
     for section, value in (METHODS[method] or {}).items():
         if section == "local_sgd":
             value = {**value, "warmup_steps": warmup}
@@ -46,11 +47,12 @@ def job_config(method, workers, warmup=0, hosts=None, port=23456):
     return "\n".join(lines) + "\n"
 
 
-def command(method, config, output_dir, steps, epochs=1, seed=0):
+def command(method, config, output_dir, steps, epochs=1, seed=0, workers=2):
     """The command every task runs for `method` (steps per epoch x epochs)."""
     if METHODS[method] is None:
         return [sys.executable, str(PLAIN), "--output_dir", str(output_dir),
-                "--steps", str(steps * epochs), "--seed", str(seed)]
+                "--steps", str(steps * epochs), "--seed", str(seed),
+                "--batch_size", str(16 * workers)]
     return [sys.executable, str(TRAIN), "--config", str(config), "--output_dir", str(output_dir),
             "--epochs", str(epochs), "--steps_per_epoch", str(steps), "--seed", str(seed),
             "--start_step", "0"]

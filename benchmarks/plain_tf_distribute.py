@@ -2,8 +2,8 @@
 
 The baseline of the benchmarks: `tf.distribute.MultiWorkerMirroredStrategy` and the
 custom training loop of TensorFlow's own tutorial (Keras 3 `model.fit` does not run on
-multi-worker strategies out of the box), on the same model, data and hyper-parameters as
-`examples/unet_segmentation`. Run it under any launcher that sets TF_CONFIG:
+multi-worker strategies out of the box), on the same model, data, hyper-parameters and
+per-step metrics (loss, pixel accuracy, mean IoU) as `examples/unet_segmentation`. Run it under any launcher that sets TF_CONFIG:
 
     tfdist launch job.yaml -- python benchmarks/plain_tf_distribute.py --output_dir out
 
@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import data  # noqa: E402  (the example's input pipeline: plain tf.data)
+import metrics  # noqa: E402  (two Keras metrics)
 from model import unet  # noqa: E402
 
 
@@ -58,6 +59,7 @@ def main():
     with strategy.scope():
         model = unet(args.image_size, 4, 16, 3, 0.1)
         optimizer = keras.optimizers.Adam(args.learning_rate)
+        tracked = [keras.metrics.Mean(name="loss"), *metrics.segmentation_metrics(4)]
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     iterator = iter(strategy.distribute_datasets_from_function(data.dataset_fn(train, "train")))
 
@@ -65,9 +67,13 @@ def main():
     def step(batch):
         def replica_step(images, masks):
             with tf.GradientTape() as tape:
-                loss = loss_fn(masks, model(images, training=True))  # 1/replicas share
+                logits = model(images, training=True)
+                loss = loss_fn(masks, logits)  # 1/replicas share
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            tracked[0].update_state(loss * strategy.num_replicas_in_sync)
+            for metric in tracked[1:]:
+                metric.update_state(masks, logits)
             return loss
 
         return strategy.reduce("SUM", strategy.run(replica_step, args=batch), axis=None)

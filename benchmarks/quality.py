@@ -24,6 +24,8 @@ import tfdist  # noqa: E402
 from methods import METHODS  # noqa: E402
 
 QUALITY_METHODS = [m for m, spec in METHODS.items() if spec is not None]
+QUICK_METHODS = ["none", "fp16", "int8", "sign+EF", "sign", "topk+EF", "topk", "powersgd+EF",
+                 "local SGD 8"]
 
 
 def train_one(strategy, method, seed, steps, epochs, warmup=None, **averager_options):
@@ -63,7 +65,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--methods", nargs="*", default=QUALITY_METHODS)
+    parser.add_argument("--methods", nargs="*", help="default: all (--quick: the main ones)")
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
     parser.add_argument("--steps", type=int, help="steps per epoch")
     parser.add_argument("--epochs", type=int)
@@ -73,9 +75,10 @@ def main():
     strategy = tfdist.get_strategy("mirrored", logical_cpus=2)
     steps, epochs = (12, 4) if args.quick else (80, 6)
     steps, epochs = args.steps or steps, args.epochs or epochs
+    methods = args.methods or (QUICK_METHODS if args.quick else QUALITY_METHODS)
     rows = []
     for seed in args.seeds:
-        for method in args.methods:
+        for method in methods:
             rows.append(train_one(strategy, method, seed, steps, epochs, args.warmup,
                                   average_optimizer_state=args.average_optimizer_state))
             print(f"quality {method:12s} seed {seed}: loss {rows[-1]['loss']:.4f}, "

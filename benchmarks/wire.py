@@ -19,8 +19,8 @@ def measure(method, workers, window, workdir):
     config.write_text(job_config(method, workers, WARMUP))
     out = workdir / f"out-{slug}-{workers}"
     first = WARMUP + 2
-    _, metrics = run_in_namespace(config, command(method, config, out, first + window), out,
-                                  workdir)
+    _, metrics = run_in_namespace(
+        config, command(method, config, out, first + window, workers=workers), out, workdir)
     measured = bytes_between(metrics["timeline"], first, first + window)
     stats = metrics.get("bytes_exchanged") or {}
     return {"method": method, "workers": workers, "bytes_per_step": measured,
