@@ -12,6 +12,10 @@ from netns import ROOT, TRAIN
 
 PLAIN = ROOT / "benchmarks" / "plain_tf_distribute.py"
 EF = {"error_feedback": True, "min_size": 0}
+# One intra-op thread per task: each worker gets one core of this 2-core machine, as each
+# emulated host would. TensorFlow's default pools (one thread per core, in every process)
+# oversubscribe the cores and made single runs differ by 10-40%.
+ONE_CORE = ["env", "TF_NUM_INTRAOP_THREADS=1", "TF_NUM_INTEROP_THREADS=2"]
 METHODS = {  # name -> config sections (None: plain tf.distribute)
     "plain tf.distribute": None,
     "none": {},
@@ -50,9 +54,9 @@ def job_config(method, workers, warmup=0, hosts=None, port=23456):
 def command(method, config, output_dir, steps, epochs=1, seed=0, workers=2):
     """The command every task runs for `method` (steps per epoch x epochs)."""
     if METHODS[method] is None:
-        return [sys.executable, str(PLAIN), "--output_dir", str(output_dir),
+        return [*ONE_CORE, sys.executable, str(PLAIN), "--output_dir", str(output_dir),
                 "--steps", str(steps * epochs), "--seed", str(seed),
                 "--batch_size", str(16 * workers)]
-    return [sys.executable, str(TRAIN), "--config", str(config), "--output_dir", str(output_dir),
+    return [*ONE_CORE, sys.executable, str(TRAIN), "--config", str(config), "--output_dir", str(output_dir),
             "--epochs", str(epochs), "--steps_per_epoch", str(steps), "--seed", str(seed),
             "--start_step", "0"]
