@@ -24,7 +24,7 @@ import tfdist  # noqa: E402
 from methods import METHODS  # noqa: E402
 
 QUALITY_METHODS = [m for m, spec in METHODS.items() if spec is not None]
-QUICK_METHODS = ["none", "sign+EF", "sign", "topk+EF", "topk", "local SGD 8"]
+QUICK_METHODS = ["none", "sign+EF", "sign", "topk+EF", "topk"]
 
 
 def train_one(strategy, method, seed, steps, epochs, warmup=None, **averager_options):
@@ -76,7 +76,7 @@ def main():
     tf.config.threading.set_intra_op_parallelism_threads(1)  # one core per replica, as
     tf.config.threading.set_inter_op_parallelism_threads(2)  # in the worker benchmarks
     strategy = tfdist.get_strategy("mirrored", logical_cpus=2)
-    steps, epochs = (24, 2) if args.quick else (80, 6)
+    steps, epochs = (24, 1) if args.quick else (40, 4)
     steps, epochs = args.steps or steps, args.epochs or epochs
     methods = args.methods or (QUICK_METHODS if args.quick else QUALITY_METHODS)
     rows = []

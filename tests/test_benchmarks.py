@@ -83,7 +83,7 @@ def test_the_report_names_every_missed_target():
                  wire("local SGD 8", 500, 0.2)],
         "cost": {"step_seconds": 0.1, "rows": [cost(n, 0.01) for n in (
             "fp16", "bf16", "int8", "topk", "powersgd")] + [cost("sign", 0.09)]},
-        "quality": [{"method": m, "seed": s, "loss": loss, "val_mean_iou": 0.9}
+        "quality": [{"method": m, "seed": s, "steps": 48, "loss": loss, "val_mean_iou": 0.9}
                     for s in (0, 1) for m, loss in (("none", 0.10), ("local SGD 8", 0.104))],
         "slow": [{"method": m, "rate_bits": 10**8, "seconds_per_step": t,
                   "timeline": [(t * (i + 1), 1.0 - 0.1 * i, 0) for i in range(8)]}

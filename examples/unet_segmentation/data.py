@@ -38,19 +38,6 @@ def examples(train, split, shard=(1, 0)):
                     num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def pipeline_options():
-    """tf.data options of every input pipeline here: no autotuning thread.
-
-    In TensorFlow 2.21 the autotuning thread sleeps between rounds (doubling up to 60 s) and
-    an iterator's destructor waits for it to wake: the end of a fit stalled for up to a
-    minute (measured: 41 s of an 83 s benchmark run). Without it, AUTOTUNE parallelism is
-    one call per core and prefetch buffers are fixed; the step time was unchanged.
-    """
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return options
-
-
 def dataset_fn(train, split):
     """fn(InputContext) -> per-replica batches of `split`, repeated, shuffled if training."""
 
@@ -59,8 +46,7 @@ def dataset_fn(train, split):
         if split == "train":
             data = data.shuffle(1024, seed=train.seed + context.input_pipeline_id)
         batch = context.get_per_replica_batch_size(train.batch_size)
-        data = data.repeat().batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-        return data.with_options(pipeline_options())
+        return data.repeat().batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
     return fn
 
