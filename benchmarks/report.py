@@ -51,10 +51,9 @@ PAIR = ("plain tf.distribute", "none")  # the pass-through overhead: tfdist none
 
 PLANS = {
     "quick": {
-        "wire": {2: ["plain tf.distribute", "none", "fp16", "int8", "sign+EF", "topk+EF",
-                     "local SGD 8"],
+        "wire": {2: ["plain tf.distribute", "none", "fp16", "sign+EF", "topk+EF", "local SGD 8"],
                  3: ["none", "topk+EF"]},
-        "window": 8, "quality": ["--quick"], "overhead_pairs": 2, "overhead_window": 24,
+        "window": 8, "quality": ["--quick"], "overhead_pairs": 1, "overhead_window": 24,
         "slow": {100_000_000: ["none", "topk+EF"]},
         "slow_steps": 24,
     },
