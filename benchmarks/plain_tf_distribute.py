@@ -40,6 +40,31 @@ def loopback_bytes():
         return None
 
 
+def train_step(strategy, model, optimizer, loss_fn, train):
+    """(step, iterator): the tutorial's custom training step with the example's metrics
+    (returns the loss summed over replicas), and an iterator over `train`'s batches."""
+    with strategy.scope():
+        tracked = [keras.metrics.Mean(name="loss"), *metrics.segmentation_metrics(4)]
+    iterator = iter(strategy.distribute_datasets_from_function(data.dataset_fn(train, "train")))
+
+    @tf.function
+    def step(batch):
+        def replica_step(images, masks):
+            with tf.GradientTape() as tape:
+                logits = model(images, training=True)
+                loss = loss_fn(masks, logits)  # 1/replicas share
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            tracked[0].update_state(loss * strategy.num_replicas_in_sync)
+            for metric in tracked[1:]:
+                metric.update_state(masks, logits)
+            return loss
+
+        return strategy.reduce("SUM", strategy.run(replica_step, args=batch), axis=None)
+
+    return step, iterator
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output_dir", required=True)
@@ -59,24 +84,9 @@ def main():
     with strategy.scope():
         model = unet(args.image_size, 4, 16, 3, 0.1)
         optimizer = keras.optimizers.Adam(args.learning_rate)
-        tracked = [keras.metrics.Mean(name="loss"), *metrics.segmentation_metrics(4)]
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    iterator = iter(strategy.distribute_datasets_from_function(data.dataset_fn(train, "train")))
-
-    @tf.function
-    def step(batch):
-        def replica_step(images, masks):
-            with tf.GradientTape() as tape:
-                logits = model(images, training=True)
-                loss = loss_fn(masks, logits)  # 1/replicas share
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            tracked[0].update_state(loss * strategy.num_replicas_in_sync)
-            for metric in tracked[1:]:
-                metric.update_state(masks, logits)
-            return loss
-
-        return strategy.reduce("SUM", strategy.run(replica_step, args=batch), axis=None)
+    step, iterator = train_step(strategy, model, optimizer,
+                                keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                                train)
 
     start, seconds, timeline = time.time(), [], []
     for _ in range(args.steps):

@@ -1,0 +1,98 @@
+"""What tfdist's training loop adds to a step: plain tf.distribute and `tfdist.Trainer` in
+the same worker processes, in alternating blocks of steps.
+
+Each worker holds two copies of the UNet (same initial weights) under one
+`tf.distribute.MultiWorkerMirroredStrategy`: the custom loop of TensorFlow's tutorial
+(`plain_tf_distribute.py`) and `tfdist.Trainer` in pass-through mode (no compression, no
+local SGD). They train in turns, `--block` steps each, so both see the same machine, the
+same network and the same moment: run-to-run differences of this 2-core machine (10-40%
+between single runs) cancel. Run under a launcher that sets TF_CONFIG:
+
+    tfdist launch job.yaml -- python benchmarks/overhead.py --output_dir out
+
+The first worker writes metrics.json: the median step time of each block, per loop.
+"""
+
+import argparse
+import json
+import os
+import time
+import types
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import plain_tf_distribute as plain  # noqa: F401  (puts the example on sys.path)
+import data
+import metrics
+from model import unet
+
+import tfdist
+
+
+class StepTimer(keras.callbacks.Callback):
+    """Each training step's duration (the step returns when its all-reduce is done)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.began = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seconds.append(time.perf_counter() - self.began)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--pairs", type=int, default=4, help="measured blocks per loop")
+    parser.add_argument("--block", type=int, default=8, help="steps per block")
+    parser.add_argument("--batch_size", type=int, default=32)
+    args = parser.parse_args()
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING))
+    train = types.SimpleNamespace(dataset="synthetic", seed=0, image_size=32,
+                                  num_examples=4096, batch_size=args.batch_size)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    models, optimizers = [], []
+    for _ in range(2):  # the same initial weights
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            models.append(unet(32, 4, 16, 3, 0.1))
+            optimizers.append(keras.optimizers.Adam(0.003))
+    plain_step, iterator = plain.train_step(strategy, models[0], optimizers[0], loss_fn, train)
+    trainer = tfdist.Trainer(models[1], optimizers[1], loss_fn, strategy=strategy,
+                             metrics=metrics.segmentation_metrics(4))
+
+    def plain_block():
+        seconds = []
+        for _ in range(args.block):
+            began = time.perf_counter()
+            float(plain_step(next(iterator)))
+            seconds.append(time.perf_counter() - began)
+        return seconds
+
+    def tfdist_block():
+        timer = StepTimer()
+        trainer.fit(data.dataset_fn(train, "train"), epochs=1, steps_per_epoch=args.block,
+                    callbacks=[timer], verbose=0)
+        return timer.seconds
+
+    plain_block(), tfdist_block()  # traced steps: not measured
+    blocks = {"plain tf.distribute": [], "tfdist": []}
+    for _ in range(args.pairs):
+        blocks["plain tf.distribute"].append(float(np.median(plain_block())))
+        blocks["tfdist"].append(float(np.median(tfdist_block())))
+    if (strategy.cluster_resolver.task_id if strategy.cluster_resolver else 0) == 0:
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:
+            json.dump({"block_steps": args.block, "block_median_seconds": blocks}, f)
+
+
+if __name__ == "__main__":
+    main()
