@@ -24,7 +24,7 @@ import tfdist  # noqa: E402
 from methods import METHODS  # noqa: E402
 
 QUALITY_METHODS = [m for m, spec in METHODS.items() if spec is not None]
-QUICK_METHODS = ["none", "sign+EF", "sign", "topk+EF", "topk"]
+QUICK_METHODS = ["none", "sign+EF", "sign", "topk+EF"]  # topk without EF: the full run
 
 
 def train_one(strategy, method, seed, steps, epochs, warmup=None, **averager_options):

@@ -51,7 +51,7 @@ GBIT = 1_000_000_000
 
 PLANS = {
     "quick": {
-        "wire": {2: ["plain tf.distribute", "none", "fp16", "sign+EF", "topk+EF", "local SGD 8"],
+        "wire": {2: ["plain tf.distribute", "none", "sign+EF", "topk+EF", "local SGD 8"],
                  3: ["none", "topk+EF"]},
         "window": 8, "quality": ["--quick"], "overhead_pairs": 4, "overhead_block": 8,
         "slow": {100_000_000: ["none", "topk+EF"]},
