@@ -15,7 +15,7 @@ import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 import tfdist
-from tfdist.keras.optimizer import APPLY_SEAM, SEAM
+from tfdist.keras.optimizer import CALLED, OVERRIDDEN
 from tfdist.strategies import CentralStorageStrategy
 from tfdist.strategies.parameter_server import _called_from_keras_trainer
 from tfdist.training import GradientPipeline
@@ -23,12 +23,14 @@ from tfdist.training import GradientPipeline
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
 
 
-def test_optimizer_all_reduce_seam_is_where_fit_exchanges_gradients(strategies):
-    """tfdist/keras/optimizer.py overrides Keras' `_all_reduce_sum_gradients`."""
+def test_optimizer_seams_are_where_fit_applies_and_exchanges_gradients(strategies):
+    """tfdist/keras/optimizer.py overrides Keras' `apply`, `_backend_apply_gradients` and
+    `_backend_update_step`, and calls the methods in CALLED."""
     from counting import CountExchanges
     from models import conv_model, dataset, loss
 
-    assert hasattr(keras.optimizers.Adam, SEAM), f"Keras optimizers lost {SEAM}"
+    for name in OVERRIDDEN + CALLED:
+        assert hasattr(keras.optimizers.Adam, name), f"Keras optimizers lost {name}"
     strategy = strategies("mirrored")
     hook = CountExchanges()
     pipeline = GradientPipeline([hook])
@@ -38,9 +40,22 @@ def test_optimizer_all_reduce_seam_is_where_fit_exchanges_gradients(strategies):
         pipeline.build(strategy, model.trainable_variables)
         model.compile(optimizer, loss())
     model.fit(dataset(64, 32), epochs=1, verbose=0)
-    # One exchange per step and replica: Keras still routes fit's all-reduce through the seam.
+    # One exchange per step and replica: Keras still routes fit's update through the seam.
     assert int(hook.count.numpy()) == 2
+    assert int(optimizer.iterations.numpy()) == 2
     assert type(optimizer).__name__ == "SGD" and isinstance(optimizer, keras.optimizers.SGD)
+
+
+def test_keras_apply_still_counts_the_step_after_applying_the_gradients():
+    """The transactional step takes back Keras' `iterations.assign_add(1)` at the end of
+    `apply` when a step is refused, and replaces the calls below it."""
+    apply = inspect.getsource(keras.optimizers.Optimizer.apply)
+    assert apply.rstrip().endswith("self._iterations.assign_add(1)")
+    assert "self._backend_apply_gradients(grads, trainable_variables)" in apply
+    backend_apply = inspect.getsource(keras.optimizers.Optimizer._backend_apply_gradients)
+    for call in ("self._clip_gradients(grads)", "self._apply_weight_decay(trainable_variables)",
+                 "self._backend_update_step(", "self._update_model_variables_moving_average("):
+        assert call in backend_apply, call
 
 
 def test_keras_losses_scale_by_the_number_of_replicas(strategies):
@@ -101,10 +116,9 @@ def test_upstream_central_storage_still_fails_with_batchnorm():
 def test_seams_of_local_sgd_and_phases_are_still_there():
     """Checkpoint callbacks average local-SGD replicas in `_save_model`; phased steps
     (gradient accumulation, delayed compression) swap `model.train_function`, which
-    Keras' fit must read at every step; accumulation overrides `_backend_apply_gradients`."""
+    Keras' fit must read at every step; accumulation uses Keras' accumulators."""
     assert "_save_model" in vars(keras.callbacks.ModelCheckpoint)
     assert "_save_model" in vars(keras.callbacks.BackupAndRestore)
-    assert hasattr(keras.optimizers.Optimizer, APPLY_SEAM)
     for name in ("_accumulated_gradients", "_backend_increment_gradient_accumulators",
                  "_backend_reset_gradient_accumulators", "_get_variable_index"):
         assert name in inspect.getsource(keras.src.optimizers.base_optimizer), name

@@ -249,31 +249,53 @@ class Background:
 
 def test_parameter_server_worker_killed_the_others_go_on_and_it_is_used_again(write_config,
                                                                              tmp_path):
-    out = tmp_path / "out"
     """worker:1 is SIGKILLed after epoch 0; epoch 1 runs on worker:0 alone while the
-    launcher restarts worker:1; epochs 2-3 run with both again."""
+    launcher restarts worker:1; epochs 2-3 run with both again. "Used again" by construction
+    (--await_worker1 2): in epoch 2 a step on worker:0 holds (at most 120 s) until a training
+    step has run on worker:1, and the chief fails the job if none did."""
     import signal
 
     out = tmp_path / "out"
     job = Background(write_config, out, PS, "--strategy", "parameter_server", "--loop",
                      "trainer", "--model", "conv", "--epochs", "4", "--pause_after", "0,1",
-                     "--trace_batches", launcher_args=("--max-restarts", "1"))
-    wait_for_file(out / "paused-0")
-    for pid in task_pids(out, "worker", 1):
-        os.kill(pid, signal.SIGKILL)
-    (out / "resume-0").touch()
-    job.wait_for_line("worker:1 exited with code 137; restarting it (1/1)")
-    wait_for_file(out / "paused-1")
-    job.wait_for_line("Cluster successfully recovered")  # the coordinator sees worker:1 again
-    (out / "resume-1").touch()
-    code, output = job.finish()
+                     "--await_worker1", "2", launcher_args=("--max-restarts", "1"))
+    try:
+        wait_for_file(out / "paused-0")
+        for pid in task_pids(out, "worker", 1):
+            os.kill(pid, signal.SIGKILL)
+        (out / "resume-0").touch()
+        job.wait_for_line("worker:1 exited with code 137; restarting it (1/1)")
+        wait_for_file(out / "paused-1")
+        job.wait_for_line("Cluster successfully recovered")  # the coordinator sees worker:1 again
+        (out / "resume-1").touch()
+        code, output = job.finish()
+    finally:
+        stop_job(job, out)
     assert code == 0, output[-3000:]
     restarted = output.split("[worker:1] tfdist server: worker:1 serving")
     assert len(restarted) == 3, output[-3000:]  # started twice
-    assert "[worker:1] batch on worker" in restarted[2]  # and used again
+    # used again: a training step (not the input pipeline) ran in worker:1's new process
+    assert "[worker:1] training step" in restarted[2], output[-3000:]
+    assert (out / "stepped-worker-1").read_text() == "worker:1"  # written by it in epoch 2
     result = json.loads((out / "chief-0.json").read_text())
     assert result["completed_steps"] == 48 and result["step"] == 48  # exact, no step lost
     assert result["history"]["loss"][-1] < result["history"]["loss"][0]
+
+
+def stop_job(job, out):
+    """Kills whatever is left of `job` (the launcher, then every task of the cluster), so
+    that a failing test leaves no process behind."""
+    import signal
+
+    if job.proc.poll() is None:
+        job.proc.kill()
+        job.proc.wait(10)
+    for task in (("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)):
+        for pid in task_pids(out, *task):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_parameter_server_killed_stops_the_job_clearly_and_a_relaunch_resumes(write_config,

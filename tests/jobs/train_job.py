@@ -11,7 +11,12 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
     --accumulate K                   SGD with gradient_accumulation_steps=K
     --pause_after E1,E2              after epoch E the chief writes <out>/paused-E and waits
                                      for <out>/resume-E (for a test to kill a task meanwhile)
-    --trace_batches                  parameter_server: each worker prints "batch on worker"
+    --await_worker1 EPOCH            parameter_server: each training step prints "training step"
+                                     on the worker that runs it; from epoch EPOCH on, a step on
+                                     worker:1 writes <out>/stepped-worker-1 and a step on
+                                     worker:0 first waits for that file (120 s at most in all);
+                                     the chief fails at the end of EPOCH if worker:1 ran no step
+                                     in it. Also logs the coordinator's recovery messages.
 """
 
 import argparse
@@ -49,7 +54,7 @@ def parse():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--pause_after", type=lambda text: {int(e) for e in text.split(",")},
                    default=set())
-    p.add_argument("--trace_batches", action="store_true")
+    p.add_argument("--await_worker1", type=int)
     return p.parse_args()
 
 
@@ -108,9 +113,107 @@ class KillOnce(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _traced(y):
-    with tf.control_dependencies([tf.print("batch on worker", output_stream=sys.stdout)]):
-        return tf.identity(y)
+AWAIT_SECONDS = 120  # --await_worker1: how long worker:0's steps wait for worker:1, in all
+
+
+class AwaitWorker1(keras.callbacks.Callback):
+    """--await_worker1 on the chief: opens the window in which steps on worker:0 wait for a
+    step on worker:1 (see `StepProbe`), and checks at the end of that epoch that one ran."""
+
+    def __init__(self, epoch, out):
+        self.epoch = epoch
+        self.window, self.marker = StepProbe.paths(out)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:  # before any step of the epoch is scheduled
+            with open(self.window + ".tmp", "w") as f:
+                f.write(repr(time.time() + AWAIT_SECONDS))  # the deadline, in Unix seconds
+            os.replace(self.window + ".tmp", self.window)
+
+    def on_epoch_end(self, epoch, logs=None):
+        # Every step of the epoch has finished (the trainer joined the coordinator); worker:0's
+        # steps waited for worker:1's until the deadline, so a missing mark means none ran.
+        if epoch == self.epoch and not os.path.exists(self.marker):
+            raise RuntimeError(f"worker:1 ran no training step in epoch {epoch}, although "
+                               f"worker:0's steps waited up to {AWAIT_SECONDS} s for one")
+
+
+class StepProbe(keras.layers.Layer):
+    """An identity layer for --await_worker1, first in the model: its `call` runs inside each
+    training step, in the process of the worker that runs the step (TF ops only: workers are
+    plain TF servers). It prints "training step" there (the launcher prefixes the line with
+    that task) and, once the chief has opened the window (`AwaitWorker1`): on worker:1 it
+    writes the mark file; on worker:0 it holds the step until that file exists or the
+    deadline passes. The coordinator gives each worker one step at a time (a thread per
+    worker, `Worker._process_queue` in TF's cluster_coordinator.py), so while worker:0
+    holds, the remaining steps can only go to worker:1."""
+
+    def __init__(self, out, **kwargs):
+        super().__init__(**kwargs)
+        self.out = out
+
+    @staticmethod
+    def paths(out):
+        """(window file, written by the chief; mark file, written by a step on worker:1)."""
+        return os.path.join(out, "await-worker-1"), os.path.join(out, "stepped-worker-1")
+
+    def call(self, x, training=False):
+        if not training:
+            return x
+        window, marker = self.paths(self.out)
+        task = _this_task()
+
+        def exists(path):
+            return tf.size(tf.io.matching_files(_at_run_time(path))) > 0
+
+        def mark():
+            tf.io.write_file(marker, task)
+            return tf.constant(0)
+
+        def hold():
+            deadline = tf.strings.to_number(tf.io.read_file(_at_run_time(window)), tf.float64)
+            waiting = lambda i: tf.logical_and(  # noqa: E731
+                tf.logical_not(exists(marker)), tf.timestamp() < deadline)
+            return tf.while_loop(waiting, lambda i: [i + _sleep(0.05)], [tf.constant(0)])[0]
+
+        def in_window():
+            return tf.cond(tf.equal(task, "worker:1"), mark,
+                           lambda: tf.cond(tf.equal(task, "worker:0"), hold,
+                                           lambda: tf.constant(0)))
+
+        effects = [tf.print("training step", output_stream=sys.stdout),
+                   tf.cond(exists(window), in_window, lambda: tf.constant(0))]
+        with tf.control_dependencies(effects):  # before the rest of the step
+            return tf.identity(x)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+def _at_run_time(path):
+    """`path` joined to an empty string computed when the step runs. Grappler constant-folds
+    file reads of constant paths (ReadFile and MatchingFiles are not stateful ops) when the
+    function is instantiated on the chief: they would read the chief's files, once."""
+    now = tf.strings.as_string(tf.timestamp())  # a stateful op: never folded
+    return tf.strings.join([path, tf.strings.substr(now, 0, 0)])
+
+
+def _this_task():
+    """"type:index" of the process that runs this op, from its own TF_CONFIG: inside a step
+    scheduled by the coordinator, the worker that runs the step."""
+    environ = tf.io.read_file(_at_run_time("/proc/self/environ"))
+    return tf.strings.regex_replace(
+        environ, r'(?s).*TF_CONFIG=[^\x00]*"task":\{"type":"(\w+)","index":(\d+)\}.*', r"\1:\2")
+
+
+def _sleep(seconds):
+    """Sleeps `seconds` inside a graph, returns 0 (TF has no sleep op): a one-element dataset
+    that sleeps before each read; reading its single element reads twice."""
+    spec = dict(output_types=[tf.int32], output_shapes=[[]])
+    data = tf.raw_ops.TensorDataset(components=[tf.constant(0)], output_shapes=[[]])
+    data = tf.raw_ops.SleepDataset(input_dataset=data,
+                                   sleep_microseconds=int(seconds * 1e6 / 2), **spec)
+    return tf.raw_ops.DatasetToSingleElement(dataset=data, **spec)[0] * 0
 
 
 def main():
@@ -122,6 +225,9 @@ def main():
     with strategy.scope():
         model = {"conv": conv_model, "dict": dict_model,
                  "plain": lambda: conv_model(seed=3, batchnorm=False, dropout=0)}[args.model]()
+        if args.await_worker1 is not None:  # the probe first, inside every training step
+            model = keras.Sequential([keras.Input(model.inputs[0].shape[1:]),
+                                      StepProbe(args.out), model])
         optimizer = (keras.optimizers.SGD(0.05, gradient_accumulation_steps=args.accumulate)
                      if args.model == "plain" else keras.optimizers.Adam(0.01))
     if args.compression and args.strategy != "parameter_server":
@@ -160,14 +266,13 @@ def main():
             result["fit_error"] = str(e)
 
         def dataset_fn(context):
-            data = dataset(256, 32, seed=context.input_pipeline_id, dict_inputs=dict_inputs,
+            return dataset(256, 32, seed=context.input_pipeline_id, dict_inputs=dict_inputs,
                            repeat=True).shuffle(8)
-            if args.trace_batches:  # runs on the worker: its output is prefixed by the launcher
-                data = data.map(lambda x, y: (tf.identity(x), _traced(y)))
-            return data
 
-        if args.trace_batches:  # and the coordinator's recovery messages
+        if args.await_worker1 is not None:  # the coordinator's recovery messages
             tf.get_logger().setLevel("INFO")
+        if args.await_worker1 is not None:
+            callbacks.append(AwaitWorker1(args.await_worker1, args.out))
         if args.pause_after:
             callbacks.append(PauseAfter(args.pause_after, args.out))
         hooks = [tfdist.compression.build(args.compression)] if args.compression else []

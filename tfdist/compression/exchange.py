@@ -12,6 +12,8 @@ optimizer wrapper in `tfdist.keras.optimizer`).
 Before `start_step` everything goes uncompressed (delayed start):
 the switch is a Python phase (collectives cannot sit inside `tf.cond` in replica context),
 so the step function is traced once more when it happens (`TrainingHook.phase`).
+Residuals and Qs change only if the step commits (`tfdist.core.transaction`): a NaN or Inf
+gradient on any replica leaves them as they were on every replica.
 """
 
 import tensorflow as tf
@@ -19,11 +21,9 @@ import tensorflow as tf
 from tfdist.compression import powersgd
 from tfdist.compression.buffers import Layout, pack, unpack
 from tfdist.compression.compressors import PowerSGD
-from tfdist.training.hooks import TrainingHook
+from tfdist.core import transaction
 from tfdist.keras.variables import underlying
-
-NON_FINITE = ("tfdist compression: a NaN or Inf gradient reached the exchange; nothing was "
-              "sent and the error-feedback residuals were not updated")
+from tfdist.training.hooks import TrainingHook
 
 
 def _key(variable):
@@ -105,7 +105,7 @@ class GradientCompression(TrainingHook):
         for i, shape in zip(self.small + self.large, shapes):
             if dense[i] is None:
                 dense[i] = tf.zeros(shape, tf.float32)
-        small = _all_reduce(context, [dense[i] for i in self.small], check_finite=True)
+        small = _all_reduce(context, [dense[i] for i in self.small])
         large = self._exchange_large(context, [dense[i] for i in self.large], step)
         summed = dict(zip(self.small + self.large, small + large))
         return [tf.cast(summed[self.slots[_key(v)]], g.dtype) for g, v in zip(grads, variables)]
@@ -116,7 +116,6 @@ class GradientCompression(TrainingHook):
         buffer, layout = pack(tensors, self.compressor.align)
         if self.residual is not None:
             buffer += self.residual
-        buffer = tf.debugging.assert_all_finite(buffer, NON_FINITE)
         if self.compressing:
             summed = self._compressed_sum(context, buffer, layout, step)
         else:
@@ -125,7 +124,7 @@ class GradientCompression(TrainingHook):
 
     def _plain_sum(self, context, buffer):
         if self.residual is not None:
-            self.residual.assign(tf.zeros_like(buffer))
+            transaction.assign(self.residual, tf.zeros_like(buffer))
         return context.all_reduce(tf.distribute.ReduceOp.SUM, buffer)
 
     def _compressed_sum(self, context, buffer, layout, step):
@@ -146,7 +145,7 @@ class GradientCompression(TrainingHook):
             summed = tf.add_n(decoded)
             own = tf.stack(decoded)[context.replica_id_in_sync_group]  # decoded once, reused
         if self.residual is not None:
-            self.residual.assign(buffer - own)
+            transaction.assign(self.residual, buffer - own)
         return summed
 
     def _powersgd_sum(self, context, buffer, layout):
@@ -155,10 +154,10 @@ class GradientCompression(TrainingHook):
         approx, new_qs = powersgd.exchange(matrices, [q.read_value() for q in self.qs],
                                            lambda ts: _all_reduce(context, ts))
         for q, new in zip(self.qs, new_qs):
-            q.assign(new)
+            transaction.assign(q, new)
         summed, _ = pack(approx)
         if self.residual is not None:  # what this replica's share of the sum did not carry
-            self.residual.assign(buffer - summed / context.num_replicas_in_sync)
+            transaction.assign(self.residual, buffer - summed / context.num_replicas_in_sync)
         return summed
 
     # --- statistics -----------------------------------------------------------------
@@ -190,11 +189,9 @@ def _all_gather(context, tensor):
     return tf.reshape(tf.bitcast(gathered, tensor.dtype), [replicas, -1])[:, :size]
 
 
-def _all_reduce(context, tensors, check_finite=False):
+def _all_reduce(context, tensors):
     """Sums `tensors` over replicas in one fused float32 all-reduce."""
     if not tensors:
         return []
     buffer, layout = pack(tensors)
-    if check_finite:
-        buffer = tf.debugging.assert_all_finite(buffer, NON_FINITE)
     return unpack(context.all_reduce(tf.distribute.ReduceOp.SUM, buffer), layout)

@@ -6,6 +6,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.keras.optimizer import with_gradient_pipeline
+from tfdist.keras.variables import underlying
 from tfdist.strategies.replica_state import sync_replica_state
 from tfdist.strategies.task import is_chief
 from tfdist.training.data import distribute
@@ -35,6 +36,13 @@ class Trainer:
     Attributes:
         completed_steps: training steps finished so far (exact under every strategy).
         step: an int64 variable with the step count, for hooks.
+        variables: what the optimizer updates (the trainable variables; the shards of a
+            sharded one).
+
+    A step is a transaction: if a gradient on any replica of any worker is NaN or Inf,
+    the step changes nothing — weights, optimizer state, hooks' state, the model's
+    non-trainable state (BatchNormalization statistics), the step count — on any replica,
+    and raises `tf.errors.InvalidArgumentError` saying so.
     """
 
     def __init__(self, model, optimizer, loss, strategy=None, metrics=None, hooks=()):
@@ -53,7 +61,8 @@ class Trainer:
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             self.optimizer = with_gradient_pipeline(optimizer, self.pipeline,
                                                     step=lambda: self.step)
-            self.optimizer.build(model.trainable_variables)  # builds the hooks too
+            self.variables = trained_variables(model)
+            self.optimizer.build(self.variables)  # builds the hooks too
             self.loss_tracker = keras.metrics.Mean(name="loss")
             self.metrics = [_as_metric(m) for m in metrics or []]
         model.optimizer = self.optimizer
@@ -86,16 +95,22 @@ class Trainer:
 
         def replica_step(data):
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+            state = [underlying(v) for v in model.non_trainable_variables]
+            before = [v.read_value() for v in state]  # the forward pass updates some
             with tf.GradientTape() as tape:
                 y_pred = model(x, training=True)
                 scaled = self._scaled_loss(y, y_pred, sample_weight)
-            grads = tape.gradient(scaled, model.trainable_variables)
-            self.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            grads = tape.gradient(scaled, self.variables)
+            committed = self.optimizer.apply(grads, self.variables)
+            for variable, value in zip(state, before):  # a refused step leaves no trace
+                variable.assign(tf.where(committed, variable.read_value(), value))
             self._update_metrics(scaled * strategy.num_replicas_in_sync, y, y_pred, sample_weight)
+            return committed
 
         def step_fn(data):
-            strategy.run(replica_step, args=(data,))
-            self.step.assign_add(1)
+            committed = strategy.run(replica_step, args=(data,))
+            committed = strategy.experimental_local_results(committed)[0]  # same everywhere
+            self.step.assign_add(tf.cast(committed, tf.int64))
             self.pipeline.on_step_end(self.step)
             return self._results()
 
@@ -260,6 +275,18 @@ class Trainer:
         if steps is None and self.coordinator is not None:
             raise ValueError(f"under ParameterServerStrategy, give {name}: workers read "
                              "repeated per-worker datasets, so an epoch has no natural end")
+
+
+def trained_variables(model):
+    """The variables gradients are taken for and the optimizer updates: the model's
+    trainable variables, with a `ShardedVariable` (ParameterServerStrategy with
+    `max_shards` / `min_shard_bytes`) replaced by its shards."""
+    variables = []
+    for variable in model.trainable_variables:
+        value = underlying(variable)
+        sharded = isinstance(value, tf.__internal__.distribute.ShardedVariable)
+        variables.extend(value.variables if sharded else [variable])
+    return variables
 
 
 def _update_state(metric, *args):

@@ -1,0 +1,229 @@
+"""The transactional step: a NaN or Inf gradient on one replica changes nothing anywhere.
+
+Each case trains on 2 logical CPUs: a good step, a step whose batch holds a NaN in *one*
+replica's half only (the other replica's batch is fine), then another good step. The
+refused step must raise tfdist's error and leave every replica's copy of everything a step
+can change — weights, optimizer slots and `iterations`, error-feedback residuals, PowerSGD's
+Q, local SGD's anchors, gradient accumulators, the Trainer's step and the model's
+BatchNormalization statistics — bit for bit as before it; and the run must then end exactly
+where a run that never saw the bad batch ends (an independent computation of "no trace").
+The two-process version is in test_multiworker_training.py.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tfdist.compression import build
+from tfdist.core import transaction
+from tfdist.keras.variables import underlying
+
+pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
+
+COMPRESSORS = ["none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd"]
+BATCH = 32  # 16 per replica
+
+
+def batches(nan_replica):
+    """Three global batches; the middle one has a NaN pixel in `nan_replica`'s half only."""
+    from models import images
+
+    x, y = images(3 * BATCH, seed=7)
+    x[BATCH + 16 * nan_replica + 5, 2, 3, 0] = np.nan
+    return [(x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, 3 * BATCH, BATCH)]
+
+
+def hook_variables(hooks):
+    """The state variables of tfdist's hooks (residuals, Qs, anchors)."""
+    found = []
+    for hook in hooks:
+        for inner in (hook, getattr(hook, "compression", None)):
+            if inner is not None:
+                found += [v for v in (getattr(inner, "residual", None),) if v is not None]
+                found += list(getattr(inner, "qs", []) or [])
+                found += list(getattr(inner, "anchors", None) or [])
+    return found
+
+
+def every_replica(strategy, model, hooks, extra=()):
+    """{name: value} of every replica's copy of all the state a step can change."""
+    variables = [(v.path, underlying(v)) for v in model.weights + model.optimizer.variables]
+    variables += [(f"hook/{i}", v) for i, v in enumerate(hook_variables(hooks))]
+    variables += [(f"extra/{i}", v) for i, v in enumerate(extra)]
+    state = {}
+    for name, variable in variables:
+        for replica, value in enumerate(strategy.experimental_local_results(variable)):
+            state[f"{name}@{replica}"] = np.array(value.numpy())
+    return state
+
+
+def assert_same(after, before):
+    assert after.keys() == before.keys()
+    changed = [k for k in before if not np.array_equal(after[k], before[k], equal_nan=False)]
+    assert not changed, f"changed by a refused step: {changed[:6]}"
+    for key, value in before.items():
+        assert np.all(np.isfinite(value)), key
+
+
+class Run:
+    """One model trained step by step with `fit` or the Trainer, under `strategy`."""
+
+    def __init__(self, strategy, loop, compression, error_feedback, batchnorm=False,
+                 local_sgd=None, accumulate=None):
+        from models import conv_model, loss
+
+        self.strategy, self.loop = strategy, loop
+        with strategy.scope():
+            self.model = conv_model(seed=3, batchnorm=batchnorm, dropout=0.25 if batchnorm else 0)
+            optimizer = keras.optimizers.Adam(0.01, gradient_accumulation_steps=accumulate)
+        options = dict(min_size=64, error_feedback=error_feedback)
+        self.hooks = [build(compression, **options)] if compression != "none" else []
+        if local_sgd:
+            self.hooks = [tfdist.local_sgd.ModelAverager(local_sgd, compression=compression)]
+        self.callbacks = []
+        if loop == "trainer":
+            self.trainer = tfdist.Trainer(self.model, optimizer, loss(), strategy=strategy,
+                                          hooks=self.hooks)
+            self.counters = [self.trainer.step]
+        else:
+            if not local_sgd:  # tfdist's exchange, even uncompressed
+                exchange = self.hooks[0] if self.hooks else "none"
+                optimizer = tfdist.keras.DistributedOptimizer(optimizer, exchange,
+                                                              strategy=strategy)
+            self.callbacks = [tfdist.callbacks.HookPhases()]
+            if local_sgd:
+                callback = tfdist.callbacks.LocalSGD(local_sgd, compression=compression)
+                self.hooks, self.callbacks = [callback.averager], [callback]
+            with strategy.scope():
+                self.model.compile(optimizer, loss())
+            self.counters = []
+
+    def step(self, batch):
+        x, y = batch
+        if self.loop == "trainer":
+            data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+            self.trainer.fit(data, verbose=0)
+        else:
+            self.model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False,
+                           callbacks=self.callbacks)
+
+    def state(self):
+        return every_replica(self.strategy, self.model, self.hooks, self.counters)
+
+
+def refused_then_continued(strategy, loop, compression, error_feedback, nan_replica, **kwargs):
+    """Runs good, bad (must be refused, no trace), good; returns the final state and that of
+    the same run without the bad batch."""
+    good, bad, last = batches(nan_replica)
+    run = Run(strategy, loop, compression, error_feedback, **kwargs)
+    run.step(good)
+    before = run.state()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN or Inf gradient"):
+        run.step(bad)
+    assert_same(run.state(), before)
+    run.step(last)
+    clean = Run(strategy, loop, compression, error_feedback, **kwargs)
+    clean.step(good)
+    clean.step(last)
+    return run.state(), clean.state()
+
+
+def assert_no_trace(final, clean):
+    """The run that met the bad batch ends exactly where the one that never did ends
+    (state names differ only by Keras' per-model variable paths)."""
+    assert len(final) == len(clean)
+    for (name, a), b in zip(final.items(), clean.values()):  # the same order of creation
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+@pytest.mark.parametrize("error_feedback", [False, True], ids=["plain", "ef"])
+@pytest.mark.parametrize("compression", COMPRESSORS)
+def test_fit_refuses_a_nan_on_one_replica_and_keeps_no_trace(strategies, compression,
+                                                             error_feedback):
+    if compression == "none" and error_feedback:
+        pytest.skip("nothing to feed back without compression")
+    nan_replica = COMPRESSORS.index(compression) % 2  # both replicas, across the cases
+    final, clean = refused_then_continued(strategies("mirrored"), "fit", compression,
+                                          error_feedback, nan_replica)
+    assert_no_trace(final, clean)
+
+
+@pytest.mark.parametrize("compression,error_feedback", [("none", False), ("sign", True),
+                                                        ("powersgd", True), ("randomk", True)])
+def test_trainer_refuses_a_nan_and_restores_batchnorm_statistics(strategies, compression,
+                                                                  error_feedback):
+    """The Trainer also takes back what the forward pass of the refused batch did to the
+    model's non-trainable state (BatchNormalization statistics, the dropout seed)."""
+    for nan_replica in (0, 1):
+        final, clean = refused_then_continued(strategies("mirrored"), "trainer", compression,
+                                              error_feedback, nan_replica, batchnorm=True)
+        assert_no_trace(final, clean)
+
+
+@pytest.mark.parametrize("loop", ["fit", "trainer"])
+def test_local_sgd_with_a_compressed_average_keeps_its_anchors(strategies, loop):
+    final, clean = refused_then_continued(strategies("mirrored"), loop, "int8", False, 1,
+                                          local_sgd=2)
+    assert_no_trace(final, clean)
+
+
+@pytest.mark.parametrize("loop", ["fit", "trainer"])
+def test_gradient_accumulation_keeps_its_accumulators(strategies, loop):
+    final, clean = refused_then_continued(strategies("mirrored"), loop, "none", False, 0,
+                                          accumulate=2)
+    assert_no_trace(final, clean)
+
+
+def test_central_storage_refuses_a_nan_on_one_replica(strategies):
+    final, clean = refused_then_continued(strategies("central_storage"), "fit", "none", False, 1)
+    assert_no_trace(final, clean)
+
+
+def test_an_inf_is_refused_like_a_nan(strategies):
+    strategy = strategies("mirrored")
+    good, _, _ = batches(0)
+    x, y = good[0].copy(), good[1]
+    x[20, 4, 4, 0] = np.inf  # replica 1's half
+    run = Run(strategy, "fit", "topk", True)
+    run.step(good)
+    before = run.state()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN or Inf gradient"):
+        run.step((x, y))
+    assert_same(run.state(), before)
+
+
+def test_the_decision_is_the_same_on_every_replica(strategies):
+    """One replica's non-finite gradient refuses the step on all of them; the count of
+    refusing replicas is reported to each."""
+    strategy = strategies("mirrored")
+
+    @tf.function
+    def decide(bad_replica):
+        def replica_fn():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            grad = tf.where(tf.equal(replica, bad_replica), np.float32(np.inf), 1.0)
+            decision = transaction.decide([tf.fill([3], grad), None])
+            return decision.committed, decision.refusals
+
+        return strategy.run(replica_fn)
+
+    for bad, expected in ((0, False), (1, False), (2, True)):  # 2: no replica is bad
+        committed, refusals = decide(tf.constant(bad))
+        assert [bool(c) for c in strategy.experimental_local_results(committed)] == [expected] * 2
+        assert [float(r) for r in strategy.experimental_local_results(refusals)] == \
+            [0.0 if expected else 1.0] * 2
+
+
+def test_a_hook_assignment_outside_a_step_is_plain_and_inside_a_refused_one_is_dropped():
+    variable = tf.Variable([1.0, 2.0])
+    transaction.assign(variable, [3.0, 4.0])
+    np.testing.assert_array_equal(variable.numpy(), [3.0, 4.0])
+    with transaction.active(transaction.decide([tf.constant([np.nan])])):
+        transaction.assign(variable, [np.nan, 5.0])
+    np.testing.assert_array_equal(variable.numpy(), [3.0, 4.0])
+    with transaction.active(transaction.decide([tf.constant([1.0])])):
+        transaction.assign(variable, [6.0, 7.0])
+    np.testing.assert_array_equal(variable.numpy(), [6.0, 7.0])
+    assert transaction.current() is None

@@ -1,0 +1,5 @@
+"""The step core every training loop shares (`model.fit`, `tfdist.Trainer`, your own loop)."""
+
+from tfdist.core.transaction import Decision, active, assign, current, decide, fail_if_refused
+
+__all__ = ["Decision", "active", "assign", "current", "decide", "fail_if_refused"]
