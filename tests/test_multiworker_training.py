@@ -153,6 +153,26 @@ def test_parameter_server_trainer_learns_and_counts_steps_exactly(write_config, 
     assert "[worker:1] tfdist server" in run.stdout and "[ps:0] tfdist server" in run.stdout
 
 
+@pytest.mark.parametrize("compression", [None, "fp16"])
+def test_parameter_server_shards_large_variables_over_two_ps_and_learns(write_config, tmp_path,
+                                                                        compression):
+    """max_shards / min_shard_bytes: the conv model's 864-value dense kernel (3456 bytes)
+    is split over both ps tasks; the Trainer (and the fp16 push) train it."""
+    out = tmp_path / "out"
+    extra = ("--compression", compression) if compression else ()
+    results, _ = launch(write_config, out, PS.replace("ps: 1", "ps: 2"), "--strategy",
+                        "parameter_server", "--model", "conv", "--epochs", "3",
+                        "--shard_bytes", "2048", *extra)
+    result = results["chief-0"]
+    (path, devices), = result["shards"].items()  # only the kernel is large enough
+    assert path.endswith("dense/kernel"), path
+    assert len(devices) == 2 and {d.split("/task:")[1][0] for d in devices} == {"0", "1"}, devices
+    assert all("/job:ps/" in d for d in devices), devices
+    assert result["completed_steps"] == 36 and result["step"] == 36
+    loss = result["history"]["loss"]
+    assert loss[-1] < 0.6 * loss[0], loss
+
+
 def test_killed_worker_resumes_from_backup_without_losing_an_epoch(write_config, tmp_path):
     """worker:1 is SIGKILLed mid-epoch 2; `--max-restarts 1` restarts the whole job, which
     resumes from the backup of epoch 1: every epoch runs once, the result is close to an

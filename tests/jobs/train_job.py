@@ -11,6 +11,8 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
     --accumulate K                   SGD with gradient_accumulation_steps=K
     --pause_after E1,E2              after epoch E the chief writes <out>/paused-E and waits
                                      for <out>/resume-E (for a test to kill a task meanwhile)
+    --shard_bytes N                  parameter_server: split variables over the ps tasks
+                                     (max_shards 2, min_shard_bytes N); records the shards
     --await_worker1 EPOCH            parameter_server: each training step prints "training step"
                                      on the worker that runs it; from epoch EPOCH on, a step on
                                      worker:1 writes <out>/stepped-worker-1 and a step on
@@ -55,6 +57,7 @@ def parse():
     p.add_argument("--pause_after", type=lambda text: {int(e) for e in text.split(",")},
                    default=set())
     p.add_argument("--await_worker1", type=int)
+    p.add_argument("--shard_bytes", type=int)
     return p.parse_args()
 
 
@@ -218,7 +221,8 @@ def _sleep(seconds):
 
 def main():
     args = parse()
-    strategy = tfdist.get_strategy(args.strategy)
+    options = dict(max_shards=2, min_shard_bytes=args.shard_bytes) if args.shard_bytes else {}
+    strategy = tfdist.get_strategy(args.strategy, **options)
     task_type, task_id = tfdist.strategies.task_of(strategy)
     name = f"{task_type}-{task_id}"
     dict_inputs = args.model == "dict"
@@ -280,6 +284,9 @@ def main():
                                  metrics=["sparse_categorical_accuracy"], hooks=hooks)
         history = trainer.fit(dataset_fn, epochs=args.epochs, steps_per_epoch=12, verbose=0,
                               callbacks=[c for c in callbacks if not isinstance(c, Checksums)])
+        sharded = tf.__internal__.distribute.ShardedVariable
+        result["shards"] = {v.path: [s.device for s in v.value.variables]
+                            for v in model.trainable_variables if isinstance(v.value, sharded)}
         result.update(completed_steps=trainer.completed_steps, step=int(trainer.step.numpy()),
                       loss_count=float(trainer.loss_tracker.count.numpy()),
                       optimizer_iterations=int(trainer.optimizer.iterations.numpy()))
