@@ -22,7 +22,7 @@ PS = "cluster: {chief: 1, worker: 2, ps: 1}\nstrategy: parameter_server\n"
 
 
 def launch(write_config, out, cluster, *args, expect_success=True, timeout=240,
-           launcher_args=()):
+           launcher_args=(), job=JOB):
     """Runs the job on every task; returns ({task: result}, CompletedProcess).
 
     The tasks' temporary directory is `out`/../tmp, for the test to inspect.
@@ -33,7 +33,7 @@ def launch(write_config, out, cluster, *args, expect_success=True, timeout=240,
     run = subprocess.run(
         [sys.executable, "-m", "tfdist", "launch", config, "--grace-seconds", "5",
          *launcher_args, "--",
-         sys.executable, str(JOB), "--out", str(out), *args],
+         sys.executable, str(job), "--out", str(out), *args],
         capture_output=True, text=True, timeout=timeout,
         env=dict(os.environ, TMPDIR=str(out.parent / "tmp")))
     if expect_success:
@@ -132,6 +132,30 @@ def test_batchnorm_dropout_and_dict_models_learn_on_two_workers(write_config, tm
     if loop == "fit":
         assert results["worker-0"]["predict_shape"] == [128, 3]
     for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("loop,compression", [("fit", "topk"), ("fit", "none"),
+                                               ("trainer", "powersgd")])
+def test_a_nan_on_one_worker_is_refused_on_both_and_leaves_no_trace(write_config, tmp_path,
+                                                                    loop, compression):
+    """worker:1's batch holds a NaN, worker:0's does not: both workers raise tfdist's error
+    (neither hangs), neither changes any of its state, and after one more good step both
+    hold exactly what a run that never met the bad batch holds."""
+    args = ("--loop", loop, "--compression", compression)
+    job = JOB.parent / "nan_job.py"
+    results, _ = launch(write_config, tmp_path / "bad", MWMS, *args, job=job, timeout=120)
+    clean, _ = launch(write_config, tmp_path / "clean", MWMS, *args, "--clean", job=job,
+                      timeout=120)
+    assert set(results) == {"worker-0", "worker-1"}
+    for task, result in results.items():
+        assert "NaN or Inf gradient" in result["raised"], (task, result["raised"])
+        assert "Replicas with a non-finite gradient:] [1]" in result["raised"]
+        assert len(result["state"]) > 10 and result["changed"] == [], (task, result["changed"])
+        assert result["finite"]
+        for a, b in zip(result["final"], clean[task]["final"]):
+            np.testing.assert_array_equal(a, b)
+    for a, b in zip(results["worker-0"]["final"], results["worker-1"]["final"]):
         np.testing.assert_array_equal(a, b)
 
 
