@@ -197,6 +197,21 @@ def test_parameter_server_shards_large_variables_over_two_ps_and_learns(write_co
     assert loss[-1] < 0.6 * loss[0], loss
 
 
+def test_metrics_updated_from_a_hand_written_coordinator_loop_count_every_update(write_config,
+                                                                                tmp_path):
+    """TensorFlow's parameter-server tutorial loop: 300 functions scheduled on 2 workers each
+    update a Mean and an accuracy. Through tfdist.training.update_metric all 300 count."""
+    results, run = launch(write_config, tmp_path / "out", PS, "--updates", "300",
+                          job=JOB.parent / "coordinator_metrics_job.py")
+    counted = results["chief-0"]
+    assert counted["tfdist"] == {"mean_count": 300.0, "mean_total": 300 * 301 / 2,
+                                 "accuracy_count": 300.0, "accuracy": 1.0}, counted
+    # Keras' own update_state is a read-modify-write: concurrent workers may lose updates
+    # (191 of 300 measured); it never counts more.
+    assert counted["keras"]["mean_count"] <= 300.0
+    print("keras update_state counted", counted["keras"])
+
+
 def test_killed_worker_resumes_from_backup_without_losing_an_epoch(write_config, tmp_path):
     """worker:1 is SIGKILLed mid-epoch 2; `--max-restarts 1` restarts the whole job, which
     resumes from the backup of epoch 1: every epoch runs once, the result is close to an

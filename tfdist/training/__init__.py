@@ -2,7 +2,7 @@
 
 from tfdist.training.hooks import GradientPipeline, TrainingHook
 
-__all__ = ["GradientPipeline", "Trainer", "TrainingHook"]
+__all__ = ["GradientPipeline", "Trainer", "TrainingHook", "update_metric"]
 
 
 def __getattr__(name):
@@ -11,4 +11,8 @@ def __getattr__(name):
         from tfdist.training.trainer import Trainer
 
         return Trainer
+    if name == "update_metric":
+        from tfdist.training.metrics import update_metric
+
+        return update_metric
     raise AttributeError(f"module 'tfdist.training' has no attribute {name!r}")

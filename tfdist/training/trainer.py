@@ -10,6 +10,7 @@ from tfdist.keras.variables import underlying
 from tfdist.strategies.replica_state import sync_replica_state
 from tfdist.strategies.task import is_chief
 from tfdist.training.data import distribute
+from tfdist.training.metrics import update_metric
 from tfdist.training.hooks import GradientPipeline
 
 
@@ -85,7 +86,7 @@ class Trainer:
         return loss
 
     def _update_metrics(self, loss, y, y_pred, sample_weight):
-        update = _add_increment if self.coordinator is not None else _update_state
+        update = update_metric if self.coordinator is not None else _update_state
         update(self.loss_tracker, loss)
         for metric in self.metrics:
             update(metric, y, y_pred, sample_weight)
@@ -291,20 +292,6 @@ def trained_variables(model):
 
 def _update_state(metric, *args):
     metric.update_state(*args)
-
-
-def _add_increment(metric, *args):
-    """Updates `metric` by an atomic `assign_add` of its increment.
-
-    Under ParameterServerStrategy, workers update the metric variables on the parameter
-    servers concurrently; Keras 3 implements `assign_add` as ``assign(read + delta)``, so
-    concurrent updates would be lost. The increment is the metric's update applied to a
-    zero state (exact for additive state: every Keras streaming metric keeps sums).
-    """
-    zeros = [tf.zeros(v.shape, v.dtype) for v in metric.variables]
-    increments = metric.stateless_update_state(zeros, *args)
-    for variable, increment in zip(metric.variables, increments):
-        variable.value.assign_add(increment)
 
 
 class _FunctionLoss(keras.losses.Loss):
