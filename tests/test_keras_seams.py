@@ -124,3 +124,30 @@ def test_seams_of_local_sgd_and_phases_are_still_there():
         assert name in inspect.getsource(keras.src.optimizers.base_optimizer), name
     fit_source = inspect.getsource(keras_tf_trainer.TensorFlowTrainer.fit)
     assert "self.train_function(iterator)" in fit_source
+
+
+def test_keras_loads_a_registered_name_first_else_the_keras_class_which_ignores_decay():
+    """tfdist/keras/saving.py saves a routed optimizer as its Keras class (`module`,
+    `class_name`) under the registered name "tfdist>DistributedOptimizer", with tfdist's
+    settings in the config key `decay`. Keras must look the registered name up first (where
+    tfdist is imported it finds tfdist's loader), else import the Keras `module` (a
+    process without tfdist), whose optimizer accepts `decay` and ignores it with a warning.
+    """
+    from tfdist.keras import saving
+
+    optimizer = tfdist.keras.with_gradient_pipeline(keras.optimizers.SGD(0.5), GradientPipeline())
+    config = keras.saving.serialize_keras_object(optimizer)
+    assert (config["module"], config["class_name"]) == ("keras.src.optimizers.sgd", "SGD")
+    assert config["registered_name"] == saving.NAME and saving.KEY in config["config"]["decay"]
+    assert keras.saving.get_registered_object(saving.NAME) is saving.Loader
+    routed = keras.saving.deserialize_keras_object(config)
+    assert routed._tfdist_routed and routed._tfdist_pipeline is not None
+    registry = keras.saving.get_custom_objects()
+    registry.pop(saving.NAME)
+    try:  # as in a process that never imported tfdist
+        with pytest.warns(UserWarning, match="Argument `decay` is no longer supported and will "
+                                             "be ignored"):
+            plain = keras.saving.deserialize_keras_object(config)
+    finally:
+        registry[saving.NAME] = saving.Loader
+    assert type(plain) is keras.optimizers.SGD and plain.learning_rate == 0.5

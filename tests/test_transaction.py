@@ -150,6 +150,28 @@ def test_fit_refuses_a_nan_on_one_replica_and_keeps_no_trace(strategies, compres
     assert_no_trace(final, clean)
 
 
+@pytest.mark.parametrize("loop", ["fit", "trainer"])
+def test_twenty_refused_steps_in_a_row_each_leave_every_replica_as_it_was(strategies, loop):
+    """The race the old per-replica check lost: the NaN alternates between the replicas,
+    20 times, between good steps; every refusal is checked on every replica's copy."""
+    from models import images
+
+    strategy = strategies("mirrored")
+    run = Run(strategy, loop, "randomk", True)
+    clean = Run(strategy, loop, "randomk", True)
+    for attempt in range(20):
+        x, y = images(BATCH, seed=attempt)
+        run.step((x, y))
+        clean.step((x, y))
+        before = run.state()
+        bad = x.copy()
+        bad[16 * (attempt % 2) + attempt % 16, 1, 1, 0] = np.nan
+        with pytest.raises(tf.errors.InvalidArgumentError, match="NaN or Inf gradient"):
+            run.step((bad, y))
+        assert_same(run.state(), before)
+    assert_no_trace(run.state(), clean.state())
+
+
 @pytest.mark.parametrize("compression,error_feedback", [("none", False), ("sign", True),
                                                         ("powersgd", True), ("randomk", True)])
 def test_trainer_refuses_a_nan_and_restores_batchnorm_statistics(strategies, compression,

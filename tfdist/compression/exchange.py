@@ -55,6 +55,35 @@ class GradientCompression(TrainingHook):
         self.compressing = step >= self.start_step
         return self.compressing
 
+    def get_config(self):
+        """The options that rebuild this hook with `tfdist.compression.build(**config)`
+        (saved with a Keras model by `tfdist.keras.DistributedOptimizer`).
+
+        Returns:
+            A dict of name, the compressor's ratio, rank or levels (if it has one),
+            error_feedback, start_step, min_size and seed.
+
+        Raises:
+            ValueError: `build` would not make this compressor from those options (a
+                compressor class of your own, or one made with other arguments).
+        """
+        from tfdist.compression.factory import build  # the factory builds on this module
+
+        params = {k: getattr(self.compressor, k) for k in ("ratio", "rank", "levels")
+                  if hasattr(self.compressor, k)}
+        config = {"name": self.compressor.name, **params,
+                  "error_feedback": bool(self.error_feedback), "start_step": self.start_step,
+                  "min_size": self.min_size, "seed": self.seed}
+        try:
+            rebuilt = build(**config).compressor
+        except (KeyError, ValueError):
+            rebuilt = None
+        if type(rebuilt) is not type(self.compressor) or vars(rebuilt) != vars(self.compressor):
+            raise ValueError("this compression cannot be described by build()'s options, so "
+                             "it cannot be saved with the model; use a compressor by name. "
+                             f"Received: compressor={self.compressor!r}, config={config}")
+        return config
+
     # --- state ----------------------------------------------------------------------
 
     PUSH_COMPRESSORS = ("none", "fp16", "bf16", "int8")

@@ -38,7 +38,9 @@ def build(compression="none", **options):
         compression = {k: v for k, v in vars(compression).items() if v is not None}
     if isinstance(compression, str):
         compression = {"name": compression}
-    spec = compression_from_dict({**compression, **options})
+    compression = {**compression, **options}
+    seed = compression.pop("seed", seed)  # a saved hook's config (`get_config`) has one
+    spec = compression_from_dict(compression)
     compressor = compressor_by_name(spec.name, ratio=spec.ratio, rank=spec.rank,
                                     levels=spec.levels, error_feedback=spec.error_feedback)
     return GradientCompression(compressor, error_feedback=spec.error_feedback,

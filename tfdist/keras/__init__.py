@@ -1,8 +1,8 @@
 """Thin Keras 3 adapters over tfdist's core: the optimizer seam and callbacks."""
 
-from tfdist.keras.optimizer import with_gradient_pipeline
+from tfdist.keras.optimizer import phased_step, with_gradient_pipeline
 
-__all__ = ["DistributedOptimizer", "with_gradient_pipeline"]
+__all__ = ["DistributedOptimizer", "phased_step", "with_gradient_pipeline"]
 
 
 def __getattr__(name):

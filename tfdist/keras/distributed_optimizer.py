@@ -21,6 +21,8 @@ def DistributedOptimizer(optimizer, compression="none", strategy=None, **options
 
     With `start_step > 0`, add `tfdist.callbacks.HookPhases()` to fit's callbacks (the
     first step says so if it is missing); `tfdist.callbacks.CommStats()` logs the bytes.
+    `model.save("m.keras")` keeps the compression: `keras.models.load_model` under the
+    strategy's scope restores it (`tfdist.keras.saving`).
 
     Args:
         optimizer: a Keras 3 optimizer (instance or name), not yet built.

@@ -24,8 +24,9 @@ import keras
 import tensorflow as tf
 
 from tfdist.core import transaction
+from tfdist.keras import saving
 from tfdist.keras.variables import underlying
-from tfdist.training.hooks import GradientPipeline, TrainingHook
+from tfdist.training.hooks import GradientPipeline, PhasedFunction, TrainingHook
 
 #: Keras methods the routed subclass overrides, and those it calls (all must exist).
 OVERRIDDEN = ("apply", "_backend_apply_gradients", "_backend_update_step", "build")
@@ -45,8 +46,9 @@ def with_gradient_pipeline(optimizer, pipeline, step=None):
             defaults to the optimizer's own `iterations`.
 
     Returns:
-        A new optimizer of a subclass of `type(optimizer)` (same name, same config, so a
-        saved model loads it as the original class). Create it under the strategy scope;
+        A new optimizer of a subclass of `type(optimizer)` (same name and options; a saved
+        model loads it routed again where tfdist is imported, and as the original class
+        elsewhere — see `tfdist.keras.saving`). Create it under the strategy scope;
         building it (Keras does, before training) also builds the pipeline's hooks.
 
     Raises:
@@ -94,6 +96,41 @@ def before_read(model):
         pipeline.before_read(model)
 
 
+def phased_step(fn, optimizer):
+    """`tf.function(fn)` for your own training loop, traced once per phase of the
+    optimizer's exchange: with a delayed start (`start_step`), the step exchanges
+    uncompressed gradients first and compressed ones from `start_step` on, and
+    collectives cannot be switched inside one compiled step. `model.fit` (with
+    `tfdist.callbacks.HookPhases`) and `tfdist.Trainer` do this for you.
+
+        step = tfdist.keras.phased_step(
+            lambda x, y: strategy.run(train_step, args=(x, y)), optimizer)
+        for x, y in distributed_dataset:
+            step(x, y)
+
+    Args:
+        fn: the Python step function (it calls `strategy.run`).
+        optimizer: the optimizer `fn` applies gradients with, routed through tfdist
+            (`DistributedOptimizer`); its `iterations` says which phase a call is in.
+
+    Returns:
+        A callable with the signature of `fn`.
+
+    Raises:
+        ValueError: the optimizer does not exchange through tfdist.
+    """
+    pipeline = getattr(optimizer, "_tfdist_pipeline", None)
+    if pipeline is None:
+        raise ValueError("phased_step needs an optimizer that exchanges through tfdist, e.g. "
+                         f"tfdist.keras.DistributedOptimizer(...). Received: {optimizer}")
+    functions = PhasedFunction(lambda: tf.function(fn), pipeline)
+
+    def step(*args, **kwargs):
+        return functions.for_step(int(optimizer.iterations.numpy()))(*args, **kwargs)
+
+    return step
+
+
 def routed_class(base):
     """The subclass of optimizer class `base` with tfdist's seams (one per class)."""
     if getattr(base, "_tfdist_routed", False):
@@ -106,8 +143,9 @@ def routed_class(base):
         _ROUTED[base] = type(base.__name__, (base,), {
             "apply": _apply, "build": _build, "_backend_apply_gradients": _apply_gradients,
             "_backend_update_step": _update_step, "_tfdist_update_variables": _update_variables,
-            "_tfdist_routed": True,
+            "get_config": saving.get_config, "_tfdist_routed": True,
             "__module__": base.__module__, "__qualname__": base.__qualname__})
+        saving.register(_ROUTED[base])
     return _ROUTED[base]
 
 
@@ -153,6 +191,12 @@ def _apply(self, grads, trainable_variables=None):
     Raises (when the step runs): InvalidArgumentError if a gradient on any replica of any
     worker is NaN or Inf — after the step has left every replica's state as it was.
     """
+    if not self.built and tf.distribute.has_strategy() and tf.distribute.get_replica_context():
+        raise ValueError(
+            "build the optimizer before the first `strategy.run`: its slots and the exchange's "
+            "state must be created under the strategy's scope, not inside a replica. Call "
+            "`optimizer.build(model.trainable_variables)` in `with strategy.scope():` "
+            f"(model.fit and tfdist.Trainer do it for you). Received: optimizer={self.name}")
     decision = transaction.decide(list(grads))
     with transaction.active(decision):
         _base(self).apply(self, grads, trainable_variables)

@@ -160,6 +160,30 @@ class GradientPipeline:
             raise RuntimeError(
                 f"{', '.join(phased)} changes phase during training (e.g. compression from "
                 "start_step on), which needs the train step traced again: with model.fit add "
-                "tfdist.callbacks.HookPhases() to the callbacks; in your own loop call "
-                "pipeline.enter_phase(step) before each step and retrace when it returns "
-                "True (tfdist.Trainer does both)")
+                "tfdist.callbacks.HookPhases() to the callbacks; in your own loop compile the "
+                "step with tfdist.keras.phased_step(fn, optimizer) instead of tf.function "
+                "(tfdist.Trainer does it itself)")
+
+
+class PhasedFunction:
+    """A compiled step traced once per phase of a pipeline's hooks; `for_step` gives the
+    one for a step. Collectives cannot be switched inside a compiled step (see
+    `TrainingHook.phase`), so a step whose exchange changes during training (delayed start,
+    local-SGD warm-up, gradient accumulation) is traced once for each phase.
+
+    Args:
+        make: a zero-argument callable returning a new compiled step (once per phase).
+        pipeline: the `GradientPipeline` whose hooks' phases select the step.
+    """
+
+    def __init__(self, make, pipeline):
+        self.make, self.pipeline = make, pipeline
+        self._functions = {}  # hooks' phases -> the step traced for them
+
+    def for_step(self, step):
+        """The compiled step for Python step `step` (sets every hook's phase first)."""
+        self.pipeline.enter_phase(step)
+        key = self.pipeline.phases
+        if key not in self._functions:
+            self._functions[key] = self.make()
+        return self._functions[key]

@@ -11,7 +11,7 @@ from tfdist.strategies.replica_state import sync_replica_state
 from tfdist.strategies.task import is_chief
 from tfdist.training.data import distribute
 from tfdist.training.metrics import update_metric
-from tfdist.training.hooks import GradientPipeline
+from tfdist.training.hooks import GradientPipeline, PhasedFunction
 
 
 class Trainer:
@@ -68,7 +68,7 @@ class Trainer:
             self.metrics = [_as_metric(m) for m in metrics or []]
         model.optimizer = self.optimizer
         self.completed_steps = 0
-        self._train_functions = {}  # hooks' phases -> the step traced for them
+        self._train_functions = PhasedFunction(self._make_train_function, self.pipeline)
         self._test_function = self._make_test_function()
 
     # --- the compiled steps -----------------------------------------------------------
@@ -249,11 +249,7 @@ class Trainer:
 
     def _train_function_for_step(self, done_this_epoch):
         """The step function traced for the hooks' phases at this step (one per phase)."""
-        self.pipeline.enter_phase(self._update_steps(done_this_epoch))
-        key = self.pipeline.phases
-        if key not in self._train_functions:
-            self._train_functions[key] = self._make_train_function()
-        return self._train_functions[key]
+        return self._train_functions.for_step(self._update_steps(done_this_epoch))
 
     # --- helpers ----------------------------------------------------------------------
 

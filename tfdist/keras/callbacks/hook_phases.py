@@ -2,6 +2,8 @@
 
 import keras
 
+from tfdist.training.hooks import PhasedFunction
+
 
 class HookPhases(keras.callbacks.Callback):
     """Gives Keras' train step the version traced for the hooks' current phase.
@@ -15,18 +17,20 @@ class HookPhases(keras.callbacks.Callback):
 
     def __init__(self):
         super().__init__()
-        self._functions = {}
+        self._functions = None
 
     def on_train_begin(self, logs=None):
-        self._functions = {}  # Keras traced a new step for this fit
+        self._functions = None  # Keras traced a new step for this fit
 
     def on_train_batch_begin(self, batch, logs=None):
         pipeline = getattr(self.model.optimizer, "_tfdist_pipeline", None)
         if pipeline is None:
             return
-        pipeline.enter_phase(int(self.model.optimizer.iterations.numpy()))
-        key = pipeline.phases
-        if key not in self._functions:
-            self.model.make_train_function(force=True)
-            self._functions[key] = self.model.train_function
-        self.model.train_function = self._functions[key]  # read by fit at every step
+        if self._functions is None:
+            self._functions = PhasedFunction(self._make_train_function, pipeline)
+        step = int(self.model.optimizer.iterations.numpy())
+        self.model.train_function = self._functions.for_step(step)  # read by fit at every step
+
+    def _make_train_function(self):
+        self.model.make_train_function(force=True)
+        return self.model.train_function

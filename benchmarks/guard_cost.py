@@ -1,0 +1,168 @@
+"""What the transactional step costs: the UNet step on 2 worker processes with and without it.
+
+A step is a transaction (`tfdist.core.transaction`): one scalar all-reduce decides whether
+it commits, and every update is conditional on it. Each worker holds two copies of the
+UNet (same initial weights) under one MultiWorkerMirroredStrategy and trains them in
+alternating blocks of steps with TensorFlow tutorial's custom loop
+(`plain_tf_distribute.train_step`): once with plain `keras.optimizers.Adam` (Keras' own
+all-reduce, no guard) and once with the same optimizer routed through tfdist with an empty
+pipeline (the same all-reduce, plus the guard: finiteness checks, the flag's all-reduce,
+the conditional updates). Alternating blocks in the same processes cancel this 2-core
+machine's run-to-run spread. It also times the decision alone (finiteness checks of the
+UNet's gradients and the scalar all-reduce) in a compiled function of its own.
+
+    python benchmarks/guard_cost.py [--pairs 6 --block 8]
+
+runs the 2 workers with `tfdist launch` (one core each) and writes
+`benchmarks/results/guard_cost.{json,md,png}`.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+import types
+
+HERE = pathlib.Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+
+def worker(args):
+    """One worker's part (under TF_CONFIG): alternating blocks; the first writes the json."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import plain_tf_distribute as plain  # puts the UNet example on sys.path
+    from model import unet
+
+    import tfdist
+    from tfdist.core import transaction
+
+    strategy = tfdist.get_strategy("multi_worker_mirrored", communication="ring")
+    train = types.SimpleNamespace(dataset="synthetic", seed=0, image_size=32,
+                                  num_examples=4096, batch_size=32)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    steps = {}
+    for name in ("no guard (plain Keras)", "transactional (tfdist)"):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            model = unet(32, 4, 16, 3, 0.1)
+            optimizer = keras.optimizers.Adam(0.003)
+            if name.startswith("transactional"):
+                optimizer = tfdist.keras.with_gradient_pipeline(
+                    optimizer, tfdist.training.GradientPipeline())
+            optimizer.build(model.trainable_variables)
+        steps[name] = plain.train_step(strategy, model, optimizer, loss_fn, train)
+    grads = [tf.ones(v.shape) for v in model.trainable_variables]
+
+    @tf.function
+    def decide():
+        return strategy.run(lambda: transaction.decide(grads).refusals)
+
+    def block(name):
+        seconds = []
+        for _ in range(args.block):
+            began = time.perf_counter()
+            if name == "decision alone":
+                float(strategy.experimental_local_results(decide())[0])
+            else:
+                step, iterator = steps[name]
+                float(step(next(iterator)))
+            seconds.append(time.perf_counter() - began)
+        return float(np.median(seconds))
+
+    names = [*steps, "decision alone"]
+    for name in names:
+        block(name)  # traced: not measured
+    blocks = {name: [] for name in names}
+    for _ in range(args.pairs):
+        for name in names:
+            blocks[name].append(block(name))
+    if strategy.cluster_resolver.task_id == 0:
+        with open(args.out, "w") as f:
+            json.dump({"block_steps": args.block, "block_median_seconds": blocks}, f)
+
+
+def drive(args):
+    """Launches the 2 workers, then writes the results and the plot."""
+    with tempfile.TemporaryDirectory() as tmp:
+        config, out = pathlib.Path(tmp, "job.yaml"), pathlib.Path(tmp, "guard.json")
+        config.write_text("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
+        one_core = ["env", "TF_NUM_INTRAOP_THREADS=1", "TF_NUM_INTEROP_THREADS=2"]
+        subprocess.run([sys.executable, "-m", "tfdist", "launch", str(config), "--",
+                        *one_core, sys.executable, __file__, "--worker", "--out", str(out),
+                        "--pairs", str(args.pairs), "--block", str(args.block)],
+                       check=True, cwd=HERE)
+        raw = json.loads(out.read_text())
+    report(raw)
+
+
+def report(raw):
+    import numpy as np
+
+    blocks = raw["block_median_seconds"]
+    median = {name: float(np.median(values)) for name, values in blocks.items()}
+    plain, guarded = median["no guard (plain Keras)"], median["transactional (tfdist)"]
+    pairs = [g / p - 1 for p, g in zip(blocks["no guard (plain Keras)"],
+                                       blocks["transactional (tfdist)"])]
+    summary = {"step_seconds": median, "overhead_median": float(np.median(pairs)),
+               "overhead_per_pair": pairs,
+               "decision_share_of_step": median["decision alone"] / plain, **raw}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "guard_cost.json").write_text(json.dumps(summary, indent=1))
+    lines = ["# Cost of the transactional step (NaN guard)", "",
+             f"UNet (32x32, batch 16 per worker), 2 worker processes, one core each; "
+             f"{len(pairs)} alternating pairs of {raw['block_steps']}-step blocks "
+             "(`benchmarks/guard_cost.py`).", "",
+             "| | median step time |", "|---|---|"]
+    lines += [f"| {name} | {seconds * 1e3:.1f} ms |" for name, seconds in median.items()]
+    lines += ["", f"Transactional against plain Keras: {summary['overhead_median']:+.1%} (median "
+              f"of the pairs; single pairs {min(pairs):+.1%} to {max(pairs):+.1%}). The "
+              f"decision alone (finiteness checks + one scalar all-reduce, dispatched as a "
+              f"function of its own) takes {summary['decision_share_of_step']:.1%} of a plain "
+              "step."]
+    (RESULTS / "guard_cost.md").write_text("\n".join(lines) + "\n")
+    plot(blocks)
+    print("\n".join(lines))
+
+
+def plot(blocks):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for name, values in blocks.items():
+        ax.plot(range(1, len(values) + 1), [v * 1e3 for v in values], "o-", label=name)
+    ax.set_xlabel("block pair")
+    ax.set_ylabel("median step time (ms)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.set_title("UNet step, 2 workers: with and without the transactional step", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "guard_cost.png", dpi=120)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, default=6, help="measured blocks per variant")
+    parser.add_argument("--block", type=int, default=8, help="steps per block")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        sys.path.insert(0, str(HERE))
+        worker(args)
+    else:
+        drive(args)
+
+
+if __name__ == "__main__":
+    main()
