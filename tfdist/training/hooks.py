@@ -180,6 +180,10 @@ class PhasedFunction:
         self.make, self.pipeline = make, pipeline
         self._functions = {}  # hooks' phases -> the step traced for them
 
+    def __contains__(self, function):
+        """Whether `function` is one of the steps traced here."""
+        return any(function is f for f in self._functions.values())
+
     def for_step(self, step):
         """The compiled step for Python step `step` (sets every hook's phase first)."""
         self.pipeline.enter_phase(step)

@@ -20,7 +20,8 @@ class HookPhases(keras.callbacks.Callback):
         self._functions = None
 
     def on_train_begin(self, logs=None):
-        self._functions = None  # Keras traced a new step for this fit
+        if self._functions is not None and self.model.train_function not in self._functions:
+            self._functions = None  # compiled again: Keras made a new step for this fit
 
     def on_train_batch_begin(self, batch, logs=None):
         pipeline = getattr(self.model.optimizer, "_tfdist_pipeline", None)
