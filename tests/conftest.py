@@ -32,8 +32,8 @@ def two_cpus():
 def strategies(two_cpus):
     """strategies(name) -> one shared strategy per name for the whole session.
 
-    Several strategies with collective ops in one process can reuse each other's
-    collective keys ("Shape mismatch in the collective instance"), so tests share them.
+    Shared for speed only: tfdist's mirrored strategies take fresh collective keys per
+    instance, so a new one per test works too (tests/test_strategy_lifetimes.py).
     """
     from tfdist.strategies import get_strategy
 

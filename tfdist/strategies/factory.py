@@ -12,6 +12,7 @@ from tfdist.config.schema import Config, StrategyConfig
 from tfdist.strategies.central_storage import CentralStorageStrategy
 from tfdist.strategies.devices import default_compute_devices, ensure_logical_cpus
 from tfdist.strategies.errors import StrategyError
+from tfdist.strategies.mirrored import MirroredStrategy
 from tfdist.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from tfdist.strategies.parameter_server import ParameterServerStrategy
 
@@ -37,8 +38,9 @@ def get_strategy(name_or_config="default", **options):
             config, they override its options.
 
     Returns:
-        A `tf.distribute.Strategy`; for multi_worker_mirrored, central_storage and
-        parameter_server, tfdist's subclass that fixes Keras 3 (see each class).
+        A `tf.distribute.Strategy`; for mirrored, multi_worker_mirrored,
+        central_storage and parameter_server, tfdist's subclass of TF's class (see
+        each class for what it fixes).
         The cluster comes from TF_CONFIG, as `tfdist launch` writes it.
 
     Raises:
@@ -84,7 +86,7 @@ def _mirrored(options):
         "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
         "reduce_to_one": tf.distribute.ReductionToOneDevice,
     }[options.get("cross_device_ops", "auto")]
-    return tf.distribute.MirroredStrategy(
+    return MirroredStrategy(
         devices=devices, cross_device_ops=cross_device_ops() if cross_device_ops else None)
 
 

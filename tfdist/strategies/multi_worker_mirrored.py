@@ -3,6 +3,11 @@
 import collections
 
 import tensorflow as tf
+from tensorflow.python.eager import context  # the coordination-service barrier
+
+from tfdist.strategies.collective_keys import next_key_base
+
+BARRIER_SECONDS = 3600
 
 
 class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
@@ -20,11 +25,29 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     scalars as a reduction over replicas only (``axis=None``), the only meaning it can
     have. Every other call is TF's own. `keras_fixes` counts each fix applied, so a test
     notices if Keras stops making these calls.
+
+    A new strategy per run in one process works too (TF's class fails, measured):
+
+    - Each instance takes a fresh collective key range, like tfdist's
+      `MirroredStrategy`. TF's instances all start from the same keys, so on one
+      machine with several devices the second one's first all-reduce of another shape
+      fails ("Shape mismatch in the collective instance 100"). Across workers the keys
+      must agree. They do: each worker counts its own strategies, and every worker
+      creates its MultiWorkerMirroredStrategy instances in the same order (it runs the
+      same script).
+    - With several workers, each new strategy re-enables the process's collective ops,
+      which resets them. A worker that reached its first collective while a peer was
+      still resetting failed ("Shape mismatch", 5 of 8 two-worker jobs, TF's keys) or
+      hung (8 of 18, fresh keys). So the workers meet at a barrier of TF's coordination
+      service once each has built the strategy (then 26 of 26 jobs passed, 10 of them
+      with TF's keys: the barrier alone fixes this case).
     """
 
     def __init__(self, *args, **kwargs):
+        self._collective_key_base = next_key_base("multi_worker_mirrored")
         super().__init__(*args, **kwargs)
         self.keras_fixes = collections.Counter()
+        _wait_for_peers(self)
 
     def reduce(self, reduce_op, value, axis):
         if tf.nest.is_nested(value):
@@ -34,6 +57,19 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             self.keras_fixes["scalar_axis"] += 1
             axis = None
         return super().reduce(reduce_op, value, axis)
+
+
+def _wait_for_peers(strategy):
+    """Blocks until every chief and worker task has built its `strategy` (same keys).
+
+    A no-op outside a cluster and for tasks TF's coordination service does not
+    coordinate (the evaluator).
+    """
+    task_type = strategy.cluster_resolver.task_type
+    if task_type not in ("chief", "worker") or context.context().coordination_service is None:
+        return
+    barrier_id = f"tfdist/multi_worker_mirrored/{strategy._collective_key_base}"
+    context.context().wait_at_barrier(barrier_id, BARRIER_SECONDS * 1000)
 
 
 def _rank(strategy, value):
