@@ -219,8 +219,9 @@ def _all_gather(context, tensor):
 
 
 def _all_reduce(context, tensors):
-    """Sums `tensors` over replicas in one fused float32 all-reduce."""
+    """Sums `tensors` over replicas in one fused float32 all-reduce (which carries the
+    step's finiteness verdict if nothing did before)."""
     if not tensors:
         return []
     buffer, layout = pack(tensors)
-    return unpack(context.all_reduce(tf.distribute.ReduceOp.SUM, buffer), layout)
+    return unpack(transaction.all_reduce_sum(context, [buffer])[0], layout)

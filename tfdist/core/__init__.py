@@ -1,5 +1,7 @@
 """The step core every training loop shares (`model.fit`, `tfdist.Trainer`, your own loop)."""
 
-from tfdist.core.transaction import Decision, active, assign, current, decide, fail_if_refused
+from tfdist.core.transaction import (Decision, active, all_reduce_sum, assign, current, decide,
+                                     fail_if_refused)
 
-__all__ = ["Decision", "active", "assign", "current", "decide", "fail_if_refused"]
+__all__ = ["Decision", "active", "all_reduce_sum", "assign", "current", "decide",
+           "fail_if_refused"]

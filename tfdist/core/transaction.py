@@ -5,8 +5,10 @@ error-feedback residuals, PowerSGD's Q, gradient accumulators, step counters —
 replica of every worker, and the replicas run their parts in no fixed order. If any
 replica's gradient is not finite, none of that may change, anywhere. A replica's own check
 cannot decide it (its batch may be fine while another's is not), so the decision is made
-once, before any state changes: every replica adds "my gradients are not finite" to one
-scalar all-reduce (`decide`), whose sum is the same on every replica and worker. Every
+once, before any state changes: every replica adds "my gradients are not finite" to an
+all-reduce (`decide`; the step's first gradient all-reduce carries it, see
+`all_reduce_sum`, else one scalar all-reduce of its own), whose sum is the same on every
+replica and worker. Every
 assignment of the step is conditional on it (`assign`, `Decision.gate`, `Decision.cond`),
 so a refused step changes nothing whether or not a replica's ops have run. The step fails
 only after that (`fail_if_refused`), once the step's collectives are done, on every worker
@@ -32,16 +34,42 @@ class Decision:
     """One step's verdict, as seen by one replica.
 
     Attributes:
+        local: float32 scalar, 1.0 if this replica's gradients are not all finite.
         refusals: float32 scalar, how many replicas had a non-finite gradient (the same on
-            every replica and worker).
+            every replica and worker); settled on first use (see `settle`).
         committed: bool scalar, True when the step may change state.
         done: tensors the failure of a refused step must wait for (the step's collectives).
     """
 
-    def __init__(self, refusals):
-        self.refusals = refusals
-        self.committed = tf.equal(refusals, 0.0)
+    def __init__(self, local, replicated):
+        self.local = local
+        self._refusals = None if replicated else local
+        self._committed = None
         self.done = []
+
+    @property
+    def settled(self):
+        return self._refusals is not None
+
+    def settle(self, refusals=None):
+        """Sets `refusals` from an all-reduce that carried `local` (see `all_reduce_sum`),
+        or, called without it, all-reduces `local` by itself if nothing carried it yet."""
+        if refusals is not None:
+            self._refusals = refusals
+        elif self._refusals is None:
+            context = tf.distribute.get_replica_context()
+            self._refusals = context.all_reduce(tf.distribute.ReduceOp.SUM, self.local)
+        return self._refusals
+
+    @property
+    def refusals(self):
+        return self.settle()
+
+    @property
+    def committed(self):
+        if self._committed is None:
+            self._committed = tf.equal(self.refusals, 0.0)
+        return self._committed
 
     def gate(self, new, old):
         """`new` if the step is committed, else `old` (elementwise, NaN-safe)."""
@@ -59,16 +87,28 @@ class Decision:
 def decide(grads):
     """The step's `Decision` from this replica's gradients (None entries are skipped).
 
-    In replica context, one scalar all-reduce over the replicas in sync; elsewhere (one
-    replica, cross-replica context, no strategy) the local check is the decision.
+    In replica context with several replicas, the verdict needs the other replicas' flags:
+    the step's first all-reduce carries them (`all_reduce_sum`), or one scalar all-reduce
+    of its own when the step has none before it needs the verdict. Elsewhere (one replica,
+    cross-replica context, no strategy) the local check is the verdict.
     """
     checks = [tf.reduce_all(tf.math.is_finite(_values(g))) for g in grads if g is not None]
     finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
-    refusals = 1.0 - tf.cast(finite, tf.float32)
     context = tf.distribute.get_replica_context()
-    if context is not None and context.num_replicas_in_sync > 1:
-        refusals = context.all_reduce(tf.distribute.ReduceOp.SUM, refusals)
-    return Decision(refusals)
+    replicated = context is not None and context.num_replicas_in_sync > 1
+    return Decision(1.0 - tf.cast(finite, tf.float32), replicated)
+
+
+def all_reduce_sum(context, tensors):
+    """`context.all_reduce(SUM, tensors)`, carrying the current step's verdict too if it is
+    not settled yet: one collective for both."""
+    decision = current()
+    if decision is None or decision.settled or not tensors:
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, list(tensors))
+    *summed, refusals = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                           [*tensors, decision.local])
+    decision.settle(refusals)
+    return summed
 
 
 @contextlib.contextmanager

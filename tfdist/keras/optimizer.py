@@ -274,6 +274,7 @@ def _update_step(self, grads, trainable_variables, learning_rate):
         self._tfdist_pipeline.check_phases_driven()
         step = self._tfdist_step() if self._tfdist_step else self.iterations
         grads_and_vars = self._tfdist_pipeline(grads_and_vars, tf.cast(step, tf.int64))
+        decision.settle()  # if the exchange did not carry the verdict (local SGD), now
         decision.done += [g for g, _ in grads_and_vars if g is not None]
     tf.__internal__.distribute.interim.maybe_merge_call(
         self._tfdist_update_variables, self._distribution_strategy, grads_and_vars,

@@ -21,6 +21,8 @@ the model in `after_step` and `before_read`. The same `GradientPipeline` runs in
 
 import tensorflow as tf
 
+from tfdist.core import transaction
+
 
 class TrainingHook:
     """Base class of a training-step plug-in; override only what you need.
@@ -70,10 +72,11 @@ class TrainingHook:
 
 
 def all_reduce_sum(grads):
-    """The exchange Keras 3 performs: a SUM all-reduce over the replicas in sync."""
+    """The exchange Keras 3 performs: a SUM all-reduce over the replicas in sync (which
+    also carries the step's finiteness verdict, `tfdist.core.transaction`)."""
     if not grads:
         return []
-    return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+    return transaction.all_reduce_sum(tf.distribute.get_replica_context(), grads)
 
 
 class GradientPipeline:
