@@ -103,8 +103,7 @@ class Trainer:
                 scaled = self._scaled_loss(y, y_pred, sample_weight)
             grads = tape.gradient(scaled, self.variables)
             committed = self.optimizer.apply(grads, self.variables)
-            for variable, value in zip(state, before):  # a refused step leaves no trace
-                variable.assign(tf.where(committed, variable.read_value(), value))
+            self._take_back_if_refused(committed, state, before)
             self._update_metrics(scaled * strategy.num_replicas_in_sync, y, y_pred, sample_weight)
             return committed
 
@@ -116,6 +115,20 @@ class Trainer:
             return self._results()
 
         return self._compile(step_fn)
+
+    def _take_back_if_refused(self, committed, variables, values):
+        """Sets `variables` back to `values` if the step was refused (replica context)."""
+        if self.coordinator is None:  # synchronous: every replica writes its own copy
+            for variable, value in zip(variables, values):
+                variable.assign(tf.where(committed, variable.read_value(), value))
+            return
+
+        def take_back():  # parameter servers: other workers write meanwhile, so only then
+            for variable, value in zip(variables, values):
+                variable.assign(value)
+            return tf.constant(False)
+
+        tf.cond(committed, lambda: tf.constant(True), take_back)
 
     def _make_test_function(self):
         strategy, model = self.strategy, self.model
