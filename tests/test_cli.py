@@ -46,3 +46,81 @@ def test_usage_errors_exit_2(argv, capsys):
 def test_launch_without_command(write_config, capsys):
     assert main(["launch", write_config("strategy: mirrored\n")]) == 2
     assert "write it after --" in capsys.readouterr().err
+
+
+def _tfdist_errors():
+    """Every TfdistError subclass of the packages the command line uses."""
+    from tfdist.cli import UsageError
+    from tfdist.cluster.spec import ClusterError
+    from tfdist.config import ConfigError
+    from tfdist.errors import UnsupportedError
+    from tfdist.launch import LaunchError
+    from tfdist.strategies.errors import StrategyError, UnsupportedByKerasError
+
+    return [ConfigError, ClusterError, LaunchError, StrategyError, UnsupportedByKerasError,
+            UnsupportedError, UsageError]
+
+
+def _subclasses(cls):
+    return {cls, *(s for sub in cls.__subclasses__() for s in _subclasses(sub))}
+
+
+def test_every_tfdist_error_is_listed():
+    from tfdist.errors import TfdistError
+
+    listed = _tfdist_errors()
+    assert _subclasses(TfdistError) - {TfdistError} <= set(listed)
+
+
+@pytest.mark.parametrize("error", _tfdist_errors(), ids=lambda e: e.__name__)
+def test_each_tfdist_error_is_one_line_and_exit_2(write_config, capsys, monkeypatch, error):
+    import tfdist.cli
+
+    message = "the reason. Received: x=1"
+
+    def fail(path):
+        raise error(message)
+
+    monkeypatch.setattr(tfdist.cli, "load_config", fail)
+    assert main(["validate", write_config("strategy: mirrored\n")]) == 2
+    assert capsys.readouterr().err == f"tfdist validate: error: {message}\n"
+
+
+def test_a_plain_value_error_is_a_bug_not_exit_2(write_config, monkeypatch):
+    """Only TfdistError means bad input; anything else keeps its traceback."""
+    import tfdist.cli
+
+    def broken(path):
+        raise ValueError("a bug in tfdist")
+
+    monkeypatch.setattr(tfdist.cli, "load_config", broken)
+    with pytest.raises(ValueError, match="a bug in tfdist"):
+        main(["validate", write_config("strategy: mirrored\n")])
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["tf-config", "{fixed}", "--task", "worker:x"], "TYPE:INDEX"),
+    (["tf-config", "{fixed}", "--task", "ps:0"], "no task ps:0"),
+    (["manifest", "{fixed}", "--image", "i", "--name", "Bad_Name", "--", "true"],
+     "--name must be a DNS-1123 label"),
+    (["manifest", "{plain}", "--image", "i", "--", "true"], "no cluster: section"),
+    (["launch", "{plain}", "--hang-seconds", "-1", "--", "true"],
+     "hang_seconds must be a number >= 0. Received: hang_seconds=-1.0"),
+    (["launch", "{plain}", "--grace-seconds", "nan", "--", "true"], "grace_seconds"),
+])
+def test_bad_input_beyond_the_config_is_one_line(write_config, capsys, argv, fragment):
+    paths = {"fixed": write_config("cluster: {worker: ['localhost:2001']}\n", "fixed.yaml"),
+             "plain": write_config("strategy: mirrored\n", "plain.yaml")}
+    assert main([a.format(**paths) for a in argv]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and fragment in err[0], err
+
+
+def test_the_command_line_starts_without_tensorflow(write_config):
+    path = write_config("cluster: {chief: 1, worker: 2, ps: 1}\nstrategy: parameter_server\n"
+                        "compression: fp16\n")
+    code = ("import sys; from tfdist.cli import main; code = main(['validate', sys.argv[1]]); "
+            "assert 'tensorflow' not in sys.modules, 'TensorFlow imported'; sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr

@@ -26,7 +26,7 @@ def test_tf_config_names_cluster_and_task(write_config):
                        "ps": ["node-3:2222"], "evaluator": ["node-4:2222"]}
     assert tf_config(cluster, "worker", 1) == {
         "cluster": cluster, "task": {"type": "worker", "index": 1}, "environment": "cloud"}
-    with pytest.raises(ValueError, match="no task worker:2"):
+    with pytest.raises(ClusterError, match="no task worker:2"):
         tf_config(cluster, "worker", 2)
 
 
@@ -73,7 +73,7 @@ def test_json_is_compact_and_parses_back():
     ("worker:5", "no task worker:5"), ("ps:0", "no task ps:0"),
 ])
 def test_bad_task_names(text, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ClusterError, match=message):
         parse_task(text, {"chief": ["a:1"], "worker": ["b:1", "c:1"]})
 
 

@@ -15,6 +15,7 @@ _LAZY = {
     "is_chief": "tfdist.strategies",
     "Trainer": "tfdist.training",
     "TrainingHook": "tfdist.training",
+    "TfdistError": "tfdist.errors",
     "callbacks": "tfdist.callbacks",
 }
 _SUBPACKAGES = ("cluster", "compression", "config", "keras", "launch", "local_sgd", "strategies",

@@ -7,26 +7,31 @@ import sys
 import yaml
 
 from tfdist.cluster.manifest import default_name, tfjob_manifest
-from tfdist.cluster.spec import ClusterError, cluster_dict, parse_task
+from tfdist.cluster.spec import cluster_dict, parse_task
 from tfdist.cluster.tf_config import tf_config
-from tfdist.config import ConfigError, load_config
-from tfdist.launch import LaunchError, launch
+from tfdist.config import load_config
+from tfdist.errors import TfdistError
+from tfdist.launch import launch
 
 USAGE_ERROR = 2
 
 
-class UsageError(Exception):
+class UsageError(TfdistError):
     """Bad input on the command line: reported in one line with exit code 2."""
 
 
 def main(argv=None):
-    """Entry point of the `tfdist` console script; returns the exit code."""
+    """Entry point of the `tfdist` console script; returns the exit code.
+
+    A `TfdistError` (bad input) is one line on stderr and exit code 2; any other
+    exception is a bug in tfdist and keeps its traceback.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     argv, command = _split_command(argv)
     args = _parser().parse_args(argv)
     try:
         return args.run(args, command)
-    except (ConfigError, ClusterError, LaunchError, UsageError, ValueError) as e:
+    except TfdistError as e:
         print(f"tfdist {args.command_name}: error: {e}", file=sys.stderr)
         return USAGE_ERROR
 

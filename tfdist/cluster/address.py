@@ -4,6 +4,8 @@ import dataclasses
 import ipaddress
 import re
 
+from tfdist.cluster.errors import ClusterError
+
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                        r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -37,22 +39,22 @@ def parse_address(text):
     """Parses ``host:port`` (``[v6]:port`` for IPv6).
 
     Raises:
-        ValueError: with the reason, when `text` is not a host and a port in 1-65535.
+        ClusterError: with the reason, when `text` is not a host and a port in 1-65535.
     """
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host:
-        raise ValueError('expected "host:port"')
+        raise ClusterError('expected "host:port"')
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
         _check_ip(host, version=6)
     elif ":" in host:
-        raise ValueError('expected "host:port"; write IPv6 hosts in brackets, "[::1]:2222"')
+        raise ClusterError('expected "host:port"; write IPv6 hosts in brackets, "[::1]:2222"')
     elif not _HOSTNAME.match(host):
-        raise ValueError(f"{host!r} is not a valid host name or IP address")
+        raise ClusterError(f"{host!r} is not a valid host name or IP address")
     if not port.isdigit():
-        raise ValueError(f"the port {port!r} is not a number")
+        raise ClusterError(f"the port {port!r} is not a number")
     if not 1 <= int(port) <= 65535:
-        raise ValueError(f"the port {int(port)} is outside 1-65535")
+        raise ClusterError(f"the port {int(port)} is outside 1-65535")
     return Address(host, int(port))
 
 
@@ -62,4 +64,4 @@ def _check_ip(host, version):
             return
     except ValueError:
         pass
-    raise ValueError(f"{host!r} is not a valid IPv{version} address")
+    raise ClusterError(f"{host!r} is not a valid IPv{version} address")

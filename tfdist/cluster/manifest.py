@@ -2,6 +2,7 @@
 
 import re
 
+from tfdist.cluster.errors import ClusterError
 from tfdist.cluster.roles import task_argv
 
 REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
@@ -10,9 +11,9 @@ _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def dns_name(text, what):
-    """Checks a Kubernetes name (DNS-1123 label); raises ValueError with the rule."""
+    """Checks a Kubernetes name (DNS-1123 label); raises `ClusterError` with the rule."""
     if not _DNS_LABEL.match(text):
-        raise ValueError(f"{what} must be a DNS-1123 label: lowercase letters, digits and '-', "
+        raise ClusterError(f"{what} must be a DNS-1123 label: lowercase letters, digits and '-', "
                          f"starting with a letter, at most 63 characters. Received: {text!r}")
     return text
 
@@ -37,9 +38,12 @@ def tfjob_manifest(config, *, image, command, name, namespace="default", max_res
 
     Returns:
         The manifest as a dict, ready for `yaml.safe_dump`.
+
+    Raises:
+        ClusterError: no cluster section, or a name that is not a DNS-1123 label.
     """
     if config.cluster is None:
-        raise ValueError("the config has no cluster: section to turn into a TFJob")
+        raise ClusterError("the config has no cluster: section to turn into a TFJob")
     dns_name(name, "--name")
     dns_name(namespace, "--namespace")
     strategy = config.strategy.name if config.strategy else None

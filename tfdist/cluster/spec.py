@@ -1,10 +1,10 @@
 """From a `ClusterConfig` to the concrete {job: ["host:port"]} that TF_CONFIG carries."""
 
+from tfdist.cluster.errors import ClusterError
 from tfdist.cluster.ports import free_ports, port_in_use
 
-
-class ClusterError(ValueError):
-    """A cluster that cannot be used as asked (a port in use, a count without ports...)."""
+__all__ = ["ClusterError", "check_local_ports_free", "check_resolvable", "cluster_dict",
+           "parse_task"]
 
 
 def cluster_dict(cluster, *, pick_free_ports=False):
@@ -61,13 +61,13 @@ def parse_task(text, cluster=None):
     """'worker:1' -> ('worker', 1), checked against `cluster` ({job: addresses}) if given.
 
     Raises:
-        ValueError: malformed text, or a task the cluster does not have.
+        ClusterError: malformed text, or a task the cluster does not have.
     """
     job, sep, index = text.partition(":")
     if not sep or not index.isdigit() or not job:
-        raise ValueError(f"expected a task as TYPE:INDEX, e.g. worker:0. Received: {text!r}")
+        raise ClusterError(f"expected a task as TYPE:INDEX, e.g. worker:0. Received: {text!r}")
     index = int(index)
     if cluster is not None and index >= len(cluster.get(job, ())):
         tasks = ", ".join(f"{j}:0..{len(a) - 1}" for j, a in cluster.items() if a)
-        raise ValueError(f"the cluster has no task {job}:{index}; it has [{tasks}]")
+        raise ClusterError(f"the cluster has no task {job}:{index}; it has [{tasks}]")
     return job, index

@@ -2,6 +2,8 @@
 
 import json
 
+from tfdist.cluster.errors import ClusterError
+
 
 def tf_config(cluster, task_type, task_index):
     """The TF_CONFIG dict of one task, as the Kubeflow operator writes it.
@@ -12,9 +14,12 @@ def tf_config(cluster, task_type, task_index):
 
     Returns:
         ``{"cluster": ..., "task": {"type": ..., "index": ...}, "environment": "cloud"}``.
+
+    Raises:
+        ClusterError: the task is not in `cluster`.
     """
     if task_index >= len(cluster.get(task_type, ())):
-        raise ValueError(f"the cluster has no task {task_type}:{task_index}")
+        raise ClusterError(f"the cluster has no task {task_type}:{task_index}")
     return {"cluster": {job: list(addresses) for job, addresses in cluster.items()},
             "task": {"type": task_type, "index": int(task_index)},
             "environment": "cloud"}
@@ -30,7 +35,6 @@ def check_matches(cluster, raw, config_name="the config"):
     (a `ClusterConfig`): missing, malformed, other jobs or task counts, another address
     for a task whose address the config fixes, or a task outside the cluster."""
     from tfdist.cluster.address import parse_address
-    from tfdist.cluster.spec import ClusterError
 
     if not raw:
         if len(cluster.tasks()) == 1:

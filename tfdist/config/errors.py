@@ -1,7 +1,9 @@
 """The one error type every config problem raises."""
 
+from tfdist.errors import TfdistError
 
-class ConfigError(ValueError):
+
+class ConfigError(TfdistError, ValueError):
     """A problem with a tfdist config: the message names file, line, key and expectation.
 
     Formatted like a compiler diagnostic, on one line:

@@ -5,6 +5,7 @@ import functools
 import types
 
 from tfdist.cluster.address import Address, parse_address
+from tfdist.cluster.errors import ClusterError
 from tfdist.config import checks
 from tfdist.config.schema import (COMPRESSORS, JOB_TYPES, STRATEGIES, ClusterConfig,
                                   CompressionConfig, Config, LocalSGDConfig, StrategyConfig)
@@ -153,7 +154,7 @@ def _job(source, path, job, spec):
             raise checks.type_error(source, path + (i,), 'a "host:port" string', item)
         try:
             addresses.append(parse_address(item))
-        except ValueError as e:
+        except ClusterError as e:
             raise source.error(path + (i,), f"{e}. Received: {item!r}") from None
     return tuple(addresses)
 

@@ -11,6 +11,7 @@ import time
 from tfdist.cluster.roles import runs_server, task_argv
 from tfdist.cluster.spec import check_local_ports_free, check_resolvable, cluster_dict
 from tfdist.cluster.tf_config import tf_config_json
+from tfdist.errors import TfdistError
 from tfdist.launch.task_process import TaskProcess, exit_code
 
 _POLL_SECONDS = 0.05
@@ -45,13 +46,20 @@ class Launcher:
         out, err: streams for the tasks' prefixed output and for the launcher's messages.
         grace_seconds: how long tasks get to exit after SIGTERM before SIGKILL.
         hang_seconds: a task without output or CPU use for this long is hung (0: never).
+
+    Raises:
+        LaunchError: no command, a negative option, a task not on this machine, or
+            --task on a cluster given by counts.
+        ClusterError: a host that does not resolve, or a local port already in use.
     """
 
     def __init__(self, config, command, *, max_restarts=0, only_task=None,
                  out=None, err=None, grace_seconds=10.0, hang_seconds=600.0):
         if not command:
-            raise ValueError("no command to launch; give it after --, e.g. "
-                             "tfdist launch job.yaml -- python train.py")
+            raise LaunchError("no command to launch; give it after --, e.g. "
+                              "tfdist launch job.yaml -- python train.py")
+        _check_options(max_restarts=max_restarts, grace_seconds=grace_seconds,
+                       hang_seconds=hang_seconds)
         self.config, self.command, self.max_restarts = config, list(command), max_restarts
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self.grace_seconds, self.hang_seconds = grace_seconds, hang_seconds
@@ -210,6 +218,15 @@ class Launcher:
         return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
+def _check_options(**options):
+    for key, value in options.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise LaunchError(f"{key} must be a number >= 0. Received: {key}={value!r}")
+    if not isinstance(options["max_restarts"], int):
+        raise LaunchError("max_restarts must be a whole number. "
+                          f"Received: max_restarts={options['max_restarts']!r}")
+
+
 def _check_all_local(cluster):
     for job, index in cluster.tasks():
         address = cluster.jobs()[job][index]
@@ -220,7 +237,7 @@ def _check_all_local(cluster):
                 "with --task TYPE:INDEX")
 
 
-class LaunchError(RuntimeError):
+class LaunchError(TfdistError, RuntimeError):
     """A job that cannot start: a command that does not exist, a port in use..."""
 
 
