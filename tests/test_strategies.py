@@ -59,6 +59,17 @@ def test_parameter_server_without_tf_config_is_a_clear_error(monkeypatch):
         get_strategy("parameter_server")
 
 
+@pytest.mark.parametrize("raw,message", [
+    ("{oops", r"TF_CONFIG is not valid JSON .*Received: TF_CONFIG='\{oops'"),
+    ('{"cluster": {"worker": ["localhost:1"]}}', "has worker and ps tasks"),
+    ('{"cluster": ["localhost:1"]}', "has worker and ps tasks"),
+])
+def test_parameter_server_with_a_bad_tf_config_names_it(monkeypatch, raw, message):
+    monkeypatch.setenv("TF_CONFIG", raw)
+    with pytest.raises(StrategyError, match=message):
+        get_strategy("parameter_server")
+
+
 def test_logical_cpus_too_late_is_a_clear_error():
     with pytest.raises(StrategyError, match="before TensorFlow initialises"):
         get_strategy("mirrored", logical_cpus=3)

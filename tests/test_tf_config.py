@@ -7,7 +7,7 @@ import pytest
 
 from tfdist.cli import main
 from tfdist.cluster.spec import ClusterError, cluster_dict, parse_task
-from tfdist.cluster.tf_config import tf_config, tf_config_json
+from tfdist.cluster.tf_config import read_tf_config, tf_config, tf_config_json
 from tfdist.config import load_config
 
 CLUSTER_YAML = """
@@ -94,7 +94,8 @@ FIXED = """
 
 @pytest.mark.parametrize("raw,message", [
     (None, "TF_CONFIG is not set, so this process would train alone"),
-    ("{not json", "TF_CONFIG is not a valid task description"),
+    ("{not json", "TF_CONFIG is not valid JSON"),
+    ("[1, 2]", "TF_CONFIG must be a JSON object"),
     ('{"cluster": {"worker": ["localhost:2001"]}}', "not a valid task description"),
     (tf_config_json({"chief": ["localhost:2000"], "worker": ["localhost:2001"]}, "worker", 0),
      "TF_CONFIG of task worker:0 disagrees with .*job.yaml: its cluster has "
@@ -131,3 +132,45 @@ def test_the_tf_config_the_launcher_writes_matches(write_config):
     check_matches(counted.cluster, tf_config_json(cluster_dict(counted.cluster, pick_free_ports=True),
                                                   "worker", 2))
     check_matches(load_config(write_config("cluster: {worker: 1}\n")).cluster, None)  # alone
+
+
+def test_read_tf_config_parses_or_names_the_variable(monkeypatch):
+    assert read_tf_config({}) is None and read_tf_config({"TF_CONFIG": " "}) is None
+    text = tf_config_json({"worker": ["a:1"]}, "worker", 0)
+    assert read_tf_config({"TF_CONFIG": text})["task"] == {"type": "worker", "index": 0}
+    monkeypatch.setenv("TF_CONFIG", text)
+    assert read_tf_config() == json.loads(text)
+    with pytest.raises(ClusterError, match=r"TF_CONFIG is not valid JSON .*Received: "
+                                           r"TF_CONFIG='\{oops'"):
+        read_tf_config({"TF_CONFIG": "{oops"})
+
+
+def test_tfdist_reads_tf_config_in_one_place():
+    """Every reader goes through read_tf_config (issue 14)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).parent.parent / "tfdist"
+    readers = [str(path.relative_to(root)) for path in sorted(root.rglob("*.py"))
+               for line in path.read_text().splitlines()
+               if re.search(r"""(environ|getenv)\b.*["']TF_CONFIG["']\s*\)""", line)]
+    assert readers == ["cluster/tf_config.py"], readers
+
+
+def test_a_malformed_address_in_tf_config_is_named():
+    from tfdist.cluster.tf_config import check_matches
+
+    config = load_config_text("cluster: {chief: ['localhost:2000'], "
+                              "worker: ['localhost:2001']}\n")
+    bad = {"cluster": {"chief": ["localhost:2000"], "worker": ["nope"]},
+           "task": {"type": "chief", "index": 0}}
+    with pytest.raises(ClusterError, match=r"worker:0: expected \"host:port\". Received: 'nope'"):
+        check_matches(config.cluster, bad)
+
+
+def load_config_text(text):
+    import yaml
+
+    from tfdist.config import config_from_dict
+
+    return config_from_dict(yaml.safe_load(text))

@@ -1,8 +1,44 @@
-"""TF_CONFIG: the JSON environment variable that tells each task its cluster and role."""
+"""TF_CONFIG: the JSON environment variable that tells each task its cluster and role.
+
+`read_tf_config` is tfdist's one reader of it; everything else takes the parsed dict.
+"""
 
 import json
+import os
 
+from tfdist.cluster.address import parse_address
 from tfdist.cluster.errors import ClusterError
+
+
+def read_tf_config(environ=None):
+    """This process's TF_CONFIG, parsed.
+
+    Args:
+        environ: the environment to read; `os.environ` by default.
+
+    Returns:
+        The parsed JSON object, or None when TF_CONFIG is unset or empty.
+
+    Raises:
+        ClusterError: TF_CONFIG is not a JSON object.
+    """
+    environ = os.environ if environ is None else environ
+    return parse_tf_config(environ.get("TF_CONFIG"))
+
+
+def parse_tf_config(raw):
+    """Parses the text of a TF_CONFIG (None or empty: None); see `read_tf_config`."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        parsed = json.loads(raw)
+    except ValueError as e:
+        raise ClusterError(f"TF_CONFIG is not valid JSON ({e}). "
+                           f"Received: TF_CONFIG={raw!r}") from None
+    if not isinstance(parsed, dict):
+        raise ClusterError("TF_CONFIG must be a JSON object with keys cluster and task. "
+                           f"Received: TF_CONFIG={raw!r}")
+    return parsed
 
 
 def tf_config(cluster, task_type, task_index):
@@ -30,26 +66,34 @@ def tf_config_json(cluster, task_type, task_index):
     return json.dumps(tf_config(cluster, task_type, task_index), separators=(",", ":"))
 
 
-def check_matches(cluster, raw, config_name="the config"):
-    """Raises `ClusterError` naming the task if TF_CONFIG (`raw`) disagrees with `cluster`
-    (a `ClusterConfig`): missing, malformed, other jobs or task counts, another address
-    for a task whose address the config fixes, or a task outside the cluster."""
-    from tfdist.cluster.address import parse_address
+def check_matches(cluster, parsed, config_name="the config"):
+    """Raises `ClusterError` naming the task if a TF_CONFIG disagrees with `cluster`.
 
-    if not raw:
+    Args:
+        cluster: a `ClusterConfig`.
+        parsed: the TF_CONFIG, as `read_tf_config` returns it (or its JSON text); None
+            when unset, which only a one-task cluster accepts.
+        config_name: how messages name the config (its path).
+
+    Raises:
+        ClusterError: missing, malformed, other jobs or task counts, another address for
+            a task whose address the config fixes, or a task outside the cluster.
+    """
+    if isinstance(parsed, str):
+        parsed = parse_tf_config(parsed)
+    if parsed is None:
         if len(cluster.tasks()) == 1:
             return
         raise ClusterError(f"{config_name} describes a cluster of {len(cluster.tasks())} tasks "
                            "but TF_CONFIG is not set, so this process would train alone; run "
                            "it under `tfdist launch` (or the Kubeflow operator)")
     try:
-        parsed = json.loads(raw)
         task = parsed["task"]
         name = f"{task['type']}:{int(task['index'])}"
         actual = {job: list(addresses) for job, addresses in parsed["cluster"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ClusterError(f"TF_CONFIG is not a valid task description ({e}). "
-                           f"Received: TF_CONFIG={raw!r}") from None
+                           f"Received: TF_CONFIG={json.dumps(parsed)!r}") from None
     expected = cluster.jobs()
     counts = lambda jobs: {job: len(addresses) for job, addresses in jobs.items() if addresses}
     if counts(actual) != counts(expected):
@@ -62,7 +106,14 @@ def check_matches(cluster, raw, config_name="the config"):
         for index, address in enumerate(addresses):
             if address.port is None:
                 continue  # a task count: the launcher picked the port
-            got = parse_address(actual[job][index])
+            got = _address(actual[job][index], f"TF_CONFIG of task {name}: {job}:{index}")
             if got.key() != address.key():
                 raise ClusterError(f"TF_CONFIG of task {name} puts {job}:{index} at {got}, but "
                                    f"{config_name} says {address}")
+
+
+def _address(text, where):
+    try:
+        return parse_address(text)
+    except (ClusterError, AttributeError) as e:
+        raise ClusterError(f"{where}: {e}. Received: {text!r}") from None

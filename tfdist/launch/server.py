@@ -4,17 +4,21 @@ Run as ``python -m tfdist.launch.server``; the coordinator (the chief running th
 training script) drives it through `tf.distribute.coordinator.ClusterCoordinator`.
 """
 
-import json
 import os
 import sys
 
+from tfdist.cluster.tf_config import read_tf_config
+from tfdist.errors import TfdistError
+
 
 def main():
-    raw = os.environ.get("TF_CONFIG")
-    if not raw:
+    try:
+        tf_config = read_tf_config()
+    except TfdistError as e:
+        sys.exit(f"tfdist server: {e}")
+    if not tf_config:
         sys.exit("tfdist server: TF_CONFIG is not set; this process is started by "
                  "`tfdist launch` or the Kubeflow operator for worker and ps tasks")
-    task = json.loads(raw).get("task", {})
     # Workers and ps must fail fast on RPC errors so the coordinator can reschedule
     # (TensorFlow's parameter server training guide).
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
@@ -23,7 +27,7 @@ def main():
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
                                   task_index=resolver.task_id, protocol="grpc", start=True)
-    print(f"tfdist server: {task.get('type')}:{task.get('index')} serving at "
+    print(f"tfdist server: {resolver.task_type}:{resolver.task_id} serving at "
           f"{server.target}", flush=True)
     server.join()
 

@@ -1,12 +1,11 @@
 """`get_strategy`: a validated name (or config) in, a strategy Keras 3 can use out."""
 
 import json
-import os
 
 import tensorflow as tf
 
 from tfdist.cluster.spec import ClusterError, check_resolvable
-from tfdist.cluster.tf_config import check_matches
+from tfdist.cluster.tf_config import check_matches, read_tf_config
 from tfdist.config.load import strategy_from_dict
 from tfdist.config.schema import Config, StrategyConfig
 from tfdist.strategies.central_storage import CentralStorageStrategy
@@ -63,8 +62,16 @@ def _check_tf_config(config):
     if config.cluster is None:
         return
     try:
-        check_matches(config.cluster, os.environ.get("TF_CONFIG"), config.path or "the config")
+        check_matches(config.cluster, read_tf_config(), config.path or "the config")
         check_resolvable(config.cluster)
+    except ClusterError as e:
+        raise StrategyError(str(e)) from None
+
+
+def _tf_config():
+    """TF_CONFIG parsed ({} when unset); a malformed one is a `StrategyError`."""
+    try:
+        return read_tf_config() or {}
     except ClusterError as e:
         raise StrategyError(str(e)) from None
 
@@ -104,13 +111,14 @@ def _central_storage(options):
 
 
 def _parameter_server(options):
-    raw = os.environ.get("TF_CONFIG")
-    cluster = json.loads(raw).get("cluster", {}) if raw else {}
-    if not cluster.get("ps") or not cluster.get("worker"):
+    tf_config = _tf_config()
+    cluster = tf_config.get("cluster")
+    if not isinstance(cluster, dict) or not cluster.get("ps") or not cluster.get("worker"):
+        received = json.dumps(tf_config) if tf_config else None
         raise StrategyError(
             "parameter_server needs a TF_CONFIG whose cluster has worker and ps tasks; run "
             "the script under `tfdist launch CONFIG -- ...` (or the Kubeflow operator). "
-            f"Received: TF_CONFIG={raw!r}")
+            f"Received: TF_CONFIG={received!r}")
     partitioner = None
     if "max_shards" in options or "min_shard_bytes" in options:
         partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(

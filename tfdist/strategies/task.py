@@ -1,14 +1,14 @@
 """Which task this process is: chief or not, from the strategy or TF_CONFIG."""
 
-import os
-
 import tensorflow as tf
+
+from tfdist.cluster.tf_config import read_tf_config
 
 
 def _resolver(strategy):
     strategy = strategy or tf.distribute.get_strategy()
     resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None and os.environ.get("TF_CONFIG"):
+    if resolver is None and read_tf_config() is not None:
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if resolver is None or not resolver.cluster_spec().as_dict():
         return None
