@@ -1,15 +1,36 @@
-"""Strategies: `get_strategy` and the subclasses that make Keras 3 work on each."""
+"""Strategies: `get_strategy` and the subclasses that make Keras 3 work on each.
 
-from tfdist.strategies.central_storage import CentralStorageStrategy
-from tfdist.strategies.devices import ensure_logical_cpus
-from tfdist.strategies.errors import StrategyError, UnsupportedByKerasError
-from tfdist.strategies.factory import get_strategy
-from tfdist.strategies.mirrored import MirroredStrategy
-from tfdist.strategies.replica_state import sync_replica_state
-from tfdist.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
-from tfdist.strategies.parameter_server import ParameterServerStrategy
-from tfdist.strategies.task import barrier, is_chief, task_of
+Names load on first use, so modules of this package that need no TensorFlow (the
+errors) import without it.
+"""
 
-__all__ = ["CentralStorageStrategy", "MirroredStrategy", "MultiWorkerMirroredStrategy",
-           "ParameterServerStrategy", "StrategyError", "UnsupportedByKerasError", "barrier",
-           "ensure_logical_cpus", "get_strategy", "is_chief", "sync_replica_state", "task_of"]
+import importlib
+
+_LAZY = {
+    "CentralStorageStrategy": "tfdist.strategies.central_storage",
+    "MirroredStrategy": "tfdist.strategies.mirrored",
+    "MultiWorkerMirroredStrategy": "tfdist.strategies.multi_worker_mirrored",
+    "ParameterServerStrategy": "tfdist.strategies.parameter_server",
+    "StrategyError": "tfdist.strategies.errors",
+    "UnsupportedByKerasError": "tfdist.strategies.errors",
+    "barrier": "tfdist.strategies.task",
+    "ensure_logical_cpus": "tfdist.strategies.devices",
+    "get_strategy": "tfdist.strategies.factory",
+    "is_chief": "tfdist.strategies.task",
+    "sync_replica_state": "tfdist.strategies.replica_state",
+    "task_of": "tfdist.strategies.task",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'tfdist.strategies' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
