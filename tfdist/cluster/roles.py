@@ -2,15 +2,18 @@
 
 Under ParameterServerStrategy only the coordinator (the chief) runs the training script;
 workers and parameter servers just host a `tf.distribute.Server` that the coordinator
-drives. Every other strategy runs the script in every task.
+drives. Every other strategy runs the script in every task. The capability table
+(`Capabilities.server_tasks`) says which.
 """
+
+from tfdist.strategies.capabilities import capabilities
 
 SERVER_MODULE = "tfdist.launch.server"
 
 
 def runs_server(strategy_name, job):
     """True when task type `job` hosts a TF server instead of running the user's command."""
-    return strategy_name == "parameter_server" and job in ("worker", "ps")
+    return job in capabilities(strategy_name).server_tasks
 
 
 def task_argv(strategy_name, job, command, python="python"):

@@ -10,6 +10,7 @@ from tfdist.config import checks
 from tfdist.config.schema import (COMPRESSORS, JOB_TYPES, STRATEGIES, ClusterConfig,
                                   CompressionConfig, Config, LocalSGDConfig, StrategyConfig)
 from tfdist.config.yaml_source import Source, read_yaml
+from tfdist.strategies.capabilities import CAPABILITIES, capabilities, names_with
 
 SECTIONS = ("cluster", "strategy", "compression", "local_sgd")
 
@@ -44,12 +45,6 @@ COMPRESSOR_PARAMS = {
 }
 COMPRESSION_KEYS = ("name", *COMPRESSOR_PARAMS, "error_feedback", "start_step", "min_size")
 LOCAL_SGD_KEYS = ("period", "warmup_steps", "average_non_trainable", "average_optimizer_state")
-
-# Strategies whose replicas exchange gradients over a collective or to parameter servers.
-COMPRESSIBLE = {"mirrored": None, "multi_worker_mirrored": None,
-                "parameter_server": ("none", "fp16", "bf16", "int8")}
-LOCAL_SGD_STRATEGIES = ("mirrored", "multi_worker_mirrored")
-SINGLE_MACHINE = ("mirrored", "central_storage", "one_device", "default")
 
 
 def load_config(path):
@@ -213,44 +208,77 @@ def _local_sgd(source, path, value):
 
 
 def _check_together(config, source):
-    """Rules that span sections: the cluster must fit the strategy, and so on."""
+    """Rules that span sections: the cluster must fit the strategy, and so on.
+
+    What each strategy allows comes from `tfdist.strategies.capabilities`.
+    """
     name = config.strategy.name if config.strategy else None
-    cluster = config.cluster
-    if cluster is not None:
-        if cluster.ps and name != "parameter_server":
-            raise source.error(("cluster", "ps"), "ps tasks need strategy name: "
-                               f"parameter_server. Received: strategy={name}")
-        if name == "parameter_server":
-            for job, why in (("worker", "to run the training steps"),
-                             ("ps", "to hold the variables"),
-                             ("chief", "the coordinator that runs your script")):
-                if not getattr(cluster, job):
-                    raise source.error(("cluster",), f"parameter_server needs at least one "
-                                       f"{job} task ({why}). Received: no {job}")
-        if name in SINGLE_MACHINE and cluster.num_training_tasks > 1:
-            raise source.error(("strategy", "name"), f"{name} trains on one machine, but the "
-                               f"cluster lists {cluster.num_training_tasks} chief/worker tasks; "
-                               "use multi_worker_mirrored or parameter_server")
+    with_ps = tuple(n for n, row in CAPABILITIES.items() if "ps" in row.required_jobs)
+    if config.cluster is not None and config.cluster.ps and name not in with_ps:
+        raise source.error(("cluster", "ps"), f"ps tasks need strategy name: {_either(with_ps)}. "
+                           f"Received: strategy={name}")
     if name is None:
         return
-    if name == "parameter_server" and cluster is None:
-        raise source.error(("strategy", "name"), "parameter_server needs a cluster: section "
-                           "with a chief, workers and ps tasks")
-    compression = config.compression
-    if compression is not None and compression.name != "none":
-        if name not in COMPRESSIBLE:
+    allowed = capabilities(name)
+    _check_cluster_fits(config.cluster, allowed, source)
+    if config.compression is not None:
+        _check_compression_fits(config.compression, allowed, source)
+    if config.local_sgd is not None and not allowed.local_sgd:
+        raise source.error(("local_sgd",), f"local SGD needs replicas that hold their own "
+                           f"weights: [{', '.join(names_with('local_sgd'))}]. Received: "
+                           f"strategy={name}")
+
+
+# Why a strategy that requires a job type needs it, for messages.
+_JOB_ROLES = {"worker": "to run the training steps", "ps": "to hold the variables",
+              "chief": "the coordinator that runs your script"}
+
+
+def _check_cluster_fits(cluster, allowed, source):
+    name = allowed.name
+    if cluster is None:
+        if allowed.required_jobs:
+            raise source.error(("strategy", "name"), f"{name} needs a cluster: section with "
+                               f"{_tasks_of(allowed.required_jobs)} tasks")
+        return
+    for job in allowed.required_jobs:
+        if not getattr(cluster, job):
+            raise source.error(("cluster",), f"{name} needs at least one {job} task "
+                               f"({_JOB_ROLES.get(job, 'for this strategy')}). Received: no {job}")
+    if not allowed.multi_worker and cluster.num_training_tasks > 1:
+        raise source.error(("strategy", "name"), f"{name} trains on one machine, but the "
+                           f"cluster lists {cluster.num_training_tasks} chief/worker tasks; "
+                           f"use {_either(names_with('multi_worker'))}")
+
+
+def _check_compression_fits(compression, allowed, source):
+    name = allowed.name
+    if not allowed.allows_compressor(compression.name):
+        if not allowed.push_compression:
             raise source.error(("compression", "name"), f"compression needs gradients that "
                                f"cross between replicas; under {name} nothing is exchanged. "
-                               f"Use one of [{', '.join(COMPRESSIBLE)}]")
-        allowed = COMPRESSIBLE[name]
-        if allowed is not None and compression.name not in allowed:
-            raise source.error(("compression", "name"), f"under {name} only "
-                               f"[{', '.join(allowed)}] compress the gradient push. "
-                               f"Received: name={compression.name!r}")
-    if config.local_sgd is not None and name not in LOCAL_SGD_STRATEGIES:
-        raise source.error(("local_sgd",), f"local SGD needs replicas that hold their own "
-                           f"weights: [{', '.join(LOCAL_SGD_STRATEGIES)}]. Received: "
-                           f"strategy={name}")
+                               f"Use one of [{', '.join(_compressing())}]")
+        raise source.error(("compression", "name"), f"under {name} only "
+                           f"[{', '.join(allowed.push_compression)}] compress the gradient push. "
+                           f"Received: name={compression.name!r}")
+    for key in ("error_feedback", "start_step"):
+        if not allowed.allows_compression_options(**{key: getattr(compression, key)}):
+            raise source.error(("compression", key), f"under {name} the gradient push takes "
+                               "no error feedback or delayed start (start_step). Received: "
+                               f"{key}={getattr(compression, key)!r}")
+
+
+def _compressing():
+    """The strategies under which some compressor applies."""
+    return tuple(dict.fromkeys(names_with("compression") + names_with("push_compression")))
+
+
+def _either(names):
+    return " or ".join(names)
+
+
+def _tasks_of(jobs):
+    return ", ".join(jobs[:-1]) + f" and {jobs[-1]}" if len(jobs) > 1 else jobs[0]
 
 
 def _freeze(value):

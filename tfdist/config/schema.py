@@ -5,10 +5,10 @@ import types
 from typing import Any, Mapping
 
 from tfdist.cluster.address import Address
+from tfdist.strategies.capabilities import CAPABILITIES
 
 JOB_TYPES = ("chief", "worker", "ps", "evaluator")
-STRATEGIES = ("mirrored", "multi_worker_mirrored", "central_storage", "parameter_server",
-              "one_device", "default")
+STRATEGIES = tuple(CAPABILITIES)
 COMPRESSORS = ("none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd")
 
 

@@ -13,6 +13,7 @@ from tfdist.cluster.spec import check_local_ports_free, check_resolvable, cluste
 from tfdist.cluster.tf_config import tf_config_json
 from tfdist.errors import TfdistError
 from tfdist.launch.task_process import TaskProcess, exit_code
+from tfdist.strategies.capabilities import capabilities
 
 _POLL_SECONDS = 0.05
 _HANG_CHECK_SECONDS = 1.0
@@ -25,9 +26,9 @@ class Launcher:
     tasks (parameter_server workers and ps) are then stopped. A task that fails with no
     restarts left stops the whole job. SIGINT and SIGTERM stop every task too.
 
-    What a restart restarts depends on the strategy. Synchronous strategies
-    (multi_worker_mirrored) form one collective group that cannot take a newcomer, so the
-    whole job is restarted (and resumes from `BackupAndRestore`'s last backup), as
+    What a restart restarts is the strategy's `Capabilities.restart`. Synchronous
+    strategies (multi_worker_mirrored) form one collective group that cannot take a
+    newcomer, so the whole job is restarted (and resumes from `BackupAndRestore`'s last backup), as
     Kubeflow and TensorFlow's fault-tolerance guide do. Under parameter_server only the
     failed task is restarted: the coordinator keeps training on the other workers and
     uses a returning worker again.
@@ -66,7 +67,7 @@ class Launcher:
         self._lock = threading.Lock()
         self._signal = None
         strategy = config.strategy.name if config.strategy else None
-        self.restart_whole_job = strategy != "parameter_server"
+        self.restart_whole_job = capabilities(strategy).restart == "job"
         self.restarts = 0  # job restarts (the per-task count is on each task)
         self.tmpdir = tempfile.mkdtemp(prefix="tfdist-launch-")
         try:

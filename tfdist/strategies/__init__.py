@@ -1,12 +1,15 @@
 """Strategies: `get_strategy` and the subclasses that make Keras 3 work on each.
 
-Names load on first use, so modules of this package that need no TensorFlow (the
-errors) import without it.
+Names load on first use, so the capability table and the errors import without
+TensorFlow: ``from tfdist.strategies.capabilities import capabilities`` gives a row by
+config name (the submodule's name, so the function is not re-exported here).
 """
 
 import importlib
 
 _LAZY = {
+    "CAPABILITIES": "tfdist.strategies.capabilities",
+    "Capabilities": "tfdist.strategies.capabilities",
     "CentralStorageStrategy": "tfdist.strategies.central_storage",
     "MirroredStrategy": "tfdist.strategies.mirrored",
     "MultiWorkerMirroredStrategy": "tfdist.strategies.multi_worker_mirrored",
@@ -14,9 +17,11 @@ _LAZY = {
     "StrategyError": "tfdist.strategies.errors",
     "UnsupportedByKerasError": "tfdist.strategies.errors",
     "barrier": "tfdist.strategies.task",
+    "capabilities_of": "tfdist.strategies.kind",
     "ensure_logical_cpus": "tfdist.strategies.devices",
     "get_strategy": "tfdist.strategies.factory",
     "is_chief": "tfdist.strategies.task",
+    "strategy_name": "tfdist.strategies.kind",
     "sync_replica_state": "tfdist.strategies.replica_state",
     "task_of": "tfdist.strategies.task",
 }

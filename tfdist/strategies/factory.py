@@ -8,6 +8,7 @@ from tfdist.cluster.spec import ClusterError, check_resolvable
 from tfdist.cluster.tf_config import check_matches, read_tf_config
 from tfdist.config.load import strategy_from_dict
 from tfdist.config.schema import Config, StrategyConfig
+from tfdist.strategies.capabilities import capabilities
 from tfdist.strategies.central_storage import CentralStorageStrategy
 from tfdist.strategies.devices import default_compute_devices, ensure_logical_cpus
 from tfdist.strategies.errors import StrategyError
@@ -49,12 +50,9 @@ def get_strategy(name_or_config="default", **options):
             with a cluster, TF_CONFIG disagrees with it (the message names the task).
     """
     spec = _strategy_config(name_or_config, options)
-    if isinstance(name_or_config, Config) and spec.name in MULTI_TASK:
+    if isinstance(name_or_config, Config) and capabilities(spec.name).multi_worker:
         _check_tf_config(name_or_config)
     return _BUILDERS[spec.name](dict(spec.options))
-
-
-MULTI_TASK = ("multi_worker_mirrored", "parameter_server")
 
 
 def _check_tf_config(config):
