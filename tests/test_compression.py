@@ -375,7 +375,7 @@ def trained_weights(strategy, compression, steps, loop="trainer", callbacks=()):
 @pytest.mark.parametrize("loop", ["trainer", "fit"])
 def test_delayed_start_exchanges_uncompressed_until_start_step(strategies, loop):
     strategy = strategies("mirrored")
-    callbacks = [tfdist.callbacks.HookPhases()]
+    callbacks = [tfdist.callbacks.TrainingHooks()]
     for steps, same in ((3, True), (5, False)):
         plain = trained_weights(strategy, None, steps, loop)
         compressed = trained_weights(strategy, "sign", steps, loop, callbacks)
@@ -385,7 +385,7 @@ def test_delayed_start_exchanges_uncompressed_until_start_step(strategies, loop)
 
 @pytest.mark.usefixtures("jobs_path")
 def test_delayed_start_under_fit_without_hook_phases_is_a_clear_error(strategies):
-    with pytest.raises(Exception, match="HookPhases"):
+    with pytest.raises(Exception, match="TrainingHooks"):
         trained_weights(strategies("mirrored"), "sign", 3, "fit")
 
 

@@ -15,7 +15,8 @@ import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 import tfdist
-from tfdist.keras.optimizer import CALLED, OVERRIDDEN
+from tfdist.core.optimizer import SAVED_KEY, SAVED_NAME
+from tfdist.core.optimizer import CALLED, OVERRIDDEN
 from tfdist.strategies import CentralStorageStrategy
 from tfdist.strategies.parameter_server import _called_from_keras_trainer
 from tfdist.training import GradientPipeline
@@ -138,16 +139,16 @@ def test_keras_loads_a_registered_name_first_else_the_keras_class_which_ignores_
     optimizer = tfdist.keras.with_gradient_pipeline(keras.optimizers.SGD(0.5), GradientPipeline())
     config = keras.saving.serialize_keras_object(optimizer)
     assert (config["module"], config["class_name"]) == ("keras.src.optimizers.sgd", "SGD")
-    assert config["registered_name"] == saving.NAME and saving.KEY in config["config"]["decay"]
-    assert keras.saving.get_registered_object(saving.NAME) is saving.Loader
+    assert config["registered_name"] == SAVED_NAME and SAVED_KEY in config["config"]["decay"]
+    assert keras.saving.get_registered_object(SAVED_NAME) is saving.Loader
     routed = keras.saving.deserialize_keras_object(config)
-    assert routed._tfdist_routed and routed._tfdist_pipeline is not None
+    assert tfdist.core.pipeline_of(routed) is not None
     registry = keras.saving.get_custom_objects()
-    registry.pop(saving.NAME)
+    registry.pop(SAVED_NAME)
     try:  # as in a process that never imported tfdist
         with pytest.warns(UserWarning, match="Argument `decay` is no longer supported and will "
                                              "be ignored"):
             plain = keras.saving.deserialize_keras_object(config)
     finally:
-        registry[saving.NAME] = saving.Loader
+        registry[SAVED_NAME] = saving.Loader
     assert type(plain) is keras.optimizers.SGD and plain.learning_rate == 0.5

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.keras.variables import underlying
+from tfdist.core.variables import underlying
 from tfdist.local_sgd import ModelAverager
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
@@ -130,7 +130,7 @@ def test_validation_sees_one_model(strategies):
         model.fit(dataset(96, 32), validation_data=dataset(64, 32), verbose=0,
                   callbacks=[tfdist.callbacks.LocalSGD(period=5), AtTest()])
     assert seen == [True, True]  # 3 local steps, mid-period, yet validation saw one model
-    hooks = model.optimizer._tfdist_pipeline.hooks
+    hooks = tfdist.core.pipeline_of(model.optimizer).hooks
     assert len([h for h in hooks if isinstance(h, ModelAverager)]) == 1
 
 
@@ -206,7 +206,7 @@ def test_accumulating_k_micro_batches_equals_one_step_on_a_k_times_batch(strateg
         accumulating = tfdist.keras.with_gradient_pipeline(
             keras.optimizers.SGD(0.05, gradient_accumulation_steps=4),
             tfdist.training.GradientPipeline([counter]))
-    accumulated, _ = fit(strategy, [tfdist.callbacks.HookPhases()], steps=8, batch=16,
+    accumulated, _ = fit(strategy, [tfdist.callbacks.TrainingHooks()], steps=8, batch=16,
                          optimizer=accumulating)
     large, _ = fit(strategy, steps=2, batch=64)
     assert_same(weights(accumulated), weights(large), atol=2e-6)
@@ -228,7 +228,7 @@ def test_accumulation_with_compression_and_local_sgd(strategies):
     with strategy.scope():
         optimizer = tfdist.keras.DistributedOptimizer(
             keras.optimizers.SGD(0.05, gradient_accumulation_steps=2), "fp16", min_size=1)
-    compressed, _ = fit(strategy, [tfdist.callbacks.HookPhases()], steps=8, batch=16,
+    compressed, _ = fit(strategy, [tfdist.callbacks.TrainingHooks()], steps=8, batch=16,
                         optimizer=optimizer)
     large, _ = fit(strategy, steps=4, batch=32)
     assert_same(weights(compressed), weights(large), atol=2e-3)

@@ -44,8 +44,8 @@ def tutorial_loop(strategy, optimizer_fn, steps, phased=False):
         per_replica_losses = strategy.run(train_step, args=(dataset_inputs,))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_losses, axis=None)
 
-    step = (tfdist.keras.phased_step(distributed_train_step, optimizer) if phased
-            else tf.function(distributed_train_step))
+    step = (tfdist.function(distributed_train_step, model=model, optimizer=optimizer)
+            if phased else tf.function(distributed_train_step))
     data = strategy.experimental_distribute_dataset(dataset(GLOBAL_BATCH * steps, GLOBAL_BATCH))
     losses = [float(step(batch)) for batch in data]
     return [w.numpy() for w in model.weights], losses
@@ -61,7 +61,7 @@ def test_tfdist_exchange_in_the_tutorial_loop_equals_the_plain_loop(strategies):
     assert losses == plain_losses
 
 
-def test_delayed_start_in_your_own_loop_with_phased_step(strategies):
+def test_delayed_start_in_your_own_loop_with_tfdist_function(strategies):
     """Uncompressed up to start_step (equal to the plain loop), compressed after (not)."""
     strategy = strategies("mirrored")
 
@@ -76,9 +76,9 @@ def test_delayed_start_in_your_own_loop_with_phased_step(strategies):
         assert equal == same, steps
 
 
-def test_without_phased_step_a_delayed_start_says_what_to_do(strategies):
+def test_without_tfdist_function_a_delayed_start_says_what_to_do(strategies):
     strategy = strategies("mirrored")
-    with pytest.raises(Exception, match=r"tfdist.keras.phased_step\(fn, optimizer\)"):
+    with pytest.raises(Exception, match=r"tfdist.function\(fn, model=model\)"):
         tutorial_loop(strategy, lambda: tfdist.keras.DistributedOptimizer(
             keras.optimizers.SGD(0.05), "sign", start_step=3, min_size=64), 2)
 
@@ -106,7 +106,7 @@ def test_a_nan_in_your_own_loop_is_refused_on_every_replica(strategies):
     """The tutorial loop with a NaN in replica 1's half of the second batch: the step
     raises tfdist's error and every replica's weights and slots are as after the first."""
     from models import conv_model, images
-    from tfdist.keras.variables import underlying
+    from tfdist.core.variables import underlying
 
     strategy = strategies("mirrored")
     with strategy.scope():
@@ -141,6 +141,7 @@ def test_a_nan_in_your_own_loop_is_refused_on_every_replica(strategies):
         np.testing.assert_array_equal(a, b)
 
 
-def test_phased_step_needs_a_routed_optimizer():
+def test_tfdist_function_needs_a_routed_optimizer():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     with pytest.raises(ValueError, match="DistributedOptimizer"):
-        tfdist.keras.phased_step(lambda: None, keras.optimizers.SGD())
+        tfdist.function(lambda: None, model=model, optimizer=keras.optimizers.SGD())

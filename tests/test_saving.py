@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import tfdist
+from tfdist.core.optimizer import SAVED_KEY, SAVED_NAME
 from tfdist.compression import GradientCompression, RandomK, TopK
 from tfdist.keras import saving
 from tfdist.training import GradientPipeline
@@ -53,13 +54,14 @@ def _fit(model):
     """Two steps; the last epoch's logs (loss, compression_ratio, ...)."""
     from models import dataset
 
-    callbacks = [tfdist.callbacks.HookPhases(), tfdist.callbacks.CommStats()]
+    callbacks = [tfdist.callbacks.TrainingHooks(), tfdist.callbacks.CommStats()]
     history = model.fit(dataset(64, 32), epochs=1, verbose=0, callbacks=callbacks)
     return {name: values[-1] for name, values in history.history.items()}
 
 
 def _hook(optimizer):
-    hooks = [h for h in optimizer._tfdist_pipeline.hooks if isinstance(h, GradientCompression)]
+    hooks = [h for h in tfdist.core.pipeline_of(optimizer).hooks
+             if isinstance(h, GradientCompression)]
     assert len(hooks) == 1
     return hooks[0]
 
@@ -88,12 +90,13 @@ def test_a_reloaded_model_exchanges_as_it_was_saved_and_trains_on(name, strategi
     model.save(path)
     saved = _saved_optimizer(path)
     assert (saved["module"], saved["class_name"]) == ("keras.src.optimizers.adam", "Adam")
-    assert saved["registered_name"] == saving.NAME
+    assert saved["registered_name"] == SAVED_NAME
 
     with strategy.scope():
         loaded = keras.models.load_model(path)
     optimizer = loaded.optimizer
-    assert type(optimizer).__mro__[1] is keras.optimizers.Adam and optimizer._tfdist_routed
+    assert type(optimizer).__mro__[1] is keras.optimizers.Adam
+    assert tfdist.core.optimizer.is_routed(optimizer)
     expected = {"name": name, **DEFAULTS, **OPTIONS[name]}
     assert _hook(model.optimizer).get_config() == expected
     assert _hook(optimizer).get_config() == expected
@@ -172,7 +175,7 @@ def test_a_registered_optimizer_class_of_your_own_comes_back(strategies, tmp_pat
     model.save(path)
     with strategy.scope():
         optimizer = keras.models.load_model(path).optimizer
-    assert type(optimizer).__mro__[1] is ScaledAdam and optimizer._tfdist_routed
+    assert type(optimizer).__mro__[1] is ScaledAdam and tfdist.core.optimizer.is_routed(optimizer)
     assert _hook(optimizer).get_config() == _hook(model.optimizer).get_config()
     assert float(optimizer.learning_rate.numpy()) == pytest.approx(0.02)
 
@@ -187,11 +190,12 @@ def test_a_pipeline_without_compression_loads_routed_without_it(strategies, tmp_
                                                           GradientPipeline()), loss())
     path = str(tmp_path / "model.keras")
     model.save(path)
-    assert _saved_optimizer(path)["config"]["decay"][saving.KEY]["compression"] is None
+    assert _saved_optimizer(path)["config"]["decay"][SAVED_KEY]["compression"] is None
     with strategy.scope():
         optimizer = keras.models.load_model(path).optimizer
     assert type(optimizer).__mro__[1] is keras.optimizers.SGD
-    assert optimizer._tfdist_routed and optimizer._tfdist_pipeline.hooks == []
+    assert tfdist.core.optimizer.is_routed(optimizer)
+    assert tfdist.core.pipeline_of(optimizer).exchange_owner is None  # Keras' all-reduce
 
 
 def test_only_compression_that_build_can_remake_is_saved():

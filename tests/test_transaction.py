@@ -18,7 +18,7 @@ import tensorflow as tf
 import tfdist
 from tfdist.compression import build
 from tfdist.core import transaction
-from tfdist.keras.variables import underlying
+from tfdist.core.variables import underlying
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
 
@@ -86,13 +86,13 @@ class Run:
         if loop == "trainer":
             self.trainer = tfdist.Trainer(self.model, optimizer, loss(), strategy=strategy,
                                           hooks=self.hooks)
-            self.counters = [self.trainer.step]
+            self.counters = [self.trainer.optimizer.iterations]
         else:
             if not local_sgd:  # tfdist's exchange, even uncompressed
                 exchange = self.hooks[0] if self.hooks else "none"
                 optimizer = tfdist.keras.DistributedOptimizer(optimizer, exchange,
                                                               strategy=strategy)
-            self.callbacks = [tfdist.callbacks.HookPhases()]
+            self.callbacks = [tfdist.callbacks.TrainingHooks()]
             if local_sgd:
                 callback = tfdist.callbacks.LocalSGD(local_sgd, compression=compression)
                 self.hooks, self.callbacks = [callback.averager], [callback]

@@ -14,12 +14,13 @@ _LAZY = {
     "get_strategy": "tfdist.strategies",
     "is_chief": "tfdist.strategies",
     "Trainer": "tfdist.training",
-    "TrainingHook": "tfdist.training",
+    "TrainingHook": "tfdist.core",
+    "function": "tfdist.core",
     "TfdistError": "tfdist.errors",
     "callbacks": "tfdist.callbacks",
 }
-_SUBPACKAGES = ("cluster", "compression", "config", "keras", "launch", "local_sgd", "strategies",
-                "training")
+_SUBPACKAGES = ("cluster", "compression", "config", "core", "keras", "launch", "local_sgd",
+                "strategies", "training")
 
 __all__ = ["Config", "ConfigError", "load_config", "__version__", *_LAZY]
 

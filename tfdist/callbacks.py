@@ -2,7 +2,7 @@
 
 from tfdist.keras.callbacks import (BackupAndRestore, CommStats, HookPhases,
                                     LearningRateWarmup, LocalSGD, ModelCheckpoint,
-                                    SyncReplicaState)
+                                    SyncReplicaState, TrainingHooks)
 
 __all__ = ["BackupAndRestore", "CommStats", "HookPhases", "LearningRateWarmup", "LocalSGD",
-           "ModelCheckpoint", "SyncReplicaState"]
+           "ModelCheckpoint", "SyncReplicaState", "TrainingHooks"]

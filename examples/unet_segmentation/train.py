@@ -98,33 +98,17 @@ def main(argv):
     chief = tfdist.is_chief(strategy)
     classes = data.num_classes(train)
     keras.utils.set_random_seed(train.seed)
+    overrides = {k: getattr(FLAGS, k) for k in ("start_step", "warmup_steps", "period")}
     with strategy.scope():
         model = unet(train.image_size, classes, train.base_filters, train.depth, train.dropout)
-        optimizer = keras.optimizers.Adam(train.learning_rate)
+        # compression or local SGD, as the config says; the same optimizer in both loops
+        optimizer = tfdist.keras.optimizer_from_config(
+            keras.optimizers.Adam(train.learning_rate), config, **overrides)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    callbacks = [tfdist.callbacks.SyncReplicaState()]  # one model on every replica
-    hooks = []
-    if config.local_sgd is not None:  # compression, if any, compresses the model averages
-        overrides = {k: getattr(FLAGS, k) for k in ("warmup_steps", "period")
-                     if getattr(FLAGS, k) is not None}
-        if train.loop == "fit":
-            callbacks.append(tfdist.callbacks.LocalSGD.from_config(
-                config.local_sgd, compression=config.compression, **overrides))
-        else:
-            hooks.append(tfdist.local_sgd.ModelAverager.from_config(
-                config.local_sgd, compression=config.compression, **overrides))
-    elif config.compression is not None:
-        overrides = {} if FLAGS.start_step is None else {"start_step": FLAGS.start_step}
-        compression = tfdist.compression.build(config.compression, **overrides)
-        if train.loop == "fit":
-            optimizer = tfdist.keras.DistributedOptimizer(optimizer, compression, strategy=strategy)
-            callbacks.append(tfdist.callbacks.HookPhases())
-        else:
-            hooks.append(compression)
-    callbacks.append(tfdist.callbacks.CommStats())  # bytes per step, in every run
     progress = Progress(train.epochs, train.steps_per_epoch)
-    if chief:
-        callbacks.append(progress)
+    callbacks = [tfdist.callbacks.TrainingHooks(),  # phases, local SGD, one model per read
+                 tfdist.callbacks.CommStats(),      # bytes per step, in every run
+                 *([progress] if chief else [])]
     fit_args = dict(epochs=train.epochs, steps_per_epoch=train.steps_per_epoch,
                     validation_steps=train.validation_steps, callbacks=callbacks, verbose=0)
     start = time.time()
@@ -137,7 +121,7 @@ def main(argv):
                 data.dataset_fn(train, "validation")), **fit_args)
     else:
         trainer = tfdist.Trainer(model, optimizer, loss, strategy=strategy,
-                                 metrics=metrics.segmentation_metrics(classes), hooks=hooks)
+                                 metrics=metrics.segmentation_metrics(classes))
         history = trainer.fit(data.dataset_fn(train, "train"),
                               validation_data=data.dataset_fn(train, "validation"), **fit_args)
     wall = time.time() - start

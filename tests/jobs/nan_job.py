@@ -24,7 +24,7 @@ import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
 from models import conv_model, images, loss  # noqa: E402
-from tfdist.keras.variables import underlying  # noqa: E402
+from tfdist.core.variables import underlying  # noqa: E402
 
 PER_REPLICA = 16
 
@@ -57,7 +57,7 @@ def state(strategy, model, trainer, hooks):
         variables += [v for v in [getattr(hook, "residual", None)] if v is not None]
         variables += list(getattr(hook, "qs", []))
     if trainer is not None:
-        variables.append(trainer.step)
+        variables.append(trainer.optimizer.iterations)
     values = {}
     for i, variable in enumerate(variables):
         for replica, value in enumerate(strategy.experimental_local_results(variable)):

@@ -244,7 +244,7 @@ def main():
     callbacks = [tfdist.callbacks.SyncReplicaState()] if args.loop == "fit" else []
     hooks = []
     if args.accumulate and args.loop == "fit":
-        callbacks.append(tfdist.callbacks.HookPhases())
+        callbacks.append(tfdist.callbacks.TrainingHooks())
     if args.local_sgd:
         if args.loop == "fit":
             callbacks.append(tfdist.callbacks.LocalSGD(args.local_sgd, args.warmup))
@@ -287,7 +287,7 @@ def main():
         sharded = tf.__internal__.distribute.ShardedVariable
         result["shards"] = {v.path: [s.device for s in v.value.variables]
                             for v in model.trainable_variables if isinstance(v.value, sharded)}
-        result.update(completed_steps=trainer.completed_steps, step=int(trainer.step.numpy()),
+        result.update(completed_steps=trainer.completed_steps, step=int(trainer.optimizer.iterations.numpy()),
                       loss_count=float(trainer.loss_tracker.count.numpy()),
                       optimizer_iterations=int(trainer.optimizer.iterations.numpy()))
     elif args.loop == "fit":

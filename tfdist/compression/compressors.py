@@ -215,3 +215,20 @@ def _flat(blocks):
 def _num_replicas():
     context = tf.distribute.get_replica_context()
     return context.num_replicas_in_sync if context is not None else 1
+
+
+def compressor_by_name(name, *, ratio=None, rank=None, levels=None, error_feedback=False):
+    """The `Compressor` called `name` (none, fp16, bf16, int8, qsgd, sign, topk, randomk,
+    powersgd) with its hyper-parameter."""
+    return {
+        "none": lambda: Compressor(),
+        "fp16": lambda: Cast("float16"),
+        "bf16": lambda: Cast("bfloat16"),
+        "int8": Int8,
+        "qsgd": lambda: QSGD(levels),
+        "sign": Sign,
+        "topk": lambda: TopK(ratio),
+        # Error feedback keeps what was not sent, so the values go unscaled.
+        "randomk": lambda: RandomK(ratio, unbiased=not error_feedback),
+        "powersgd": lambda: PowerSGD(rank),
+    }[name]()

@@ -7,8 +7,8 @@ residual, and which the compressor encodes; the payload itself crosses the netwo
 (all-reduce for "sum" compressors, all-gather for "gather" ones) and is decoded and
 summed on arrival. Under ParameterServerStrategy there is no exchange between replicas:
 the casts and int8 compress each gradient *push* instead — encoded on the worker,
-decoded inside the variable update on the parameter server (`push`, used by the
-optimizer wrapper in `tfdist.keras.optimizer`).
+decoded inside the variable update on the parameter server (`PushCodec`, used by the
+optimizer seam in `tfdist.core.optimizer`).
 Before `start_step` everything goes uncompressed (delayed start):
 the switch is a Python phase (collectives cannot sit inside `tf.cond` in replica context),
 so the step function is traced once more when it happens (`TrainingHook.phase`).
@@ -20,10 +20,12 @@ import tensorflow as tf
 
 from tfdist.compression import powersgd
 from tfdist.compression.buffers import Layout, pack, unpack
-from tfdist.compression.compressors import PowerSGD
+from tfdist.compression.compressors import PowerSGD, compressor_by_name
 from tfdist.core import transaction
-from tfdist.keras.variables import underlying
-from tfdist.training.hooks import TrainingHook
+from tfdist.core.hooks import TrainingHook
+from tfdist.core.variables import underlying
+from tfdist.errors import UnsupportedError
+from tfdist.strategies.kind import capabilities_of
 
 
 def _key(variable):
@@ -48,16 +50,20 @@ class GradientCompression(TrainingHook):
         self.compressor, self.error_feedback = compressor, error_feedback
         self.start_step, self.min_size, self.seed = int(start_step), int(min_size), int(seed)
         self.residual, self.qs = None, []
-        self.compressing = self.start_step <= 0
         self.phased = self.start_step > 0
 
     def phase(self, step):
-        self.compressing = step >= self.start_step
-        return self.compressing
+        """Compressing (True) from `start_step` on."""
+        return step >= self.start_step
+
+    @property
+    def compressing(self):
+        """Whether the step is traced to compress (the phase the driver entered)."""
+        return self.phase(0) if self.current_phase is None else self.current_phase
 
     def get_config(self):
         """The options that rebuild this hook with `tfdist.compression.build(**config)`
-        (saved with a Keras model by `tfdist.keras.DistributedOptimizer`).
+        (saved with a Keras model whose optimizer exchanges through it).
 
         Returns:
             A dict of name, the compressor's ratio, rank or levels (if it has one),
@@ -67,16 +73,15 @@ class GradientCompression(TrainingHook):
             ValueError: `build` would not make this compressor from those options (a
                 compressor class of your own, or one made with other arguments).
         """
-        from tfdist.compression.factory import build  # the factory builds on this module
-
         params = {k: getattr(self.compressor, k) for k in ("ratio", "rank", "levels")
                   if hasattr(self.compressor, k)}
         config = {"name": self.compressor.name, **params,
                   "error_feedback": bool(self.error_feedback), "start_step": self.start_step,
                   "min_size": self.min_size, "seed": self.seed}
         try:
-            rebuilt = build(**config).compressor
-        except (KeyError, ValueError):
+            rebuilt = compressor_by_name(self.compressor.name, **params,
+                                         error_feedback=self.error_feedback)
+        except (KeyError, TypeError, ValueError):
             rebuilt = None
         if type(rebuilt) is not type(self.compressor) or vars(rebuilt) != vars(self.compressor):
             raise ValueError("this compression cannot be described by build()'s options, so "
@@ -86,17 +91,18 @@ class GradientCompression(TrainingHook):
 
     # --- state ----------------------------------------------------------------------
 
-    PUSH_COMPRESSORS = ("none", "fp16", "bf16", "int8")
-
     def build(self, strategy, variables):
+        caps = capabilities_of(strategy)
         self.num_replicas = strategy.num_replicas_in_sync
-        self.push = isinstance(strategy, tf.distribute.ParameterServerStrategy)
-        if self.push and (self.compressor.name not in self.PUSH_COMPRESSORS
-                          or self.error_feedback or self.start_step > 0):
-            raise ValueError(
-                "under ParameterServerStrategy only the gradient push is compressed, with "
-                f"[{', '.join(self.PUSH_COMPRESSORS)}], without error feedback or delayed start. "
-                f"Received: compression={self.compressor.name!r}, "
+        self.push = caps.push
+        name = self.compressor.name
+        self.push_codec = PushCodec(self.compressor) if self.push and name != "none" else None
+        if self.push and not (caps.allows_compressor(name) and caps.allows_compression_options(
+                error_feedback=self.error_feedback, start_step=self.start_step)):
+            raise UnsupportedError(
+                f"under {caps.name} only the gradient push is compressed, with "
+                f"[{', '.join(caps.push_compression)}], without error feedback or delayed "
+                f"start. Received: compression={name!r}, "
                 f"error_feedback={self.error_feedback}, start_step={self.start_step}")
         self.slots = {_key(v): i for i, v in enumerate(variables)}
         shapes = [tuple(v.shape) for v in variables]
@@ -204,6 +210,22 @@ class GradientCompression(TrainingHook):
         gather = self.compressing and self.compressor.collective == "gather"
         return {"payload": 4 * self.small_layout.size + large, "dense": dense,
                 "gathered": large if gather else 0}
+
+
+class PushCodec:
+    """Compresses one gradient pushed to a parameter server: `encode` runs on the worker,
+    `decode` inside the variable's update on the server (the payload is what crosses)."""
+
+    def __init__(self, compressor):
+        self.compressor = compressor
+
+    def encode(self, grad):
+        """(payload tensors, layout) of `grad`."""
+        buffer, layout = pack([grad], self.compressor.align)
+        return self.compressor.encode(buffer, layout, None), layout
+
+    def decode(self, payload, layout):
+        return unpack(self.compressor.decode(payload, layout, None), layout)[0]
 
 
 def _all_gather(context, tensor):

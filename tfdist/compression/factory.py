@@ -1,27 +1,9 @@
 """Compression from a name, a config section or an object."""
 
-from tfdist.compression.compressors import (QSGD, Cast, Compressor, Int8, PowerSGD, RandomK,
-                                            Sign, TopK)
+from tfdist.compression.compressors import compressor_by_name
 from tfdist.compression.exchange import GradientCompression
 from tfdist.config.load import compression_from_dict
 from tfdist.config.schema import CompressionConfig
-
-
-def compressor_by_name(name, *, ratio=None, rank=None, levels=None, error_feedback=False):
-    """The `Compressor` called `name` (none, fp16, bf16, int8, qsgd, sign, topk, randomk,
-    powersgd) with its hyper-parameter."""
-    return {
-        "none": lambda: Compressor(),
-        "fp16": lambda: Cast("float16"),
-        "bf16": lambda: Cast("bfloat16"),
-        "int8": Int8,
-        "qsgd": lambda: QSGD(levels),
-        "sign": Sign,
-        "topk": lambda: TopK(ratio),
-        # Error feedback keeps what was not sent, so the values go unscaled.
-        "randomk": lambda: RandomK(ratio, unbiased=not error_feedback),
-        "powersgd": lambda: PowerSGD(rank),
-    }[name]()
 
 
 def build(compression="none", **options):

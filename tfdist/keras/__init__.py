@@ -1,14 +1,7 @@
-"""Thin Keras 3 adapters over tfdist's core: the optimizer seam and callbacks."""
+"""Thin Keras 3 adapters over tfdist's core: the optimizer wrapper, saving, callbacks."""
 
-from tfdist.keras.optimizer import phased_step, with_gradient_pipeline
+from tfdist.core.optimizer import with_gradient_pipeline
+from tfdist.keras import saving  # noqa: F401  (registers the loader of saved routed optimizers)
+from tfdist.keras.distributed_optimizer import DistributedOptimizer, optimizer_from_config
 
-__all__ = ["DistributedOptimizer", "phased_step", "with_gradient_pipeline"]
-
-
-def __getattr__(name):
-    # Imported on first use: the compression core itself builds on this package's seam.
-    if name == "DistributedOptimizer":
-        from tfdist.keras.distributed_optimizer import DistributedOptimizer
-
-        return DistributedOptimizer
-    raise AttributeError(f"module 'tfdist.keras' has no attribute {name!r}")
+__all__ = ["DistributedOptimizer", "optimizer_from_config", "with_gradient_pipeline"]

@@ -1,7 +1,7 @@
 """Saving and loading a Keras model whose optimizer exchanges gradients through tfdist.
 
-A routed optimizer (`tfdist.keras.optimizer.routed_class`) is saved as its Keras base
-class — same `module` and `class_name` — under the registered name `NAME`, with tfdist's
+A routed optimizer (`tfdist.core.optimizer`) is saved as its Keras base class — same
+`module` and `class_name` — under the registered name `SAVED_NAME`, with tfdist's
 settings in the config key ``decay``:
 
     {"module": "keras.src.optimizers.adam", "class_name": "Adam",
@@ -24,49 +24,16 @@ import warnings
 import keras
 import tensorflow as tf
 
-PACKAGE, CLASS = "tfdist", "DistributedOptimizer"
-NAME = f"{PACKAGE}>{CLASS}"  # the registered name every routed class is saved under
-KEY = "tfdist"
-VERSION = 1
+from tfdist.compression.factory import build
+from tfdist.core.hooks import GradientPipeline
+from tfdist.core.optimizer import SAVED_KEY, SAVED_NAME, with_gradient_pipeline
+from tfdist.keras.distributed_optimizer import DistributedOptimizer, check_strategy
+
 KERAS_PACKAGES = ("keras", "keras_hub", "keras_cv", "keras_nlp")  # as Keras' own lookup
 
 
-def register(routed):
-    """Registers the routed class `routed` under `NAME` for saving; `Loader` stays the
-    class the name loads (the registry maps a name to one class)."""
-    keras.saving.register_keras_serializable(PACKAGE, CLASS)(routed)
-    keras.saving.get_custom_objects()[NAME] = Loader
-
-
-def get_config(self):
-    """`get_config` of a routed optimizer: its base class's config plus tfdist's part.
-
-    Raises:
-        ValueError: the base config already uses ``decay``, or the compression cannot be
-            described by options (see `GradientCompression.get_config`).
-    """
-    config = super(type(self), self).get_config()
-    if config.get("decay") is not None:
-        raise ValueError("tfdist saves its settings in the optimizer config key 'decay', "
-                         f"which {type(self).__name__} uses itself. Received: {config}")
-    base = type(self).__mro__[1]
-    config["decay"] = {KEY: {
-        "version": VERSION,
-        "optimizer": {"module": base.__module__, "class": base.__name__,
-                      "registered_name": keras.saving.get_registered_name(base)},
-        "compression": _compression_config(self._tfdist_pipeline)}}
-    return config
-
-
-def _compression_config(pipeline):
-    from tfdist.compression.exchange import GradientCompression  # it imports tfdist.keras
-
-    hooks = [h for h in pipeline.hooks if isinstance(h, GradientCompression)]
-    return hooks[0].get_config() if hooks else None
-
-
 class Loader:
-    """What Keras finds under `NAME` when loading: rebuilds the routed optimizer."""
+    """What Keras finds under `SAVED_NAME` when loading: rebuilds the routed optimizer."""
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
@@ -78,7 +45,7 @@ class Loader:
             TypeError: the saved optimizer class cannot be found.
         """
         config = dict(config)
-        saved = config.pop("decay")[KEY]
+        saved = config.pop("decay")[SAVED_KEY]
         base = _base_class(saved["optimizer"])
         return _route(base.from_config(config), saved["compression"])
 
@@ -98,11 +65,6 @@ def _base_class(identity):
 
 def _route(optimizer, compression):
     """`optimizer` routed through tfdist with `compression` (a hook config or None)."""
-    from tfdist.compression.factory import build
-    from tfdist.keras.distributed_optimizer import DistributedOptimizer, check_strategy
-    from tfdist.keras.optimizer import with_gradient_pipeline
-    from tfdist.training.hooks import GradientPipeline
-
     if compression is None:
         return with_gradient_pipeline(optimizer, GradientPipeline())
     hook = build(**compression)
@@ -117,4 +79,4 @@ def _route(optimizer, compression):
     return DistributedOptimizer(optimizer, hook)
 
 
-keras.saving.get_custom_objects()[NAME] = Loader  # before any routed class exists
+keras.saving.get_custom_objects()[SAVED_NAME] = Loader

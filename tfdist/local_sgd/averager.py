@@ -17,16 +17,17 @@ decoded mean to the same anchor, so they end identical.
 
 import tensorflow as tf
 
-from tfdist.keras.variables import underlying
-from tfdist.strategies.replica_state import per_replica_state
-from tfdist.training.hooks import TrainingHook, all_reduce_sum
-
-REPLICATED = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+from tfdist.compression.factory import build
+from tfdist.core.hooks import TrainingHook, all_reduce_sum
+from tfdist.core.variables import per_replica_state, underlying
+from tfdist.errors import UnsupportedError
+from tfdist.strategies.capabilities import names_with
+from tfdist.strategies.kind import capabilities_of
 
 
 class ModelAverager(TrainingHook):
-    """Periodic model averaging, as a `TrainingHook` (for `tfdist.Trainer` and, through
-    `tfdist.callbacks.LocalSGD`, for `model.fit`).
+    """Periodic model averaging, as a `TrainingHook`: the same object in `model.fit`,
+    `tfdist.Trainer` and your own loop (`tfdist.function`).
 
     Args:
         period: local steps between two averages (1: as synchronous as plain SGD).
@@ -50,7 +51,6 @@ class ModelAverager(TrainingHook):
         self.average_optimizer_state = average_optimizer_state
         self.compression = _compression_hook(compression)
         self.phased = self.warmup_steps > 0
-        self.synchronous = self.warmup_steps > 0
         self.in_sync = True  # every replica holds the same weights
         self.averages = 0    # averages done (the step counter of a compressed average)
         self.strategy, self.anchors, self._functions = None, None, {}
@@ -68,10 +68,10 @@ class ModelAverager(TrainingHook):
     # --- the training step ------------------------------------------------------------
 
     def build(self, strategy, variables):
-        if strategy.num_replicas_in_sync > 1 and not isinstance(strategy, REPLICATED):
-            raise ValueError(
+        if strategy.num_replicas_in_sync > 1 and not capabilities_of(strategy).local_sgd:
+            raise UnsupportedError(
                 "local SGD needs replicas that hold their own copy of the weights "
-                "(MirroredStrategy or MultiWorkerMirroredStrategy); under "
+                f"([{', '.join(names_with('local_sgd'))}]); under "
                 f"{type(strategy).__name__} variables are stored once. Received: "
                 f"strategy={type(strategy).__name__}")
         self.strategy, self.anchored = strategy, False
@@ -84,10 +84,13 @@ class ModelAverager(TrainingHook):
             self.compression.build(strategy, self.anchors)
 
     def phase(self, step):
-        self.synchronous = step < self.warmup_steps
-        if not self.synchronous and self.anchors is not None and not self.anchored:
+        """Synchronous (True) during the warm-up."""
+        return step < self.warmup_steps
+
+    def enter_phase(self, phase):
+        super().enter_phase(phase)
+        if not phase and self.anchors is not None and not self.anchored:
             self._anchor()  # the replicas are in sync here: the last step was synchronous
-        return self.synchronous
 
     def _anchor(self):
         """Anchors := the (identical) weights of every replica, where local SGD starts."""
@@ -99,7 +102,8 @@ class ModelAverager(TrainingHook):
         self.anchored = True
 
     def exchange(self, grads, variables, step):
-        if self.synchronous:
+        synchronous = self.phase(0) if self.current_phase is None else self.current_phase
+        if synchronous:  # the warm-up
             return all_reduce_sum(grads)
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
         return [tf.convert_to_tensor(g) * replicas for g in grads]  # this replica's own mean
@@ -193,8 +197,6 @@ class ModelAverager(TrainingHook):
 def _compression_hook(compression):
     if compression is None:
         return None
-    from tfdist.compression.factory import build  # compression builds on the training core
-
     hook = build(compression)
     if hook.compressor.name == "none":
         return None

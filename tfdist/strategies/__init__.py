@@ -22,7 +22,7 @@ _LAZY = {
     "get_strategy": "tfdist.strategies.factory",
     "is_chief": "tfdist.strategies.task",
     "strategy_name": "tfdist.strategies.kind",
-    "sync_replica_state": "tfdist.strategies.replica_state",
+    "sync_replica_state": "tfdist.core.replica_state",
     "task_of": "tfdist.strategies.task",
 }
 

@@ -10,7 +10,7 @@ of its increment per variable. `tfdist.Trainer` uses it; a hand-written coordina
 
 import tensorflow as tf
 
-from tfdist.keras.variables import underlying
+from tfdist.core.variables import underlying
 
 
 def update_metric(metric, *args, **kwargs):

@@ -5,13 +5,15 @@ import itertools
 import keras
 import tensorflow as tf
 
-from tfdist.keras.optimizer import with_gradient_pipeline
-from tfdist.keras.variables import underlying
-from tfdist.strategies.replica_state import sync_replica_state
+from tfdist.core.driver import HookDriver
+from tfdist.core.hooks import GradientPipeline
+from tfdist.core.optimizer import pipeline_of, with_gradient_pipeline
+from tfdist.core.variables import trained_variables, underlying
+from tfdist.keras.callbacks.training_hooks import TrainingHooks
+from tfdist.strategies.kind import capabilities_of
 from tfdist.strategies.task import is_chief
 from tfdist.training.data import distribute
 from tfdist.training.metrics import update_metric
-from tfdist.training.hooks import GradientPipeline, PhasedFunction
 
 
 class Trainer:
@@ -21,14 +23,17 @@ class Trainer:
     them across replicas, apply them), with Keras' conveniences around it: callbacks,
     History, a progress bar, validation. Under ParameterServerStrategy the steps are
     scheduled on the workers through `ClusterCoordinator` and counted by the trainer.
-    At the end of every epoch, per-replica Keras state (BatchNormalization statistics)
-    is averaged across replicas and workers (`sync_replica_state`), so validation,
-    checkpoints and the final model see one model.
+    The hooks run as under `model.fit` (`tfdist.core.hooks`): before validation, at
+    the end of every epoch and of training they make one model of the replicas (local
+    SGD averages; per-replica BatchNormalization statistics are averaged), so validation,
+    checkpoints and the final model see one model. Under parameter servers, whose steps
+    run asynchronously on the workers, `after_step` runs once per epoch.
 
     Args:
         model: a built Keras 3 model (created under `strategy.scope()`).
         optimizer: a Keras optimizer (instance or name), not yet built; the trainer uses a
-            copy whose gradient exchange runs `hooks`.
+            copy whose gradient exchange runs `hooks` — or a `DistributedOptimizer`,
+            used as it is (with `hooks` added to its own).
         loss: a Keras loss (instance or name) or a function ``loss(y_true, y_pred)``.
         strategy: defaults to the strategy in scope.
         metrics: Keras metrics (instances or names).
@@ -36,7 +41,6 @@ class Trainer:
 
     Attributes:
         completed_steps: training steps finished so far (exact under every strategy).
-        step: an int64 variable with the step count, for hooks.
         variables: what the optimizer updates (the trainable variables; the shards of a
             sharded one).
 
@@ -53,22 +57,19 @@ class Trainer:
                              f"or call model.build(input_shape). Received: model={model.name}")
         self.model = model
         self.loss = _as_loss(loss)
-        self.pipeline = GradientPipeline(hooks)
         self.coordinator = None
-        if isinstance(self.strategy, tf.distribute.ParameterServerStrategy):
+        if capabilities_of(self.strategy).coordinator:
             self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
-            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfdist_step",
-                                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            self.optimizer = with_gradient_pipeline(optimizer, self.pipeline,
-                                                    step=lambda: self.step)
+            self.optimizer = _routed(optimizer, hooks)
+            self.pipeline = pipeline_of(self.optimizer)
             self.variables = trained_variables(model)
             self.optimizer.build(self.variables)  # builds the hooks too
             self.loss_tracker = keras.metrics.Mean(name="loss")
             self.metrics = [_as_metric(m) for m in metrics or []]
         model.optimizer = self.optimizer
         self.completed_steps = 0
-        self._train_functions = PhasedFunction(self._make_train_function, self.pipeline)
+        self.driver = HookDriver(model, self.optimizer)
         self._test_function = self._make_test_function()
 
     # --- the compiled steps -----------------------------------------------------------
@@ -108,10 +109,7 @@ class Trainer:
             return committed
 
         def step_fn(data):
-            committed = strategy.run(replica_step, args=(data,))
-            committed = strategy.experimental_local_results(committed)[0]  # same everywhere
-            self.step.assign_add(tf.cast(committed, tf.int64))
-            self.pipeline.on_step_end(self.step)
+            strategy.run(replica_step, args=(data,))
             return self._results()
 
         return self._compile(step_fn)
@@ -168,7 +166,8 @@ class Trainer:
                 (required under ParameterServerStrategy, whose datasets repeat).
             validation_data, validation_steps: evaluated after each epoch; metrics are
                 logged with a ``val_`` prefix.
-            callbacks: Keras callbacks; `tfdist.callbacks` adds multi-worker-safe ones.
+            callbacks: Keras callbacks; `tfdist.callbacks` adds multi-worker-safe ones
+                (`TrainingHooks` is left out: the trainer drives the hooks itself).
             verbose: 0, 1 (progress bar) or "auto" (1 on the chief only).
 
         Returns:
@@ -181,6 +180,7 @@ class Trainer:
         if validation_data is not None:
             self._check_steps(validation_steps, "validation_steps")
             val_data = distribute(self.strategy, validation_data, self.coordinator)
+        callbacks = [c for c in callbacks or [] if not isinstance(c, TrainingHooks)]  # us
         callbacks = keras.callbacks.CallbackList(
             callbacks, add_history=True, add_progbar=verbose != 0, model=self.model,
             verbose=verbose, epochs=epochs, steps=steps_per_epoch)
@@ -200,15 +200,15 @@ class Trainer:
                                      "not empty and that each worker's shard has a full batch")
                 iterator = iter(train_data)
             self.completed_steps += steps
-            self.pipeline.before_read(self.model)  # e.g. local SGD: one model again
-            sync_replica_state(self.strategy, self.model.non_trainable_variables)
             logs = self._logs()
             if val_data is not None:
                 val_logs = self._evaluate(val_data, validation_steps, callbacks, verbose=0)
                 logs.update({f"val_{k}": v for k, v in val_logs.items()})
+            self.driver.before_read()  # one model for the epoch's end (as under fit)
             callbacks.on_epoch_end(epoch, logs)
             if self.model.stop_training:
                 break
+        self.driver.before_read()
         callbacks.on_train_end(logs)
         return self.model.history
 
@@ -223,7 +223,7 @@ class Trainer:
         return self._evaluate(data, steps, callbacks, verbose)
 
     def _evaluate(self, data, steps, callbacks, verbose):
-        self.pipeline.before_read(self.model)
+        self.driver.before_read()
         self._reset_metrics()
         callbacks.on_test_begin()
         self._run_steps(False, iter(data), steps,
@@ -237,7 +237,8 @@ class Trainer:
         done = 0
         for batch in (range(steps) if steps is not None else itertools.count()):
             on_begin(batch)
-            function = self._train_function_for_step(done) if training else self._test_function
+            function = (self.driver.function(self._make_train_function) if training
+                        else self._test_function)
             logs = {}  # under a coordinator, results stay on the workers until the epoch ends
             if self.coordinator is not None:
                 self.coordinator.schedule(function, args=(iterator,))
@@ -249,20 +250,13 @@ class Trainer:
                 logs = function(data)
             done += 1
             if training and self.coordinator is None:
-                self.pipeline.after_step(self.model, self._update_steps(done))
+                self.driver.end_step()
             on_end(batch, logs)
         if self.coordinator is not None:
             self.coordinator.join()
+            if training and done:  # the steps ran asynchronously on the workers
+                self.driver.end_step()
         return done, False
-
-    def _update_steps(self, done_this_epoch):
-        """Optimizer updates so far (micro-batches / gradient_accumulation_steps)."""
-        micro = self.completed_steps + done_this_epoch
-        return micro // (self.optimizer.gradient_accumulation_steps or 1)
-
-    def _train_function_for_step(self, done_this_epoch):
-        """The step function traced for the hooks' phases at this step (one per phase)."""
-        return self._train_functions.for_step(self._update_steps(done_this_epoch))
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -287,16 +281,17 @@ class Trainer:
                              "repeated per-worker datasets, so an epoch has no natural end")
 
 
-def trained_variables(model):
-    """The variables gradients are taken for and the optimizer updates: the model's
-    trainable variables, with a `ShardedVariable` (ParameterServerStrategy with
-    `max_shards` / `min_shard_bytes`) replaced by its shards."""
-    variables = []
-    for variable in model.trainable_variables:
-        value = underlying(variable)
-        sharded = isinstance(value, tf.__internal__.distribute.ShardedVariable)
-        variables.extend(value.variables if sharded else [variable])
-    return variables
+def _routed(optimizer, hooks):
+    """`optimizer` as a routed optimizer whose pipeline holds `hooks` (see `Trainer`)."""
+    pipeline = pipeline_of(optimizer)
+    if pipeline is None:
+        return with_gradient_pipeline(optimizer, GradientPipeline(hooks))
+    if optimizer.built:
+        raise ValueError("the optimizer already has variables; pass a fresh optimizer so "
+                         f"its state is created under the strategy scope. Received: {optimizer}")
+    for hook in hooks:
+        pipeline.add(hook)
+    return optimizer
 
 
 def _update_state(metric, *args):

@@ -3,6 +3,8 @@
 import keras
 import tensorflow as tf
 
+from tfdist.core.optimizer import pipeline_of
+
 
 class CommStats(keras.callbacks.Callback):
     """Adds to each epoch's logs, from the payload sizes of tfdist's gradient exchange
@@ -53,7 +55,7 @@ class CommStats(keras.callbacks.Callback):
         gathered = sizes["gathered"]
         per_worker = (2 * (workers - 1) / workers * (sizes["payload"] - gathered)
                       + (workers - 1) * gathered)
-        if getattr(self.hook, "push", False):  # parameter servers: each worker pushes its payload
+        if self.hook is not None and self.hook.push_codec is not None:  # each worker pushes
             per_worker = sizes["payload"]
         return {"comm_payload_bytes": float(sizes["payload"]),
                 "comm_bytes_per_worker": float(per_worker),
@@ -61,7 +63,7 @@ class CommStats(keras.callbacks.Callback):
 
 
 def _find_hook(model):
-    pipeline = getattr(model.optimizer, "_tfdist_pipeline", None)
+    pipeline = pipeline_of(model.optimizer)
     hooks = pipeline.hooks if pipeline is not None else []
     found = [h for h in hooks if h.replaces_exchange and hasattr(h, "bytes_per_step")]
     return found[0] if found else None

@@ -1,22 +1,21 @@
-"""`LocalSGD`: periodic model averaging for `model.fit`."""
+"""`LocalSGD`: periodic model averaging for `model.fit` with any optimizer."""
 
-from tfdist.keras.callbacks.hook_phases import HookPhases
+from tfdist.core.optimizer import with_hook
+from tfdist.keras.callbacks.training_hooks import TrainingHooks
 from tfdist.keras.callbacks.worker_scratch import strategy_of
-from tfdist.keras.optimizer import add_hook
 from tfdist.local_sgd import ModelAverager
 
 
-class LocalSGD(HookPhases):
+class LocalSGD(TrainingHooks):
     """Local SGD under `model.fit`: `period` local steps, then one model average.
 
         model.fit(data, callbacks=[tfdist.callbacks.LocalSGD(period=8, warmup_steps=100)])
 
-    At the start of training the model's optimizer is routed through tfdist's gradient
-    seam (in place; its class becomes tfdist's subclass of its own class), so between
-    averages no gradient is exchanged. Validation, `tfdist.callbacks.ModelCheckpoint`,
-    `BackupAndRestore`, the end of each epoch and of training all see averaged weights.
-    Includes `HookPhases` (the warm-up is synchronous). Arguments as `ModelAverager`;
-    `from_config` takes the config's `local_sgd:` section.
+    `TrainingHooks` with a `ModelAverager` added to the optimizer's pipeline; the same
+    averager works in `tfdist.Trainer` and your own loop as a hook. A plain Keras
+    optimizer is replaced, at the start of training, by a copy routed through tfdist
+    that takes over its state (the model's `optimizer` attribute then points to it).
+    Arguments as `ModelAverager`; `from_config` takes the config's `local_sgd:` section.
     """
 
     def __init__(self, period, warmup_steps=0, average_non_trainable=False,
@@ -30,17 +29,6 @@ class LocalSGD(HookPhases):
         return cls(**{**vars(config), **overrides})
 
     def on_train_begin(self, logs=None):
-        add_hook(self.model.optimizer, self.averager, strategy_of(self.model))
+        self.model.optimizer = with_hook(self.model.optimizer, self.averager,
+                                         strategy_of(self.model))
         super().on_train_begin(logs)
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.averager.after_step(self.model, int(self.model.optimizer.iterations.numpy()))
-
-    def on_test_begin(self, logs=None):
-        self.averager.before_read(self.model)
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.averager.before_read(self.model)
-
-    def on_train_end(self, logs=None):
-        self.averager.before_read(self.model)

@@ -3,7 +3,7 @@
 import keras
 
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
-from tfdist.keras.optimizer import before_read
+from tfdist.core.driver import before_read
 
 
 class ModelCheckpoint(keras.callbacks.ModelCheckpoint):

@@ -1,9 +1,9 @@
-"""`SyncReplicaState`: one model on every replica, without a collective per step."""
+"""`SyncReplicaState`: one model on every replica, for `model.fit` with a plain optimizer."""
 
 import keras
 
+from tfdist.core import replica_state
 from tfdist.keras.callbacks.worker_scratch import strategy_of
-from tfdist.strategies.replica_state import sync_replica_state
 
 
 class SyncReplicaState(keras.callbacks.Callback):
@@ -11,12 +11,21 @@ class SyncReplicaState(keras.callbacks.Callback):
     at the end of every epoch and of training, for `model.fit` under MirroredStrategy or
     MultiWorkerMirroredStrategy. Place it before callbacks that save or evaluate.
 
-    Keras 3 lets each replica keep its own statistics; without this callback two workers
-    end with different models. (`tfdist.Trainer` does this itself.)
+    Keras 3 lets each replica keep its own statistics; without this two workers end with
+    different models. An optimizer routed through tfdist (`DistributedOptimizer`, with
+    `tfdist.callbacks.TrainingHooks`) and `tfdist.Trainer` do it already, also before
+    validation: this callback is for plain Keras optimizers.
     """
 
+    def __init__(self):
+        super().__init__()
+        self.hook = replica_state.SyncReplicaState()
+
+    def on_train_begin(self, logs=None):
+        self.hook.build(strategy_of(self.model), self.model.trainable_variables)
+
     def on_epoch_end(self, epoch, logs=None):
-        sync_replica_state(strategy_of(self.model), self.model.non_trainable_variables)
+        self.hook.before_read(self.model)
 
     def on_train_end(self, logs=None):
-        sync_replica_state(strategy_of(self.model), self.model.non_trainable_variables)
+        self.hook.before_read(self.model)

@@ -1,172 +1,192 @@
-"""Routing a Keras 3 optimizer's step through tfdist: the gradient pipeline and the
-transactional update.
+"""The optimizer seam: a Keras 3 optimizer's step routed through tfdist's gradient
+pipeline, as one transaction. The one module that touches Keras optimizer privates.
 
 Keras 3's TensorFlow optimizer applies gradients in `apply` → `_backend_apply_gradients`
 (clipping, weight decay, gradient accumulation, EMA) → `_backend_update_step`, which
 all-reduces the gradients in replica context (the loss already scaled by 1/replicas) and
 updates each variable through `merge_call` and `strategy.extended.update`. tfdist builds a
-subclass of the optimizer's own class — no global patch — that overrides those three
-methods (`tests/test_keras_seams.py` fails loudly if Keras moves them):
+subclass of the optimizer's own class — no global patch, no change to the object it is
+given (as Horovod's `DistributedOptimizer`) — that overrides `OVERRIDDEN` and calls
+`CALLED`; `tests/test_keras_seams.py` checks their behaviour on every Keras version in
+`KERAS_CHECKED`, and `routed_class` refuses a Keras that lost one:
 
-- the exchange is a `GradientPipeline` (compression, local SGD, your hooks);
+- the exchange is a `GradientPipeline` (compression, local SGD, your hooks), and the
+  hooks' `on_step_end` runs after the update, in every loop;
 - the step is a transaction (`tfdist.core.transaction`): one all-reduced finiteness flag
   decides whether it commits, every variable, slot, accumulator and EMA update and the
   `iterations` count depend on it, and a refused step then fails with a clear error;
 - gradient accumulation works under MirroredStrategy and MultiWorkerMirroredStrategy:
   Keras chooses "accumulate" or "exchange and update" with a `tf.cond` around the
   all-reduce, and a collective inside a cond in replica context is refused (`merge_call
-  called while defining a new graph`). Here the choice is a Python phase
-  (`AccumulationPhase`): the step is traced once for each branch and the loop picks the
-  right one, so the exchange happens once per accumulated step.
+  called while defining a new graph`). Here the choice is a phase (`AccumulationPhase`):
+  the step is traced once for each branch and the loop's driver picks the right one.
+
+Saved models (`get_config`) keep the exchange: the routed class is saved as its Keras
+base class under the registered name `SAVED_NAME`, with tfdist's part under the config
+key `SAVED_KEY` (`tfdist.keras.saving` loads it back).
 """
 
 import keras
 import tensorflow as tf
 
 from tfdist.core import transaction
-from tfdist.keras import saving
-from tfdist.keras.variables import underlying
-from tfdist.training.hooks import GradientPipeline, PhasedFunction, TrainingHook
+from tfdist.core.hooks import GradientPipeline, TrainingHook
+from tfdist.core.replica_state import SyncReplicaState
+from tfdist.core.variables import underlying
+from tfdist.errors import UnsupportedError
+from tfdist.strategies.kind import capabilities_of
 
+#: Keras versions whose optimizer seam was checked (tests/test_keras_seams.py).
+KERAS_CHECKED = ("3.15.1",)
 #: Keras methods the routed subclass overrides, and those it calls (all must exist).
-OVERRIDDEN = ("apply", "_backend_apply_gradients", "_backend_update_step", "build")
+OVERRIDDEN = ("apply", "_backend_apply_gradients", "_backend_update_step", "build",
+              "get_config")
 CALLED = ("update_step", "_clip_gradients", "_use_weight_decay",
           "_update_model_variables_moving_average",
-          "_overwrite_model_variables_with_average_value", "_get_variable_index")
+          "_overwrite_model_variables_with_average_value", "_get_variable_index",
+          "_backend_increment_gradient_accumulators")
+SAVED_PACKAGE, SAVED_CLASS = "tfdist", "DistributedOptimizer"
+SAVED_NAME = f"{SAVED_PACKAGE}>{SAVED_CLASS}"  # the registered name of every routed class
+SAVED_KEY, SAVED_VERSION = "tfdist", 1
 _ROUTED = {}  # optimizer class -> its tfdist subclass
 
 
-def with_gradient_pipeline(optimizer, pipeline, step=None):
-    """A copy of `optimizer` whose gradient exchange is `pipeline`.
+def pipeline_of(optimizer):
+    """The `GradientPipeline` a routed optimizer exchanges through, else None."""
+    return optimizer._tfdist_pipeline if is_routed(optimizer) else None
+
+
+def is_routed(optimizer):
+    return getattr(type(optimizer), "_tfdist_routed", False)
+
+
+def with_gradient_pipeline(optimizer, pipeline):
+    """A copy of `optimizer` whose gradient exchange is `pipeline` (to which a
+    `SyncReplicaState` hook is added if it has none: one model on every replica).
 
     Args:
         optimizer: a Keras 3 optimizer (instance or name) not yet built.
         pipeline: a `GradientPipeline`.
-        step: a zero-argument callable giving the int64 step tensor for the hooks;
-            defaults to the optimizer's own `iterations`.
 
     Returns:
-        A new optimizer of a subclass of `type(optimizer)` (same name and options; a saved
-        model loads it routed again where tfdist is imported, and as the original class
-        elsewhere — see `tfdist.keras.saving`). Create it under the strategy scope;
-        building it (Keras does, before training) also builds the pipeline's hooks.
+        A new optimizer of a subclass of `type(optimizer)` (same name and options).
+        Create it under the strategy scope; building it (Keras does, before training)
+        also builds the pipeline's hooks.
 
     Raises:
         ValueError: the optimizer is already built or already routed through a pipeline.
     """
     optimizer = keras.optimizers.get(optimizer)
-    if getattr(optimizer, "_tfdist_pipeline", None) is not None:
+    if is_routed(optimizer):
         raise ValueError("this optimizer already exchanges gradients through tfdist; "
                          f"wrap the original optimizer only once. Received: {optimizer}")
     if optimizer.built:
         raise ValueError("the optimizer already has variables; pass a fresh optimizer so "
                          f"its state is created under the strategy scope. Received: {optimizer}")
-    wrapped = routed_class(type(optimizer)).from_config(optimizer.get_config())
-    for name in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
-        if hasattr(optimizer, name):  # set by exclude_from_weight_decay(), not in the config
-            setattr(wrapped, name, getattr(optimizer, name))
-    _route(wrapped, pipeline, step)
-    return wrapped
+    return _routed_copy(optimizer, pipeline)
 
 
-def add_hook(optimizer, hook, strategy):
-    """Adds `hook` to `optimizer`'s pipeline, in place — routing the optimizer through a
-    pipeline first if it is a plain Keras optimizer (its class becomes tfdist's subclass
-    of its own class; nothing else changes). A hook of the same class already there (a
-    callback of an earlier `fit`) is replaced. Builds the hook if the optimizer is built.
-    """
-    if getattr(optimizer, "_tfdist_pipeline", None) is None:
-        optimizer.__class__ = routed_class(type(optimizer))
-        _route(optimizer, GradientPipeline(), None)
-    pipeline = optimizer._tfdist_pipeline
-    if hook in pipeline.hooks:
-        return
-    pipeline.hooks = [h for h in pipeline.hooks if type(h) is not type(hook)]
-    pipeline.add(hook)
-    if optimizer.built:
-        with strategy.scope():
-            hook.build(strategy, list(optimizer._trainable_variables))
-
-
-def before_read(model):
-    """Lets the hooks of `model.optimizer` make one model of the replicas (local SGD
-    averages them) before something reads or saves it; on every worker."""
-    pipeline = getattr(getattr(model, "optimizer", None), "_tfdist_pipeline", None)
-    if pipeline is not None:
-        pipeline.before_read(model)
-
-
-def phased_step(fn, optimizer):
-    """`tf.function(fn)` for your own training loop, traced once per phase of the
-    optimizer's exchange: with a delayed start (`start_step`), the step exchanges
-    uncompressed gradients first and compressed ones from `start_step` on, and
-    collectives cannot be switched inside one compiled step. `model.fit` (with
-    `tfdist.callbacks.HookPhases`) and `tfdist.Trainer` do this for you.
-
-        step = tfdist.keras.phased_step(
-            lambda x, y: strategy.run(train_step, args=(x, y)), optimizer)
-        for x, y in distributed_dataset:
-            step(x, y)
-
-    Args:
-        fn: the Python step function (it calls `strategy.run`).
-        optimizer: the optimizer `fn` applies gradients with, routed through tfdist
-            (`DistributedOptimizer`); its `iterations` says which phase a call is in.
-
-    Returns:
-        A callable with the signature of `fn`.
-
-    Raises:
-        ValueError: the optimizer does not exchange through tfdist.
-    """
-    pipeline = getattr(optimizer, "_tfdist_pipeline", None)
+def with_hook(optimizer, hook, strategy):
+    """`optimizer` with `hook` in its pipeline: the same optimizer (hook appended) if it
+    is routed, else a routed copy that takes over its state (Horovod's fresh copy; the
+    original is left as it was). A hook of the same class already there (a callback of
+    an earlier `fit`) is replaced. Builds the hook if the optimizer is built."""
+    pipeline = pipeline_of(optimizer)
     if pipeline is None:
-        raise ValueError("phased_step needs an optimizer that exchanges through tfdist, e.g. "
-                         f"tfdist.keras.DistributedOptimizer(...). Received: {optimizer}")
-    functions = PhasedFunction(lambda: tf.function(fn), pipeline)
-
-    def step(*args, **kwargs):
-        return functions.for_step(int(optimizer.iterations.numpy()))(*args, **kwargs)
-
-    return step
+        with strategy.scope():
+            copy = _routed_copy(optimizer, GradientPipeline([hook]))
+            if optimizer.built:
+                copy.build(optimizer._trainable_variables)
+                for mine, theirs in zip(copy.variables, optimizer.variables):
+                    mine.assign(theirs)
+        return copy
+    if hook not in pipeline.hooks:
+        pipeline.hooks = [h for h in pipeline.hooks if type(h) is not type(hook)]
+        pipeline.add(hook)
+        if optimizer.built:
+            with strategy.scope():
+                hook.build(strategy, list(optimizer._trainable_variables))
+    return optimizer
 
 
 def routed_class(base):
-    """The subclass of optimizer class `base` with tfdist's seams (one per class)."""
+    """The subclass of optimizer class `base` with tfdist's seams (one per class).
+
+    Raises:
+        RuntimeError: this Keras lost a method the seam needs.
+    """
     if getattr(base, "_tfdist_routed", False):
         return base
     if base not in _ROUTED:
         for seam in OVERRIDDEN + CALLED:
             if not hasattr(base, seam):
                 raise RuntimeError(f"Keras {keras.__version__}: {base.__name__} has no {seam}; "
-                                   "tfdist's optimizer seam moved — see tfdist/keras/optimizer.py")
+                                   "tfdist's optimizer seam moved — see tfdist/core/optimizer.py "
+                                   f"(checked on Keras {', '.join(KERAS_CHECKED)})")
         _ROUTED[base] = type(base.__name__, (base,), {
             "apply": _apply, "build": _build, "_backend_apply_gradients": _apply_gradients,
             "_backend_update_step": _update_step, "_tfdist_update_variables": _update_variables,
-            "get_config": saving.get_config, "_tfdist_routed": True,
+            "get_config": _get_config, "_tfdist_routed": True, "_tfdist_pipeline": None,
             "__module__": base.__module__, "__qualname__": base.__qualname__})
-        saving.register(_ROUTED[base])
+        _register(_ROUTED[base])
     return _ROUTED[base]
 
 
-def _route(optimizer, pipeline, step):
-    optimizer._tfdist_pipeline = pipeline
-    optimizer._tfdist_step = step
-    optimizer._tfdist_accumulating = False
-    if optimizer.gradient_accumulation_steps:
-        if isinstance(tf.distribute.get_strategy(), tf.distribute.ParameterServerStrategy):
-            raise ValueError(
+def _register(routed):
+    """Registers `routed` for saving under `SAVED_NAME`, keeping whatever loads that name
+    (`tfdist.keras.saving.Loader`): the registry maps one name to one class."""
+    objects = keras.saving.get_custom_objects()
+    loader = objects.get(SAVED_NAME)
+    keras.saving.register_keras_serializable(SAVED_PACKAGE, SAVED_CLASS)(routed)
+    if loader is not None:
+        objects[SAVED_NAME] = loader
+
+
+def _get_config(self):
+    """The base class's config plus tfdist's part under `SAVED_KEY` of ``decay`` (a key
+    Keras' optimizers accept and ignore, so a process without tfdist still loads it).
+
+    Raises:
+        ValueError: the base config already uses ``decay``, or the exchange cannot be
+            described by options (see `GradientCompression.get_config`).
+    """
+    config = _base(self).get_config(self)
+    if config.get("decay") is not None:
+        raise ValueError("tfdist saves its settings in the optimizer config key 'decay', "
+                         f"which {type(self).__name__} uses itself. Received: {config}")
+    base = _base(self)
+    config["decay"] = {SAVED_KEY: {
+        "version": SAVED_VERSION,
+        "optimizer": {"module": base.__module__, "class": base.__name__,
+                      "registered_name": keras.saving.get_registered_name(base)},
+        "compression": self._tfdist_pipeline.saved_config()}}
+    return config
+
+
+def _routed_copy(optimizer, pipeline):
+    wrapped = routed_class(type(optimizer)).from_config(optimizer.get_config())
+    for name in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
+        if hasattr(optimizer, name):  # set by exclude_from_weight_decay(), not in the config
+            setattr(wrapped, name, getattr(optimizer, name))
+    wrapped._tfdist_pipeline = pipeline
+    if not any(isinstance(h, SyncReplicaState) for h in pipeline.hooks):
+        pipeline.add(SyncReplicaState())  # one model on every replica, in every loop
+    if wrapped.gradient_accumulation_steps:
+        if not capabilities_of().accumulation:
+            raise UnsupportedError(
                 "gradient_accumulation_steps does not apply under ParameterServerStrategy: "
                 "workers update the variables asynchronously, one step at a time; give each "
                 "worker a larger batch instead")
-        if optimizer.use_ema:
+        if wrapped.use_ema:
             raise ValueError("tfdist does not combine gradient_accumulation_steps with "
                              "use_ema; use one of them")
-        pipeline.add(AccumulationPhase(optimizer))
+        pipeline.add(AccumulationPhase(wrapped))
+    return wrapped
 
 
 class AccumulationPhase(TrainingHook):
-    """The phase of Keras' gradient accumulation: accumulate, or exchange and update."""
+    """The phase of Keras' gradient accumulation: True while accumulating (no exchange),
+    False in the micro-step that exchanges and updates."""
 
     phased = True
 
@@ -175,9 +195,12 @@ class AccumulationPhase(TrainingHook):
 
     def phase(self, step):
         micro_steps = int(self.optimizer._iterations.numpy())
-        steps = self.optimizer.gradient_accumulation_steps
-        self.optimizer._tfdist_accumulating = (micro_steps + 1) % steps != 0
-        return self.optimizer._tfdist_accumulating
+        return (micro_steps + 1) % self.optimizer.gradient_accumulation_steps != 0
+
+
+def _accumulating(self):
+    hook = next(h for h in self._tfdist_pipeline.hooks if isinstance(h, AccumulationPhase))
+    return hook.current_phase
 
 
 def _base(optimizer):
@@ -234,9 +257,8 @@ def _average_accumulated(self, grads, accumulators):
     """In an accumulating micro-step, adds `grads` to the accumulators (unless refused)
     and returns None; in the exchanging one, returns the mean of the micro-steps."""
     context = tf.distribute.get_replica_context()
-    stored_once = isinstance(tf.distribute.get_strategy(),
-                             tf.distribute.experimental.CentralStorageStrategy)
-    if self._tfdist_accumulating:  # local only: no exchange
+    stored_once = capabilities_of().stored_once
+    if _accumulating(self):  # local only: no exchange
         decision = transaction.current()
         grads = [tf.convert_to_tensor(g) for g in grads]
         grads = [decision.gate(g, tf.zeros_like(g)) for g in grads]
@@ -272,8 +294,8 @@ def _update_step(self, grads, trainable_variables, learning_rate):
     grads_and_vars = list(zip(grads, [underlying(v) for v in trainable_variables]))
     if tf.distribute.get_replica_context():  # cross-replica: nothing to exchange, as in Keras
         self._tfdist_pipeline.check_phases_driven()
-        step = self._tfdist_step() if self._tfdist_step else self.iterations
-        grads_and_vars = self._tfdist_pipeline(grads_and_vars, tf.cast(step, tf.int64))
+        step = tf.cast(self.iterations, tf.int64)
+        grads_and_vars = self._tfdist_pipeline(grads_and_vars, step)
         decision.settle()  # if the exchange did not carry the verdict (local SGD), now
         decision.done += [g for g, _ in grads_and_vars if g is not None]
     tf.__internal__.distribute.interim.maybe_merge_call(
@@ -283,17 +305,14 @@ def _update_step(self, grads, trainable_variables, learning_rate):
 
 def _update_variables(self, distribution, grads_and_vars, learning_rate, committed):
     """Cross-replica: weight decay and `update_step` of each variable, on its devices,
-    if `committed`. With a push compressor (ParameterServerStrategy), each gradient is
-    encoded here, on the worker, and decoded inside the update, which runs on the
-    variable's parameter server: the encoded payload is what crosses."""
-    from tfdist.compression.buffers import pack, unpack  # here: compression builds on this
+    if `committed`; then the hooks' `on_step_end`. With a push codec (parameter servers),
+    each gradient is encoded here, on the worker, and decoded inside the update, which
+    runs on the variable's parameter server: the encoded payload is what crosses."""
+    push = self._tfdist_pipeline.push_codec()
 
-    push = self._tfdist_pipeline.push_compressor()
-
-    def update(variable, *payload_rate_committed, layout=None):
+    def update(variable, *payload_rate_committed, meta=None):
         *payload, rate, commit = payload_rate_committed
-        grad = payload[0] if push is None else unpack(push.decode(tuple(payload), layout,
-                                                                  None), layout)[0]
+        grad = payload[0] if push is None else push.decode(tuple(payload), meta)
 
         def apply():
             if self.weight_decay is not None and self._use_weight_decay(variable):
@@ -307,9 +326,10 @@ def _update_variables(self, distribution, grads_and_vars, learning_rate, committ
     for grad, variable in grads_and_vars:
         if grad is None:
             continue
-        payload, layout = (grad,), None
-        if push is not None:
-            buffer, layout = pack([grad], push.align)
-            payload = push.encode(buffer, layout, None)
+        payload, meta = ((grad,), None) if push is None else push.encode(grad)
         distribution.extended.update(variable, update, args=(*payload, learning_rate, committed),
-                                     kwargs={"layout": layout}, group=False)
+                                     kwargs={"meta": meta}, group=False)
+    # The step counts once `apply` ends; here it is this update's number if it commits.
+    committed = distribution.experimental_local_results(committed)[0]  # same everywhere
+    self._tfdist_pipeline.on_step_end(tf.cast(self.iterations, tf.int64)
+                                      + tf.cast(committed, tf.int64))

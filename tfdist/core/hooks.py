@@ -1,22 +1,25 @@
-"""Hook points of the training step, and the gradient pipeline that runs them.
+"""The hook contract of a training step, and the gradient pipeline that runs the hooks.
 
 A training step computes local gradients on each replica, exchanges them across
-replicas, and applies them. Hooks plug into that step at four points:
+replicas, and applies them. Hooks plug into that step, in the same way and at the same
+moments under `model.fit`, `tfdist.Trainer` and your own loop (`tfdist.function`):
 
+    in the compiled step (the optimizer seam, `tfdist.core.optimizer`, calls them):
     before_exchange(grads, variables, step)   local gradients (replica context)
     exchange(grads, variables, step)          the cross-replica exchange itself
     after_exchange(grads, variables, step)    exchanged gradients (replica context)
     on_step_end(step)                         after the update (cross-replica context)
 
-and, outside the compiled step, in Python on every worker:
-
-    after_step(model, steps_done)             between two steps
-    before_read(model)                        before anything reads or saves the model
+    in Python, on every worker (the loop's `HookDriver`, `tfdist.core.driver`, calls them):
+    enter_phase(phase)                        before the first step, and before a step
+                                              whose phase differs
+    after_step(model, steps_done)             after each step
+    before_read(model)                        before validation, a checkpoint, the end of
+                                              an epoch or of training — once per change
 
 Gradient compression replaces `exchange` (compress, communicate the payload,
 decompress); local SGD replaces it with "no exchange" between averages and averages
-the model in `after_step` and `before_read`. The same `GradientPipeline` runs inside
-`tfdist.Trainer` and, through the optimizer wrapper in `tfdist.keras`, inside `model.fit`.
+the model in `after_step` and `before_read`.
 """
 
 import tensorflow as tf
@@ -29,16 +32,37 @@ class TrainingHook:
 
     Gradient methods run inside `tf.function`, once per replica: `grads` is a list of
     tensors (or IndexedSlices) aligned with `variables`, `step` an int64 scalar tensor
-    counting the steps done before this one. Create variables in `build`.
+    counting the optimizer's updates before this one. Create variables in `build`.
+
+    A hook whose compiled code differs during training (a delayed start, a warm-up)
+    says so with `phase(step)`, a pure function of the step; the driver calls
+    `enter_phase` when it changes and traces the step again, and the hook's compiled
+    code reads `self.current_phase`.
     """
 
     #: True when this hook performs the cross-replica exchange (at most one per step).
     replaces_exchange = False
     #: True when `phase` changes during training (the step must then be traced again).
     phased = False
+    #: The phase the step is traced for (set by `enter_phase`; None before a driver ran).
+    current_phase = None
+    #: A codec that compresses each gradient pushed to parameter servers, or None.
+    push_codec = None
 
     def build(self, strategy, variables):
         """Creates the hook's state; called once, under `strategy.scope()`."""
+
+    def phase(self, step):
+        """What the traced step depends on at optimizer step `step` (e.g. "compressing"),
+        without side effects. Collectives cannot sit inside `tf.cond` in replica context,
+        so a hook whose exchange changes at some step says so here."""
+        return None
+
+    def enter_phase(self, phase):
+        """Called by the driver, in Python on every worker, before the first step and before
+        the first step of a new phase; override to change state there (and call
+        `super().enter_phase(phase)`)."""
+        self.current_phase = phase
 
     def before_exchange(self, grads, variables, step):
         return grads
@@ -55,19 +79,15 @@ class TrainingHook:
         return None  # a body AutoGraph can convert (a docstring alone is not)
 
     def after_step(self, model, steps_done):
-        """Runs in Python between steps, on every worker; `steps_done` counts the steps."""
+        """Runs in Python after each step, on every worker; `steps_done` counts the steps."""
 
     def before_read(self, model):
-        """Runs in Python on every worker before validation, checkpoints, the end of an
-        epoch or of training: whatever reads the model must see one model."""
+        """Runs in Python on every worker before anything reads the model (validation,
+        checkpoints, the end of an epoch or of training), once after each change: whatever
+        reads the model must see one model."""
 
-    def phase(self, step):
-        """What the traced step depends on at Python step `step` (e.g. "compressing").
-
-        Collectives cannot sit inside `tf.cond` in replica context, so a hook whose
-        exchange changes at some step (delayed start, local-SGD warm-up) says so here;
-        when any hook's phase changes, the step function is traced again.
-        """
+    def get_config(self):
+        """Options that rebuild this hook when a model is loaded, or None (not saved)."""
         return None
 
 
@@ -77,6 +97,10 @@ def all_reduce_sum(grads):
     if not grads:
         return []
     return transaction.all_reduce_sum(tf.distribute.get_replica_context(), grads)
+
+
+def _plain_exchange(grads, variables, step):
+    return all_reduce_sum(grads)
 
 
 class GradientPipeline:
@@ -91,7 +115,8 @@ class GradientPipeline:
 
     def __init__(self, hooks=()):
         self.hooks = []
-        self._exchange = lambda g, v, s: all_reduce_sum(g)
+        self.driven = False   # a driver has set the hooks' phases
+        self.changed = False  # a step ran since the hooks last made one model
         for hook in hooks:
             self.add(hook)
 
@@ -102,7 +127,11 @@ class GradientPipeline:
             names = ", ".join(type(h).__name__ for h in owners)
             raise ValueError(f"only one hook may replace the gradient exchange. Received: {names}")
         self.hooks.append(hook)
-        self._exchange = owners[0].exchange if owners else (lambda g, v, s: all_reduce_sum(g))
+
+    @property
+    def exchange_owner(self):
+        """The hook that replaces the exchange, or None (Keras' all-reduce)."""
+        return next((h for h in self.hooks if h.replaces_exchange), None)
 
     def build(self, strategy, variables):
         for hook in self.hooks:
@@ -116,7 +145,8 @@ class GradientPipeline:
         variables = [grads_and_vars[i][1] for i in present]
         for hook in self.hooks:
             grads = hook.before_exchange(grads, variables, step)
-        grads = self._exchange(grads, variables, step)
+        owner = self.exchange_owner
+        grads = (owner.exchange if owner else _plain_exchange)(grads, variables, step)
         for hook in self.hooks:
             grads = hook.after_exchange(grads, variables, step)
         result = [(None, v) for _, v in grads_and_vars]
@@ -128,69 +158,22 @@ class GradientPipeline:
         for hook in self.hooks:
             hook.on_step_end(step)
 
-    def after_step(self, model, steps_done):
-        for hook in self.hooks:
-            hook.after_step(model, steps_done)
+    def push_codec(self):
+        """The codec of the gradient push to parameter servers, if a hook has one."""
+        return next((h.push_codec for h in self.hooks if h.push_codec is not None), None)
 
-    def before_read(self, model):
-        for hook in self.hooks:
-            hook.before_read(model)
-
-    def enter_phase(self, step):
-        """Sets every hook's phase for Python step `step`; True if any phase changed
-        (the caller must then trace its step function again)."""
-        phases = tuple(hook.phase(step) for hook in self.hooks)
-        changed = phases != getattr(self, "_phases", None)
-        self._phases = phases
-        return changed
-
-    @property
-    def phases(self):
-        """The phases set by the last `enter_phase` (a key for cached step functions)."""
-        return getattr(self, "_phases", None)
-
-    def push_compressor(self):
-        """The compressor of the gradient push to parameter servers, if a hook has one."""
-        for hook in self.hooks:
-            if getattr(hook, "push", False) and hook.compressor.name != "none":
-                return hook.compressor
-        return None
+    def saved_config(self):
+        """What a saved model keeps of the exchange: its owner's `get_config()`, or None."""
+        owner = self.exchange_owner
+        return owner.get_config() if owner is not None else None
 
     def check_phases_driven(self):
-        """Raises if a phased hook would be traced before anyone set its phase."""
+        """Raises if a phased hook would be traced before a driver set its phase."""
         phased = [type(h).__name__ for h in self.hooks if h.phased]
-        if phased and not hasattr(self, "_phases"):
+        if phased and not self.driven:
             raise RuntimeError(
                 f"{', '.join(phased)} changes phase during training (e.g. compression from "
                 "start_step on), which needs the train step traced again: with model.fit add "
-                "tfdist.callbacks.HookPhases() to the callbacks; in your own loop compile the "
-                "step with tfdist.keras.phased_step(fn, optimizer) instead of tf.function "
+                "tfdist.callbacks.TrainingHooks() to the callbacks; in your own loop compile "
+                "the step with tfdist.function(fn, model=model) instead of tf.function "
                 "(tfdist.Trainer does it itself)")
-
-
-class PhasedFunction:
-    """A compiled step traced once per phase of a pipeline's hooks; `for_step` gives the
-    one for a step. Collectives cannot be switched inside a compiled step (see
-    `TrainingHook.phase`), so a step whose exchange changes during training (delayed start,
-    local-SGD warm-up, gradient accumulation) is traced once for each phase.
-
-    Args:
-        make: a zero-argument callable returning a new compiled step (once per phase).
-        pipeline: the `GradientPipeline` whose hooks' phases select the step.
-    """
-
-    def __init__(self, make, pipeline):
-        self.make, self.pipeline = make, pipeline
-        self._functions = {}  # hooks' phases -> the step traced for them
-
-    def __contains__(self, function):
-        """Whether `function` is one of the steps traced here."""
-        return any(function is f for f in self._functions.values())
-
-    def for_step(self, step):
-        """The compiled step for Python step `step` (sets every hook's phase first)."""
-        self.pipeline.enter_phase(step)
-        key = self.pipeline.phases
-        if key not in self._functions:
-            self._functions[key] = self.make()
-        return self._functions[key]

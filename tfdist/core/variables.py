@@ -1,0 +1,51 @@
+"""Variables as the step sees them: the tf.Variable inside a Keras 3 variable, the shards
+a parameter server holds, and the state each replica keeps a copy of."""
+
+import keras
+import tensorflow as tf
+
+
+def underlying(variable):
+    """The tf.Variable (possibly distributed) behind a Keras 3 variable, or `variable`."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def trained_variables(model):
+    """The variables gradients are taken for and the optimizer updates: the model's
+    trainable variables, with a `ShardedVariable` (ParameterServerStrategy with
+    `max_shards` / `min_shard_bytes`) replaced by its shards."""
+    variables = []
+    for variable in model.trainable_variables:
+        value = underlying(variable)
+        sharded = isinstance(value, tf.__internal__.distribute.ShardedVariable)
+        variables.extend(value.variables if sharded else [variable])
+    return variables
+
+
+def per_replica_state(strategy, variables):
+    """The variables whose replicas hold their own copies: non-trainable, floating point,
+    aggregation NONE, mirrored on more than one replica (Keras 3 state such as
+    BatchNormalization statistics under MirroredStrategy and MultiWorkerMirroredStrategy)."""
+    if strategy.num_replicas_in_sync < 2:
+        return []
+    chosen = []
+    for variable in variables:
+        value = underlying(variable)
+        if (not getattr(value, "trainable", True) and value.dtype.is_floating
+                and getattr(value, "aggregation", None) == tf.VariableAggregation.NONE
+                and isinstance(value, tf.distribute.DistributedValues)):
+            chosen.append(value)
+    return chosen
+
+
+def average_over_replicas(strategy, variables):
+    """A compiled function that sets every replica's copy of `variables` (tf.Variables,
+    per replica) to their mean over all replicas and workers. Call it on every worker at
+    the same point: it runs a collective."""
+    def replica_fn():
+        context = tf.distribute.get_replica_context()
+        means = context.all_reduce(tf.distribute.ReduceOp.MEAN, [v.read_value() for v in variables])
+        for variable, mean in zip(variables, means):
+            variable.assign(mean)
+
+    return tf.function(lambda: strategy.run(replica_fn))
