@@ -14,9 +14,11 @@ checksum of its final weights, which must agree.
 
 import json
 import os
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from absl import app, flags, logging  # noqa: E402
 import keras  # noqa: E402
@@ -24,32 +26,12 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
+from problem import make_model, synthetic_dataset  # noqa: E402
 
 flags.DEFINE_string("config", "configs/quickstart.yaml", "tfdist config file")
 flags.DEFINE_string("output_dir", None, "where the chief writes metrics.json (optional)")
 flags.DEFINE_integer("epochs", None, "override train.epochs")
 FLAGS = flags.FLAGS
-
-NUM_FEATURES, NUM_CLASSES = 16, 4
-
-
-def synthetic_dataset(seed, split="train", num_examples=8192):
-    """Gaussian points labelled by argmax of a random linear map fixed by `seed`."""
-    w = np.random.default_rng(seed).normal(size=(NUM_FEATURES, NUM_CLASSES)).astype("float32")
-    rng = np.random.default_rng([seed, ("train", "test").index(split)])
-    x = rng.normal(size=(num_examples, NUM_FEATURES)).astype("float32")
-    y = np.argmax(x @ w, axis=1).astype("int32")
-    return tf.data.Dataset.from_tensor_slices((x, y))
-
-
-def make_model(seed):
-    keras.utils.set_random_seed(seed)
-    return keras.Sequential([
-        keras.Input((NUM_FEATURES,)),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(NUM_CLASSES),
-    ])
-
 
 def main(argv):
     del argv

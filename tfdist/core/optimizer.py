@@ -60,6 +60,12 @@ def is_routed(optimizer):
     return getattr(type(optimizer), "_tfdist_routed", False)
 
 
+def learning_rate_schedule(optimizer):
+    """The optimizer's `LearningRateSchedule`, or None if its rate is a value."""
+    rate = optimizer._learning_rate
+    return rate if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) else None
+
+
 def with_gradient_pipeline(optimizer, pipeline):
     """A copy of `optimizer` whose gradient exchange is `pipeline` (to which a
     `SyncReplicaState` hook is added if it has none: one model on every replica).

@@ -2,6 +2,7 @@
 
 import keras
 
+from tfdist.core.optimizer import learning_rate_schedule
 from tfdist.keras.callbacks.worker_scratch import strategy_of
 
 
@@ -44,9 +45,10 @@ class LearningRateWarmup(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         optimizer = self.model.optimizer
-        if isinstance(optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+        schedule = learning_rate_schedule(optimizer)
+        if schedule is not None:
             raise ValueError("LearningRateWarmup sets the optimizer's learning rate, but it is "
-                             f"a schedule ({type(optimizer._learning_rate).__name__}); build "
+                             f"a schedule ({type(schedule).__name__}); build "
                              "the warm-up into the schedule instead")
         if self.base is None:  # a second fit() continues the same ramp
             self.base = (float(optimizer.learning_rate.numpy()) if self.initial_rate is None

@@ -5,6 +5,8 @@ import os
 import shutil
 import tempfile
 
+import tensorflow as tf
+
 from tfdist.strategies.task import is_chief, task_of
 
 
@@ -45,6 +47,4 @@ class WorkerScratch:
 
 def strategy_of(model):
     """The strategy a Keras 3 model was built under."""
-    import tensorflow as tf
-
     return getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
