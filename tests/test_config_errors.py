@@ -132,3 +132,23 @@ def test_unreadable_file_is_a_config_error(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(ConfigError, match="not UTF-8"):
         tfdist.load_config(binary)
+
+
+@pytest.mark.parametrize("parameter", ["ratio", "rank", "levels"])
+def test_a_hyperparameter_range_is_declared_once_for_config_and_constructor(parameter):
+    """The config loader and the compressor's constructor refuse the same values, from one
+    declaration (tfdist/config/hyperparameters.py)."""
+    from tfdist.compression.factory import build
+    from tfdist.config.hyperparameters import HYPERPARAMETERS
+
+    declared = HYPERPARAMETERS[parameter]
+    name = declared.compressors[0]
+    outside = declared.maximum + 1 if declared.maximum is not None else declared.minimum - 1
+    for good in (declared.default, declared.minimum + 1):
+        assert declared.valid(good)
+        build(name, **{parameter: good})  # accepted by both
+    with pytest.raises(tfdist.ConfigError, match=parameter):
+        tfdist.config.config_from_dict({"compression": {"name": name, parameter: outside}})
+    compressor = type(build(name).compressor)
+    with pytest.raises(ValueError, match=f"{parameter} must be"):
+        compressor(**{parameter: outside})

@@ -19,6 +19,7 @@ import math
 import tensorflow as tf
 
 from tfdist.compression.buffers import per_block, tensor_max, tensor_sum
+from tfdist.config.hyperparameters import LEVELS, RANK, RATIO
 
 BLOCK = 64  # quantisers' alignment: per-tensor scales broadcast over blocks
 
@@ -91,10 +92,8 @@ class QSGD(Compressor):
 
     name, collective, align = "qsgd", "gather", BLOCK
 
-    def __init__(self, levels=15):
-        if not 1 <= levels <= 127:
-            raise ValueError(f"levels must be in [1, 127]. Received: levels={levels}")
-        self.levels = levels
+    def __init__(self, levels=LEVELS.default):
+        self.levels = LEVELS.check(levels)
 
     def encode(self, x, layout, seeds):
         blocks = layout.blocks(x)
@@ -146,10 +145,8 @@ class TopK(Compressor):
 
     name, collective = "topk", "gather"
 
-    def __init__(self, ratio=0.01):
-        if not 0 < ratio <= 1:
-            raise ValueError(f"ratio must be in (0, 1]. Received: ratio={ratio}")
-        self.ratio = ratio
+    def __init__(self, ratio=RATIO.default):
+        self.ratio = RATIO.check(ratio)
 
     def k(self, layout):
         return max(1, math.ceil(self.ratio * layout.size))
@@ -173,10 +170,8 @@ class RandomK(Compressor):
 
     name, collective = "randomk", "sum"
 
-    def __init__(self, ratio=0.01, unbiased=True):
-        if not 0 < ratio <= 1:
-            raise ValueError(f"ratio must be in (0, 1]. Received: ratio={ratio}")
-        self.ratio, self.unbiased = ratio, unbiased
+    def __init__(self, ratio=RATIO.default, unbiased=True):
+        self.ratio, self.unbiased = RATIO.check(ratio), unbiased
 
     def k(self, layout):
         return max(1, math.ceil(self.ratio * layout.size))
@@ -202,10 +197,8 @@ class PowerSGD(Compressor):
 
     name, collective = "powersgd", "powersgd"
 
-    def __init__(self, rank=4):
-        if rank < 1:
-            raise ValueError(f"rank must be >= 1. Received: rank={rank}")
-        self.rank = rank
+    def __init__(self, rank=RANK.default):
+        self.rank = RANK.check(rank)
 
 
 def _flat(blocks):

@@ -9,6 +9,7 @@ from tfdist.cluster.errors import ClusterError
 from tfdist.config import checks
 from tfdist.config.schema import (COMPRESSORS, JOB_TYPES, STRATEGIES, ClusterConfig,
                                   CompressionConfig, Config, LocalSGDConfig, StrategyConfig)
+from tfdist.config.hyperparameters import HYPERPARAMETERS
 from tfdist.config.yaml_source import Source, read_yaml
 from tfdist.strategies.capabilities import CAPABILITIES, capabilities, names_with
 
@@ -36,13 +37,21 @@ STRATEGY_OPTIONS = {
     "default": {},
 }
 
-# Compressor hyper-parameters: key -> (compressors it applies to, default, check).
-COMPRESSOR_PARAMS = {
-    "ratio": (("topk", "randomk"), 0.01,
-              functools.partial(checks.number, minimum=0, maximum=1, open_minimum=True)),
-    "rank": (("powersgd",), 4, _positive_int),
-    "levels": (("qsgd",), 15, functools.partial(checks.integer, minimum=1, maximum=127)),
-}
+
+
+def _hyperparameter_check(parameter):
+    """A config check of one compressor hyper-parameter, from its declaration."""
+    check = checks.integer if parameter.integer else checks.number
+    if parameter.open_minimum:
+        return functools.partial(check, minimum=parameter.minimum, maximum=parameter.maximum,
+                                 open_minimum=True)
+    return functools.partial(check, minimum=parameter.minimum, maximum=parameter.maximum)
+
+
+# Compressor hyper-parameters (tfdist.config.hyperparameters): key -> (compressors
+# it applies to, default, check).
+COMPRESSOR_PARAMS = {name: (p.compressors, p.default, _hyperparameter_check(p))
+                     for name, p in HYPERPARAMETERS.items()}
 COMPRESSION_KEYS = ("name", *COMPRESSOR_PARAMS, "error_feedback", "start_step", "min_size")
 LOCAL_SGD_KEYS = ("period", "warmup_steps", "average_non_trainable", "average_optimizer_state")
 

@@ -5,11 +5,12 @@ import types
 from typing import Any, Mapping
 
 from tfdist.cluster.address import Address
+from tfdist.config.hyperparameters import NAMES
 from tfdist.strategies.capabilities import CAPABILITIES
 
 JOB_TYPES = ("chief", "worker", "ps", "evaluator")
 STRATEGIES = tuple(CAPABILITIES)
-COMPRESSORS = ("none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd")
+COMPRESSORS = NAMES  # tfdist.config.hyperparameters
 
 
 @dataclasses.dataclass(frozen=True)

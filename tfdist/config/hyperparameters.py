@@ -1,0 +1,46 @@
+"""Every compressor's name and hyper-parameters, declared once: read by the compressors'
+constructors and by the config loader (`tfdist.config.load`). No TensorFlow here."""
+
+import dataclasses
+import math
+
+NAMES = ("none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd")
+
+
+@dataclasses.dataclass(frozen=True)
+class HyperParameter:
+    """One hyper-parameter: which compressors take it, its default and its range."""
+
+    name: str
+    compressors: tuple
+    default: float
+    integer: bool
+    minimum: float
+    maximum: float | None = None
+    open_minimum: bool = False  # the minimum itself is excluded
+
+    def describe(self):
+        low = f"> {self.minimum}" if self.open_minimum else f">= {self.minimum}"
+        kind = "an integer" if self.integer else "a number"
+        return f"{kind} {low}" + (f" and <= {self.maximum}" if self.maximum is not None else "")
+
+    def valid(self, value):
+        if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
+            return False
+        if not math.isfinite(value) or (self.maximum is not None and value > self.maximum):
+            return False
+        return value > self.minimum if self.open_minimum else value >= self.minimum
+
+    def check(self, value):
+        """`value` if it is in range, else ValueError naming the range."""
+        if not self.valid(value):
+            raise ValueError(f"{self.name} must be {self.describe()}. "
+                             f"Received: {self.name}={value!r}")
+        return value
+
+
+RATIO = HyperParameter("ratio", ("topk", "randomk"), 0.01, integer=False, minimum=0, maximum=1,
+                       open_minimum=True)
+RANK = HyperParameter("rank", ("powersgd",), 4, integer=True, minimum=1)
+LEVELS = HyperParameter("levels", ("qsgd",), 15, integer=True, minimum=1, maximum=127)
+HYPERPARAMETERS = {p.name: p for p in (RATIO, RANK, LEVELS)}
