@@ -1,5 +1,7 @@
-"""The upstream seams tfdist relies on. If Keras or TensorFlow moves one, a test here fails
-and names the fix to revisit — a Keras upgrade cannot break tfdist silently.
+"""The upstream seams tfdist relies on, checked by their behaviour. If Keras or TensorFlow
+moves one, a test here fails with a message naming the tfdist module to revisit — a Keras
+upgrade cannot break tfdist silently. Run this file on every Keras version tfdist claims
+(`tfdist.core.optimizer.KERAS_CHECKED`).
 
 The multi-worker seams (MultiWorkerMirroredStrategy's `reduce` calls from Keras' trainer,
 ParameterServerStrategy's dataset distribution) are also checked with real processes in
@@ -7,6 +9,7 @@ ParameterServerStrategy's dataset distribution) are also checked with real proce
 """
 
 import inspect
+import os
 
 import keras
 import numpy as np
@@ -16,22 +19,34 @@ from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 import tfdist
 from tfdist.core.optimizer import SAVED_KEY, SAVED_NAME
-from tfdist.core.optimizer import CALLED, OVERRIDDEN
-from tfdist.strategies import CentralStorageStrategy
+from tfdist.core.optimizer import CALLED, KERAS_CHECKED, OVERRIDDEN
+from tfdist.strategies import CentralStorageStrategy, MirroredStrategy
 from tfdist.strategies.parameter_server import _called_from_keras_trainer
 from tfdist.training import GradientPipeline
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
 
+OPTIMIZER = "tfdist/core/optimizer.py"
+MWMS = "tfdist/strategies/multi_worker_mirrored.py"
+PS = "tfdist/strategies/parameter_server.py"
+KERAS = f"Keras {keras.__version__}"
+
+
+def test_keras_version_is_one_tfdist_checked():
+    """tfdist/core/optimizer.py lists the Keras versions whose seams this file checked."""
+    assert keras.__version__ in KERAS_CHECKED, (
+        f"{OPTIMIZER}: {KERAS} is not in KERAS_CHECKED {KERAS_CHECKED}. Run "
+        "tests/test_keras_seams.py on it; when every test passes, add it to the table.")
+
 
 def test_optimizer_seams_are_where_fit_applies_and_exchanges_gradients(strategies):
-    """tfdist/keras/optimizer.py overrides Keras' `apply`, `_backend_apply_gradients` and
-    `_backend_update_step`, and calls the methods in CALLED."""
+    """tfdist/core/optimizer.py overrides Keras' `apply`, `_backend_apply_gradients` and
+    `_backend_update_step`, and calls the methods in CALLED; fit goes through them."""
     from counting import CountExchanges
     from models import conv_model, dataset, loss
 
     for name in OVERRIDDEN + CALLED:
-        assert hasattr(keras.optimizers.Adam, name), f"Keras optimizers lost {name}"
+        assert hasattr(keras.optimizers.Adam, name), f"{OPTIMIZER}: {KERAS} optimizers lost {name}"
     strategy = strategies("mirrored")
     hook = CountExchanges()
     pipeline = GradientPipeline([hook])
@@ -42,52 +57,214 @@ def test_optimizer_seams_are_where_fit_applies_and_exchanges_gradients(strategie
         model.compile(optimizer, loss())
     model.fit(dataset(64, 32), epochs=1, verbose=0)
     # One exchange per step and replica: Keras still routes fit's update through the seam.
-    assert int(hook.count.numpy()) == 2
+    assert int(hook.count.numpy()) == 2, f"{OPTIMIZER}: {KERAS}'s fit no longer exchanges " \
+                                         "gradients through the routed optimizer"
     assert int(optimizer.iterations.numpy()) == 2
     assert type(optimizer).__name__ == "SGD" and isinstance(optimizer, keras.optimizers.SGD)
 
 
+def _recording(base, names, log):
+    """A subclass of the Keras optimizer class `base` whose methods `names` append
+    (name, iterations) to `log` when called and ("/" + name, iterations) when they return."""
+    def recorded(name):
+        def method(self, *args, **kwargs):
+            log.append((name, int(self._iterations.numpy())))
+            result = getattr(base, name)(self, *args, **kwargs)
+            log.append(("/" + name, int(self._iterations.numpy())))
+            return result
+        return method
+
+    return type(base.__name__, (base,), {name: recorded(name) for name in names})
+
+
 def test_keras_apply_still_counts_the_step_after_applying_the_gradients():
-    """The transactional step takes back Keras' `iterations.assign_add(1)` at the end of
-    `apply` when a step is refused, and replaces the calls below it."""
-    apply = inspect.getsource(keras.optimizers.Optimizer.apply)
-    assert apply.rstrip().endswith("self._iterations.assign_add(1)")
-    assert "self._backend_apply_gradients(grads, trainable_variables)" in apply
-    backend_apply = inspect.getsource(keras.optimizers.Optimizer._backend_apply_gradients)
-    for call in ("self._clip_gradients(grads)", "self._apply_weight_decay(trainable_variables)",
-                 "self._backend_update_step(", "self._update_model_variables_moving_average("):
-        assert call in backend_apply, call
+    """tfdist/core/optimizer.py's routed `_backend_apply_gradients` replays Keras' own
+    (clip, weight decay, update, EMA, EMA overwrite, in this order, before the step is
+    counted), and its transactional `apply` takes back the one `_iterations.assign_add(1)`
+    Keras' `apply` makes after `_backend_apply_gradients` returned, if a step is refused."""
+    seams = ("_backend_apply_gradients", "_clip_gradients", "_apply_weight_decay",
+             "_use_weight_decay", "_backend_update_step", "update_step",
+             "_update_model_variables_moving_average",
+             "_overwrite_model_variables_with_average_value")
+    log = []
+    optimizer = _recording(keras.optimizers.SGD, seams, log)(
+        learning_rate=0.1, weight_decay=0.5, use_ema=True, ema_overwrite_frequency=1)
+    variable = keras.Variable([1.0, 2.0])
+    optimizer.build([variable])
+    counter = optimizer._iterations
+    keras_add = counter.assign_add
+
+    def assign_add(delta, *args, **kwargs):
+        log.append((f"_iterations.assign_add({int(delta)})", int(counter.numpy())))
+        return keras_add(delta, *args, **kwargs)
+
+    counter.assign_add = assign_add  # this instance only
+    optimizer.apply([tf.constant([1.0, 1.0])], [variable])
+
+    calls = [name for name, _ in log if not name.startswith("/")]
+    expected = ["_backend_apply_gradients", "_clip_gradients", "_apply_weight_decay",
+                "_use_weight_decay", "_backend_update_step", "update_step",
+                "_update_model_variables_moving_average",
+                "_overwrite_model_variables_with_average_value", "_iterations.assign_add(1)"]
+    assert calls == expected, (
+        f"{OPTIMIZER}: {KERAS}'s optimizer `apply` made the calls {calls}; tfdist's routed "
+        f"`_backend_apply_gradients` replays {expected[:-1]} and its `apply` takes back the "
+        "step count at the end. Compare Keras' apply with tfdist's and update the seam.")
+    counted = [i for i, (name, _) in enumerate(log) if name.startswith("_iterations")]
+    returned = max(i for i, (name, _) in enumerate(log) if name == "/_backend_apply_gradients")
+    assert counted == [len(log) - 1] and counted[0] > returned, (
+        f"{OPTIMIZER}: {KERAS}'s `apply` no longer counts the step once, after "
+        f"_backend_apply_gradients returned: {log}")
+    assert all(count == 0 for _, count in log), (
+        f"{OPTIMIZER}: {KERAS} counted the step before the update, EMA or overwrite "
+        f"read it (tfdist's step reads `iterations` as the step's number): {log}")
+    assert int(optimizer.iterations.numpy()) == 1, (
+        f"{OPTIMIZER}: {KERAS}'s `apply` no longer adds exactly 1 to `iterations`")
+
+    # tfdist applies weight decay itself, with each update: v -= v * wd * lr, then update.
+    plain = keras.optimizers.SGD(learning_rate=0.1, weight_decay=0.5)
+    variable = keras.Variable([1.0, 2.0])
+    plain.apply([tf.constant([1.0, 1.0])], [variable])
+    decayed = np.float32([1.0, 2.0]) * (1 - 0.5 * 0.1) - 0.1
+    np.testing.assert_allclose(variable.numpy(), decayed, rtol=1e-6, err_msg=(
+        f"{OPTIMIZER}: {KERAS}'s weight decay is no longer `v -= v * weight_decay * lr` "
+        "before update_step, which tfdist's `_update_variables` replays"))
 
 
 def test_keras_losses_scale_by_the_number_of_replicas(strategies):
-    """Trainer relies on Keras 3 losses returning each replica's share (1/N)."""
+    """tfdist/training/trainer.py relies on Keras 3 losses returning each replica's share
+    (1/N) in replica context, and the full loss outside it."""
     y, p = np.float32([[1.0], [3.0]]), np.float32([[0.0], [0.0]])
     plain = float(keras.losses.MeanSquaredError()(y, p))
+    assert plain == pytest.approx(5.0)
     strategy = strategies("mirrored")
     share = strategy.run(lambda: keras.losses.MeanSquaredError()(y, p))
-    for value in strategy.experimental_local_results(share):
-        assert float(value) == pytest.approx(plain / 2)
+    values = [float(v) for v in strategy.experimental_local_results(share)]
+    assert len(values) == strategy.num_replicas_in_sync == 2
+    assert values == pytest.approx([plain / 2] * 2), (
+        f"tfdist/training/trainer.py: {KERAS}'s losses no longer return 1/N of the loss on "
+        f"each of N replicas (got {values} for a loss of {plain})")
 
 
-def test_keras_trainer_still_reduces_nested_batches_and_scalars_with_axis_0():
-    """The two calls tfdist's MultiWorkerMirroredStrategy.reduce accepts (keras #20585)."""
-    build = inspect.getsource(keras_tf_trainer.TensorFlowTrainer._maybe_symbolic_build)
-    assert "distribute_strategy.reduce(" in build and "axis=None" in build
-    per_replica = inspect.getsource(keras_tf_trainer.reduce_per_replica)
-    assert 'strategy.reduce("MEAN", v, axis=0)' in per_replica
+class _RecordingMirroredStrategy(MirroredStrategy):
+    """tfdist's MirroredStrategy (fresh collective keys; otherwise TF's) that records the
+    calls tfdist's strategy subclasses take over, and forwards them."""
+
+    def __init__(self):
+        super().__init__()
+        self.phase = None
+        self.reduces, self.from_keras_trainer = [], []
+
+    def reduce(self, reduce_op, value, axis):
+        op = getattr(reduce_op, "value", reduce_op)  # "MEAN" or ReduceOp.MEAN
+        self.reduces.append((self.phase, op, tf.nest.is_nested(value), axis))
+        return super().reduce(reduce_op, value, axis)
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        # As tfdist.strategies.ParameterServerStrategy asks it (same frame depth).
+        self.from_keras_trainer.append((self.phase, _called_from_keras_trainer()))
+        return super().experimental_distribute_dataset(dataset, options)
 
 
-def test_keras_trainer_distributes_its_dataset_from_the_module_tfdist_watches():
-    """ParameterServerStrategy recognises Keras' trainer by this module name."""
-    assert keras_tf_trainer.__name__ == "keras.src.backend.tensorflow.trainer"
-    source = inspect.getsource(keras_tf_trainer.TFEpochIterator.__init__)
-    assert "experimental_distribute_dataset" in source
-    assert not _called_from_keras_trainer()
+@pytest.fixture(scope="module")
+def recorded_fit(two_cpus):
+    """One fit and evaluate under `_RecordingMirroredStrategy`; Keras' `reduce_per_replica`
+    is recorded too: (phase, reduction, ranks of its per-replica leaves)."""
+    strategy = _RecordingMirroredStrategy()
+    per_replica = []
+
+    def reduce_per_replica(values, strategy_, reduction):
+        leaves = [v for v in tf.nest.flatten(values)
+                  if isinstance(v, tf.distribute.DistributedValues)]
+        ranks = [strategy_.experimental_local_results(v)[0].shape.rank for v in leaves]
+        per_replica.append((strategy.phase, reduction, ranks))
+        return keras_reduce(values, strategy_, reduction)
+
+    keras_reduce = keras_tf_trainer.reduce_per_replica
+    x, y = np.ones((16, 2), np.float32), np.ones((16, 1), np.float32)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(keras_tf_trainer, "reduce_per_replica", reduce_per_replica)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+            model.compile("sgd", "mse")
+        strategy.phase = "fit"
+        model.fit(data, epochs=1, verbose=0)
+        strategy.phase = "evaluate"
+        model.evaluate(data, verbose=0)
+    strategy.phase = None
+    return strategy, per_replica
+
+
+class _StandInMultiWorker(tf.distribute.MultiWorkerMirroredStrategy):
+    """An uninitialised MultiWorkerMirroredStrategy (no cluster) whose `extended` says
+    whether it is in multi-worker mode; records `reduce` and returns the first replica's
+    value."""
+
+    def __init__(self, multi_worker):
+        self._extended = type("Extended", (), {
+            "_in_multi_worker_mode": lambda _: multi_worker,
+            "_local_results": lambda _, value: value.values})()
+        self.reduces = []
+
+    def reduce(self, reduce_op, value, axis=None):
+        component = value.values[0] if isinstance(value, tf.distribute.DistributedValues) else value
+        self.reduces.append((reduce_op, component.shape.rank, axis))
+        return component
+
+
+def test_keras_trainer_still_reduces_nested_batches_and_scalars_with_axis_0(recorded_fit):
+    """tfdist/strategies/multi_worker_mirrored.py's `reduce` accepts two calls Keras' trainer
+    makes (keras #20585): fit and evaluate reduce their first (nested) batch with
+    ``axis=None`` under any strategy, here a MirroredStrategy; and `reduce_per_replica`,
+    through which each step's logs pass, reduces scalars with ``axis=0``, which Keras does
+    only for a MultiWorkerMirroredStrategy in multi-worker mode: that condition is checked
+    with a stand-in strategy (a real one needs several workers:
+    test_multiworker_training.py)."""
+    strategy, per_replica = recorded_fit
+    for phase in ("fit", "evaluate"):
+        assert (phase, "MEAN", True, None) in strategy.reduces, (
+            f"{MWMS}: {KERAS}'s {phase} no longer reduces a nested batch with axis=None "
+            "(reduce calls as (phase, op, nested, axis): "
+            f"{sorted(set(strategy.reduces), key=str)}); tfdist's MultiWorkerMirroredStrategy "
+            "maps such calls leaf by leaf and may no longer need to.")
+    fit_logs = [(reduction, ranks) for phase, reduction, ranks in per_replica if phase == "fit"]
+    assert ("auto", [0]) in fit_logs, (
+        f"{MWMS}: {KERAS}'s train step no longer passes its per-replica scalar logs through "
+        f"reduce_per_replica(..., 'auto'); recorded {per_replica}")
+
+    loss = strategy.experimental_distribute_values_from_function(lambda _: tf.constant(2.0))
+    for multi_worker, calls in ((True, [("MEAN", 0, 0)]), (False, [])):
+        stand_in = _StandInMultiWorker(multi_worker)
+        keras_tf_trainer.reduce_per_replica({"loss": loss}, stand_in, "auto")
+        assert stand_in.reduces == calls, (
+            f"{MWMS}: {KERAS}'s reduce_per_replica made the calls {stand_in.reduces} on a "
+            f"MultiWorkerMirroredStrategy with multi-worker mode {multi_worker}, expected "
+            f"{calls} (strategy.reduce('MEAN', scalar, axis=0), which tfdist's reduce "
+            "treats as axis=None).")
+
+
+def test_keras_trainer_distributes_its_dataset_from_the_module_tfdist_watches(recorded_fit):
+    """tfdist/strategies/parameter_server.py refuses Keras' fit when its
+    `experimental_distribute_dataset` is called from Keras' trainer module
+    (`_called_from_keras_trainer`, a frame check): True in fit and evaluate, False here."""
+    strategy, _ = recorded_fit
+    for phase in ("fit", "evaluate"):
+        seen = [called for p, called in strategy.from_keras_trainer if p == phase]
+        assert seen and all(seen), (
+            f"{PS}: {KERAS}'s {phase} distributed its dataset {len(seen)} time(s), "
+            f"_called_from_keras_trainer() said {seen}: the trainer moved module or "
+            "frame depth, and ParameterServerStrategy no longer explains that Keras "
+            "cannot train with it.")
+    start = len(strategy.from_keras_trainer)
+    strategy.experimental_distribute_dataset(tf.data.Dataset.range(4).batch(2))
+    assert strategy.from_keras_trainer[start:] == [(None, False)], (
+        f"{PS}: _called_from_keras_trainer() is True outside Keras' trainer")
 
 
 def test_keras_state_is_still_created_without_aggregation(strategies):
-    """CentralStorageStrategy's fix exists because of this; if Keras starts choosing an
-    aggregation itself, the fix becomes a no-op and can go."""
+    """tfdist/strategies/central_storage.py's fix exists because of this; if Keras starts
+    choosing an aggregation itself, the fix becomes a no-op and can go."""
     model = keras.Sequential([keras.Input((2,)), keras.layers.BatchNormalization(),
                               keras.layers.Dropout(0.5)])
     assert model.layers[0].moving_mean.aggregation == "none"
@@ -114,17 +291,97 @@ def test_upstream_central_storage_still_fails_with_batchnorm():
         model.fit(np.ones((4, 2)), np.ones((4, 2)), batch_size=4, verbose=0)
 
 
-def test_seams_of_local_sgd_and_phases_are_still_there():
-    """Checkpoint callbacks average local-SGD replicas in `_save_model`; phased steps
-    (gradient accumulation, delayed compression) swap `model.train_function`, which
-    Keras' fit must read at every step; accumulation uses Keras' accumulators."""
-    assert "_save_model" in vars(keras.callbacks.ModelCheckpoint)
-    assert "_save_model" in vars(keras.callbacks.BackupAndRestore)
-    for name in ("_accumulated_gradients", "_backend_increment_gradient_accumulators",
-                 "_backend_reset_gradient_accumulators", "_get_variable_index"):
-        assert name in inspect.getsource(keras.src.optimizers.base_optimizer), name
-    fit_source = inspect.getsource(keras_tf_trainer.TensorFlowTrainer.fit)
-    assert "self.train_function(iterator)" in fit_source
+def _recording_saves(base, path_of):
+    """A subclass of Keras checkpoint callback `base` whose `_save_model` appends
+    (args, kwargs, file there before, file there after) to the instance's `saves`."""
+    def _save_model(self, *args, **kwargs):
+        before = os.path.exists(path_of(self))
+        base._save_model(self, *args, **kwargs)
+        self.__dict__.setdefault("saves", []).append(
+            (args, kwargs, before, os.path.exists(path_of(self))))
+
+    return type(base.__name__, (base,), {"_save_model": _save_model})
+
+
+class _SwapTrainFunction(keras.callbacks.Callback):
+    """Sets `model.train_function` to a new wrapper before every step, as
+    tfdist.callbacks.TrainingHooks does; `ran` lists the step each wrapper was made for,
+    once per call."""
+
+    def on_train_begin(self, logs=None):
+        self.keras_function, self.ran, self.step = self.model.train_function, [], 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        def wrapper(iterator, step=self.step):
+            self.ran.append(step)
+            return self.keras_function(iterator)
+
+        self.model.train_function = wrapper
+        self.step += 1
+
+
+@pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")  # Keras' h5
+def test_seams_of_local_sgd_and_phases_are_still_there(tmp_path):
+    """Three seams of the step core and its callbacks:
+    - tfdist/keras/callbacks/model_checkpoint.py and backup_and_restore.py average local-SGD
+      replicas in `_save_model` before Keras writes: Keras' callbacks must save in it;
+    - tfdist/keras/callbacks/training_hooks.py sets `model.train_function` in
+      `on_train_batch_begin` (a step traced per phase): fit must call it in that step;
+    - tfdist/core/optimizer.py accumulates gradients in Keras' accumulators."""
+    from tfdist.keras.callbacks import BackupAndRestore, ModelCheckpoint
+
+    checkpoint = _recording_saves(keras.callbacks.ModelCheckpoint, lambda c: c.filepath)
+    backup = _recording_saves(keras.callbacks.BackupAndRestore, lambda c: c._weights_path)
+    savers = {  # callback, tfdist's override, saves expected in 2 epochs of 2 steps
+        "ModelCheckpoint": (checkpoint(str(tmp_path / "epoch.weights.h5"),
+                                       save_weights_only=True), ModelCheckpoint, 2),
+        "ModelCheckpoint(save_freq=1)": (checkpoint(str(tmp_path / "batch.weights.h5"),
+                                                    save_weights_only=True, save_freq=1),
+                                         ModelCheckpoint, 4),
+        "BackupAndRestore": (backup(str(tmp_path / "epoch"), delete_checkpoint=False),
+                             BackupAndRestore, 2),
+        "BackupAndRestore(save_freq=1)": (backup(str(tmp_path / "batch"), save_freq=1,
+                                                 delete_checkpoint=False), BackupAndRestore, 4)}
+    swap = _SwapTrainFunction()
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(np.ones((8, 2)), np.ones((8, 1)), batch_size=4, epochs=2, verbose=0,
+              callbacks=[callback for callback, _, _ in savers.values()] + [swap])
+
+    for name, (callback, ours, count) in savers.items():
+        module = f"tfdist/keras/callbacks/{ours.__module__.rsplit('.', 1)[1]}.py"
+        saves = getattr(callback, "saves", [])
+        assert len(saves) == count and saves[0][2:] == (False, True), (
+            f"{module}: {KERAS}'s {name} no longer writes its file inside `_save_model` "
+            f"({count} times expected, (args, kwargs, before, after): {saves}); tfdist "
+            "averages local-SGD replicas there before each save.")
+        for args, kwargs, _, _ in saves:
+            try:
+                inspect.signature(ours._save_model).bind(callback, *args, **kwargs)
+            except TypeError as error:
+                pytest.fail(f"{module}: {KERAS}'s {name} calls _save_model(*{args}, "
+                            f"**{kwargs}), which tfdist's override does not take: {error}")
+    assert swap.ran == [0, 1, 2, 3], (
+        f"tfdist/keras/callbacks/training_hooks.py: {KERAS}'s fit no longer calls the "
+        "`model.train_function` set in on_train_batch_begin in that step (steps run by the "
+        f"wrappers: {swap.ran} of 4)")
+
+    optimizer = keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)
+    a, b = keras.Variable(np.zeros((2, 3), np.float32)), keras.Variable(np.zeros(3, np.float32))
+    optimizer.build([a, b])
+    accumulators = [optimizer._accumulated_gradients[optimizer._get_variable_index(v)]
+                    for v in (b, a)]
+    assert len(optimizer._accumulated_gradients) == 2 and \
+        [tuple(x.shape) for x in accumulators] == [(3,), (2, 3)], (
+            f"{OPTIMIZER}: {KERAS} no longer keeps one accumulator per variable at "
+            "_accumulated_gradients[_get_variable_index(variable)]")
+    grads = [tf.ones(3), tf.fill((2, 3), 2.0)]
+    for _ in range(2):
+        optimizer._backend_increment_gradient_accumulators(grads, accumulators)
+    for accumulator, grad in zip(accumulators, grads):
+        np.testing.assert_allclose(accumulator.numpy(), 2 * grad.numpy(), err_msg=(
+            f"{OPTIMIZER}: {KERAS}'s _backend_increment_gradient_accumulators(grads, "
+            "accumulators) no longer adds the gradients into the accumulators"))
 
 
 def test_keras_loads_a_registered_name_first_else_the_keras_class_which_ignores_decay():
