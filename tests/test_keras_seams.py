@@ -81,7 +81,8 @@ def test_keras_apply_still_counts_the_step_after_applying_the_gradients():
     """tfdist/core/optimizer.py's routed `_backend_apply_gradients` replays Keras' own
     (clip, weight decay, update, EMA, EMA overwrite, in this order, before the step is
     counted), and its transactional `apply` takes back the one `_iterations.assign_add(1)`
-    Keras' `apply` makes after `_backend_apply_gradients` returned, if a step is refused."""
+    Keras' `apply` makes after `_backend_apply_gradients` returned, if a step is refused
+    (and `_count_atomically` replaces that counter's `assign_add` on the instance)."""
     seams = ("_backend_apply_gradients", "_clip_gradients", "_apply_weight_decay",
              "_use_weight_decay", "_backend_update_step", "update_step",
              "_update_model_variables_moving_average",
@@ -98,7 +99,7 @@ def test_keras_apply_still_counts_the_step_after_applying_the_gradients():
         log.append((f"_iterations.assign_add({int(delta)})", int(counter.numpy())))
         return keras_add(delta, *args, **kwargs)
 
-    counter.assign_add = assign_add  # this instance only
+    counter.assign_add = assign_add  # this instance only, as tfdist's _count_atomically
     optimizer.apply([tf.constant([1.0, 1.0])], [variable])
 
     calls = [name for name, _ in log if not name.startswith("/")]
