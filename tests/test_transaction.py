@@ -41,8 +41,7 @@ def hook_variables(hooks):
     for hook in hooks:
         for inner in (hook, getattr(hook, "compression", None)):
             if inner is not None:
-                found += [v for v in (getattr(inner, "residual", None),) if v is not None]
-                found += list(getattr(inner, "qs", []) or [])
+                found += list(getattr(inner, "state", {}).values())  # residual, Qs
                 found += list(getattr(inner, "anchors", None) or [])
     return found
 

@@ -7,8 +7,11 @@
 
 from tfdist.compression.compressors import (QSGD, Cast, Compressor, Int8, PowerSGD, RandomK,
                                             Sign, TopK)
+from tfdist.compression.communicator import Communicator
 from tfdist.compression.exchange import GradientCompression
 from tfdist.compression.factory import build, compressor_by_name
+from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize
 
-__all__ = ["Cast", "Compressor", "GradientCompression", "Int8", "PowerSGD", "QSGD", "RandomK",
-           "Sign", "TopK", "build", "compressor_by_name"]
+__all__ = ["Cast", "Communicator", "Compressor", "DelayedStart", "ErrorFeedback",
+           "GradientCompression", "Int8", "MinSize", "PowerSGD", "QSGD", "RandomK", "Sign", "TopK",
+           "build", "compressor_by_name"]

@@ -1,35 +1,68 @@
-"""Gradient compressors: pure functions from a flat float32 buffer to a payload and back.
-
-Each compressor says how payloads combine across replicas:
-
-- ``"sum"``: payloads are added by an all-reduce, then decoded once (none, fp16, bf16,
-  randomk — whose indices come from a seed all replicas share, so only values travel);
-- ``"gather"``: payloads are all-gathered, each decoded, then summed (int8, qsgd, sign,
-  topk — whose payloads cannot be added as they are).
+"""Gradient compressors: pure functions from a flat float32 buffer to a payload and back,
+and the exchange of that payload, which each compressor owns.
 
 `encode(x, layout, seeds)` returns a tuple of tensors (the payload); `decode(payload,
 layout, seeds)` returns the buffer it stands for. `seeds` holds a ``shared`` seed (same on
 every replica) and a ``local`` one (different per replica). `payload_bytes(layout)` is the
-size of the payload, for communication statistics. PowerSGD, which exchanges twice per
-step, lives in `powersgd.py`.
+size of the payload, for communication statistics. `exchange(buffer, layout, state,
+comm, seeds)` sends it through a `Communicator` and returns ``(sum over replicas, this
+replica's share as sent, new state)``; by `collective`:
+
+- ``"sum"``: payloads are added by an all-reduce, then decoded once (none, fp16, bf16,
+  randomk — whose indices come from a seed all replicas share, so only values travel);
+- ``"gather"``: payloads are all-gathered, each decoded, then summed (int8, qsgd, sign,
+  topk — whose payloads cannot be added as they are);
+- PowerSGD overrides `exchange` (two all-reduces, and its Q matrices as state).
+
+State is explicit (optax's init/update): `init_state(layout, seed)` gives a dict of
+tensors the caller keeps in variables and passes back each step.
 """
 
 import math
 
 import tensorflow as tf
 
-from tfdist.compression.buffers import per_block, tensor_max, tensor_sum
+from tfdist.compression import powersgd
+from tfdist.compression.buffers import pack, per_block, tensor_max, tensor_sum, unpack
 from tfdist.config.hyperparameters import LEVELS, RANK, RATIO
 
 BLOCK = 64  # quantisers' alignment: per-tensor scales broadcast over blocks
 
 
 class Compressor:
-    """Base class; see the module docstring."""
+    """Base class, and the identity ("none": tensors go in the plain fused all-reduce);
+    see the module docstring."""
 
     name = "none"
     collective = "sum"
     align = 1  # the buffer layout this compressor wants (see `buffers.Layout`)
+    compresses = False  # subclasses that change the payload say True
+
+    def accepts(self, shape):
+        """Whether a tensor of `shape` goes through this compressor (else uncompressed)."""
+        return self.compresses
+
+    def init_state(self, layout, seed):
+        """The state this compressor keeps between steps (none by default)."""
+        return {}
+
+    def phase(self, step):
+        """Compressors do the same at every step (see `wrappers.DelayedStart`)."""
+        return None
+
+    def for_phase(self, phase):
+        return self
+
+    def exchange(self, buffer, layout, state, comm, seeds):
+        """(decoded sum over replicas, this replica's decoded payload, new state)."""
+        payload = self.encode(buffer, layout, seeds)
+        if self.collective == "sum":
+            summed = self.decode(tuple(comm.all_reduce(payload)), layout, seeds)
+            return summed, self.decode(payload, layout, seeds), state
+        gathered = [comm.all_gather(p) for p in payload]
+        decoded = [self.decode(tuple(g[r] for g in gathered), layout, seeds)
+                   for r in range(comm.num_replicas)]
+        return tf.add_n(decoded), tf.stack(decoded)[comm.replica_id], state
 
     def encode(self, x, layout, seeds):
         return (x,)
@@ -46,6 +79,8 @@ class Compressor:
 
 class Cast(Compressor):
     """fp16 / bf16: all-reduce in the reduced dtype, pre-scaled by 1/N against overflow."""
+
+    compresses = True
 
     collective = "sum"
 
@@ -65,6 +100,8 @@ class Cast(Compressor):
 
 class Int8(Compressor):
     """8-bit linear quantisation with one float32 scale per tensor (max |x| / 127)."""
+
+    compresses = True
 
     name, collective, align = "int8", "gather", BLOCK
 
@@ -89,6 +126,8 @@ class QSGD(Compressor):
     Alistarh et al. 2017, "QSGD: Communication-Efficient SGD via Gradient Quantization
     and Encoding".
     """
+
+    compresses = True
 
     name, collective, align = "qsgd", "gather", BLOCK
 
@@ -120,6 +159,8 @@ class Sign(Compressor):
     "signSGD". Biased: use it with error feedback.
     """
 
+    compresses = True
+
     name, collective, align = "sign", "gather", BLOCK
     _WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # bit i of a byte
 
@@ -142,6 +183,8 @@ class Sign(Compressor):
 
 class TopK(Compressor):
     """The `ratio` largest-magnitude values of the buffer, with their int32 indices."""
+
+    compresses = True
 
     name, collective = "topk", "gather"
 
@@ -168,6 +211,8 @@ class RandomK(Compressor):
     values travel and they can be all-reduced. Unbiased (scaled by size / k) unless
     `unbiased=False` (as error feedback wants: it keeps what was not sent)."""
 
+    compresses = True
+
     name, collective = "randomk", "sum"
 
     def __init__(self, ratio=RATIO.default, unbiased=True):
@@ -193,12 +238,34 @@ class RandomK(Compressor):
 
 
 class PowerSGD(Compressor):
-    """Marker for PowerSGD (rank `rank`); its exchange is in `powersgd.py`."""
+    """Rank-`rank` approximation of each matrix by one warm-started power iteration: P = MQ
+    and Q' = M^T P̂ are all-reduced (`powersgd.py`). Vogels et al. 2019, "PowerSGD:
+    Practical Low-Rank Gradient Compression for Distributed Optimization". Tensors of
+    rank < 2 go uncompressed; the Q of each matrix is state."""
 
-    name, collective = "powersgd", "powersgd"
+    name, collective, compresses = "powersgd", "powersgd", True
 
     def __init__(self, rank=RANK.default):
         self.rank = RANK.check(rank)
+
+    def accepts(self, shape):
+        return len(shape) >= 2
+
+    def init_state(self, layout, seed):
+        return {f"powersgd_q{i}": powersgd.initial_q(s, self.rank, [seed, i])
+                for i, s in enumerate(layout.shapes)}
+
+    def exchange(self, buffer, layout, state, comm, seeds):
+        matrices = [tf.reshape(t, powersgd.matrix_shape(s))
+                    for t, s in zip(unpack(buffer, layout), layout.shapes)]
+        names = [f"powersgd_q{i}" for i in range(len(layout.shapes))]
+        approx, qs = powersgd.exchange(matrices, [state[n] for n in names], comm.all_reduce_fused)
+        summed, _ = pack(approx)
+        # this replica's share of the sum: what error feedback keeps the rest of
+        return summed, summed / comm.num_replicas, dict(zip(names, qs))
+
+    def payload_bytes(self, layout):
+        return powersgd.payload_bytes(layout.shapes, self.rank)
 
 
 def _flat(blocks):

@@ -45,7 +45,7 @@ def DistributedOptimizer(optimizer, compression="none", strategy=None, hooks=(),
     strategy = strategy or tf.distribute.get_strategy()
     hook = build(compression, **options)
     check_strategy(strategy, hook)
-    exchange = [hook] if hook.compressor.name != "none" or not hooks else []
+    exchange = [hook] if hook.compressor.compresses or not hooks else []
     with strategy.scope():
         return with_gradient_pipeline(optimizer, GradientPipeline([*exchange, *hooks]))
 

@@ -198,7 +198,7 @@ def _compression_hook(compression):
     if compression is None:
         return None
     hook = build(compression)
-    if hook.compressor.name == "none":
+    if not hook.compressor.compresses:
         return None
     if hook.start_step > 0:
         raise ValueError("a compressed model average has no delayed start; warm up with "

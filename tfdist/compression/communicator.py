@@ -1,0 +1,43 @@
+"""The collectives a compressor exchanges through, in replica context."""
+
+import tensorflow as tf
+
+from tfdist.compression.buffers import pack, unpack
+from tfdist.core import transaction
+
+
+class Communicator:
+    """All-reduce and all-gather across the replicas in sync (PyTorch's comm hooks get a
+    process group; a compressor gets this). Made per step, in replica context.
+
+    Attributes:
+        num_replicas: replicas in sync (all workers').
+        replica_id: this replica's index among them.
+    """
+
+    def __init__(self, context=None):
+        self.context = context or tf.distribute.get_replica_context()
+        self.num_replicas = self.context.num_replicas_in_sync
+        self.replica_id = self.context.replica_id_in_sync_group
+
+    def all_reduce(self, tensors):
+        """Sums each of `tensors` (any all-reducible dtype) over the replicas."""
+        return self.context.all_reduce(tf.distribute.ReduceOp.SUM, list(tensors))
+
+    def all_reduce_fused(self, tensors):
+        """Sums float `tensors` in one fused float32 all-reduce (which carries the step's
+        finiteness verdict if nothing did before, `tfdist.core.transaction`)."""
+        if not tensors:
+            return []
+        buffer, layout = pack(tensors)
+        return unpack(transaction.all_reduce_sum(self.context, [buffer])[0], layout)
+
+    def all_gather(self, tensor):
+        """[replicas, ...] of every replica's 1-D `tensor`. Bytes go as int32 (not every
+        collective implementation gathers int8/uint8), bit for bit, padded to whole words."""
+        if tensor.dtype not in (tf.int8, tf.uint8):
+            return self.context.all_gather(tensor[None], axis=0)
+        size = tensor.shape[0]
+        words = tf.bitcast(tf.reshape(tf.pad(tensor, [[0, -size % 4]]), [-1, 4]), tf.int32)
+        gathered = self.context.all_gather(words[None], axis=0)
+        return tf.reshape(tf.bitcast(gathered, tensor.dtype), [self.num_replicas, -1])[:, :size]

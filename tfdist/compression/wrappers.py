@@ -1,0 +1,106 @@
+"""Error feedback, a delayed start and a minimum size: wrappers around any compressor.
+
+Each has a compressor's `init_state` / `exchange` (optax's transformations wrap the same
+way), so they compose — `MinSize(DelayedStart(ErrorFeedback(TopK(0.01)), 100), 1024)` —
+for the gradient exchange and for local SGD's compressed model averages alike. A
+wrapper whose exchange changes during training has a `phase(step)`; `for_phase(phase)`
+gives the transformation to trace for it (collectives cannot be switched inside one
+compiled step).
+"""
+
+import tensorflow as tf
+
+from tfdist.compression.buffers import Layout, pack, unpack
+
+
+class Wrapper:
+    """A transformation around `inner`, which it forwards to unless it overrides."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):  # name, align, collective, accepts, payload_bytes, ...
+        if name == "inner":  # not set yet (a copy being made)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def init_state(self, layout, seed):
+        return self.inner.init_state(layout, seed)
+
+    def phase(self, step):
+        return self.inner.phase(step)
+
+    def for_phase(self, phase):
+        return self._rewrap(self.inner.for_phase(phase))
+
+    def _rewrap(self, inner):
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__, inner=inner)
+        return copy
+
+
+class ErrorFeedback(Wrapper):
+    """Adds what compression lost on the last step to this step's buffer, and keeps what
+    it loses now (Karimireddy et al. 2019, "Error Feedback Fixes SignSGD")."""
+
+    def init_state(self, layout, seed):
+        return {"residual": tf.zeros([layout.size]), **self.inner.init_state(layout, seed)}
+
+    def exchange(self, buffer, layout, state, comm, seeds):
+        corrected = buffer + state["residual"]
+        inner = {k: v for k, v in state.items() if k != "residual"}
+        summed, own, inner = self.inner.exchange(corrected, layout, inner, comm, seeds)
+        return summed, own, {"residual": corrected - own, **inner}
+
+
+class Uncompressed(Wrapper):
+    """The plain float32 all-reduce in place of `inner`, whose state it leaves as it is."""
+
+    def exchange(self, buffer, layout, state, comm, seeds):
+        return comm.all_reduce([buffer])[0], buffer, state
+
+
+class DelayedStart(Wrapper):
+    """`inner` from optimizer step `start_step` on; uncompressed before (phase False)."""
+
+    def __init__(self, inner, start_step):
+        super().__init__(inner)
+        self.start_step = int(start_step)
+
+    def phase(self, step):
+        return step >= self.start_step
+
+    def for_phase(self, phase):
+        return self.inner.for_phase(phase) if phase else Uncompressed(self.inner)
+
+
+class MinSize(Wrapper):
+    """Tensors with fewer than `min_size` values (or that `inner` does not accept) go in
+    one fused uncompressed all-reduce; the others are fused into one buffer for `inner`.
+    Works on lists of tensors: the outermost wrapper."""
+
+    def __init__(self, inner, min_size):
+        super().__init__(inner)
+        self.min_size = int(min_size)
+
+    def split(self, shapes):
+        """(indices of the uncompressed tensors, of the compressed ones, the latter's layout)."""
+        shapes = [tuple(s) for s in shapes]
+        large = [i for i, s in enumerate(shapes)
+                 if self.inner.accepts(s) and Layout((s,)).size >= self.min_size]
+        small = [i for i in range(len(shapes)) if i not in set(large)]
+        return small, large, Layout(tuple(shapes[i] for i in large), self.inner.align)
+
+    def init_state(self, shapes, seed):
+        _, large, layout = self.split(shapes)
+        return self.inner.init_state(layout, seed) if large else {}
+
+    def exchange(self, tensors, state, comm, seeds):
+        """(the summed tensors, the new state)."""
+        small, large, layout = self.split([t.shape for t in tensors])
+        summed = dict(zip(small, comm.all_reduce_fused([tensors[i] for i in small])))
+        if large:
+            buffer, _ = pack([tensors[i] for i in large], self.inner.align)
+            total, _, state = self.inner.exchange(buffer, layout, state, comm, seeds)
+            summed.update(zip(large, unpack(total, layout)))
+        return [summed[i] for i in range(len(tensors))], state
