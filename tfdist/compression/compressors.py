@@ -279,16 +279,17 @@ def _num_replicas():
 
 def compressor_by_name(name, *, ratio=None, rank=None, levels=None, error_feedback=False):
     """The `Compressor` called `name` (none, fp16, bf16, int8, qsgd, sign, topk, randomk,
-    powersgd) with its hyper-parameter."""
+    powersgd) with its hyper-parameter (None: the declared default)."""
+    ratio = RATIO.default if ratio is None else ratio
     return {
         "none": lambda: Compressor(),
         "fp16": lambda: Cast("float16"),
         "bf16": lambda: Cast("bfloat16"),
         "int8": Int8,
-        "qsgd": lambda: QSGD(levels),
+        "qsgd": lambda: QSGD(LEVELS.default if levels is None else levels),
         "sign": Sign,
         "topk": lambda: TopK(ratio),
         # Error feedback keeps what was not sent, so the values go unscaled.
         "randomk": lambda: RandomK(ratio, unbiased=not error_feedback),
-        "powersgd": lambda: PowerSGD(rank),
+        "powersgd": lambda: PowerSGD(RANK.default if rank is None else rank),
     }[name]()

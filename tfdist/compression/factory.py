@@ -16,14 +16,22 @@ def build(compression="none", **options):
     if isinstance(compression, GradientCompression):
         return compression
     seed = options.pop("seed", 0)
-    if isinstance(compression, CompressionConfig):
-        compression = {k: v for k, v in vars(compression).items() if v is not None}
-    if isinstance(compression, str):
-        compression = {"name": compression}
-    compression = {**compression, **options}
-    seed = compression.pop("seed", seed)  # a saved hook's config (`get_config`) has one
-    spec = compression_from_dict(compression)
+    if isinstance(compression, CompressionConfig) and not options:
+        spec = compression  # validated when it was loaded
+    else:
+        section = _as_dict(compression, options)
+        seed = section.pop("seed", seed)  # a saved hook's config (`get_config`) has one
+        spec = compression_from_dict(section)
     compressor = compressor_by_name(spec.name, ratio=spec.ratio, rank=spec.rank,
                                     levels=spec.levels, error_feedback=spec.error_feedback)
     return GradientCompression(compressor, error_feedback=spec.error_feedback,
                                start_step=spec.start_step, min_size=spec.min_size, seed=seed)
+
+
+def _as_dict(compression, options):
+    """A compression section (dict) from a name, a config or a section, with `options`."""
+    if isinstance(compression, CompressionConfig):
+        compression = {k: v for k, v in vars(compression).items() if v is not None}
+    if isinstance(compression, str):
+        compression = {"name": compression}
+    return {**compression, **options}
