@@ -105,7 +105,7 @@ FIXED = """
                                   "127.0.0.1:2002"),
     (json.dumps({"cluster": {"chief": ["localhost:2000"],
                              "worker": ["localhost:2001", "localhost:2002"]},
-                 "task": {"type": "worker", "index": 5}}), "names task worker:5, which is not"),
+                 "task": {"type": "worker", "index": 5}}), "names task worker:5, but its cluster has 2"),
 ])
 def test_a_tf_config_that_disagrees_with_the_config_is_named(write_config, monkeypatch, raw,
                                                               message):
@@ -174,3 +174,45 @@ def load_config_text(text):
     from tfdist.config import config_from_dict
 
     return config_from_dict(yaml.safe_load(text))
+
+
+# --- hostile TF_CONFIGs ------------------------------------------------------------------
+
+TWO = {"worker": ["localhost:2001", "localhost:2002"]}
+
+
+@pytest.mark.parametrize("raw,message", [
+    (json.dumps({"cluster": TWO, "task": {"type": "worker", "index": -1}}), "index must be an integer >= 0"),
+    (json.dumps({"cluster": TWO, "task": {"type": "worker", "index": 0.5}}), "index must be an integer >= 0"),
+    (json.dumps({"cluster": TWO, "task": {"type": "worker", "index": True}}), "index must be an integer >= 0"),
+    (json.dumps({"cluster": TWO, "task": {"type": "worker", "index": "1"}}), "index must be an integer >= 0"),
+    (json.dumps({"cluster": TWO, "task": {"type": "worker", "index": 2}}), "names task worker:2"),
+    (json.dumps({"cluster": TWO, "task": {"type": 7, "index": 0}}), "task type must be a job name"),
+    (json.dumps({"cluster": TWO, "task": [0]}), "task must be an object"),
+    (json.dumps({"cluster": ["localhost:1"], "task": {}}), "cluster must map job names"),
+    (json.dumps({"cluster": {"worker": "localhost:1"}}), "cluster must map job names"),
+    (json.dumps({"cluster": {"worker": [7]}}), r"worker:0: expected a \"host:port\" string"),
+    (json.dumps({"cluster": {"worker": ["localhost\n:1"]}}), "worker:0: expected \"host:port\" in visible"),
+    (json.dumps({"cluster": {"worker": ["localhost:99999"]}}), "outside 1-65535"),
+    ("[" * 100000 + "]" * 100000, "nested too deeply"),
+    ('{"cluster": ', "not valid JSON"),
+    ("null", "must be a JSON object"),
+])
+def test_a_hostile_tf_config_is_a_cluster_error_naming_it(raw, message):
+    from tfdist.cluster.errors import ClusterError
+    from tfdist.cluster.tf_config import parse_tf_config
+
+    with pytest.raises(ClusterError, match=message) as error:
+        parse_tf_config(raw)
+    assert "\n" not in str(error.value) and len(str(error.value)) < 1000
+
+
+@pytest.mark.parametrize("name", ["multi_worker_mirrored", "parameter_server"])
+def test_get_strategy_names_a_malformed_tf_config_before_tensorflow_sees_it(monkeypatch, name):
+    import tfdist
+    from tfdist.strategies import StrategyError
+
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": TWO, "task": {"type": "worker",
+                                                                          "index": -1}}))
+    with pytest.raises(StrategyError, match="index must be an integer >= 0"):
+        tfdist.get_strategy(name)

@@ -2,18 +2,26 @@
 
 import argparse
 import json
+import os
+import signal
 import sys
 
 import yaml
 
-from tfdist.cluster.manifest import default_name, tfjob_manifest
+from tfdist.cluster.manifest import tfjob_manifest
 from tfdist.cluster.spec import cluster_dict, parse_task
 from tfdist.cluster.tf_config import tf_config
 from tfdist.config import load_config
 from tfdist.errors import TfdistError
+try:  # TEMPORARY until tfdist.errors.one_line lands
+    from tfdist.errors import one_line
+except ImportError:
+    def one_line(text):
+        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 from tfdist.launch import launch
 
 USAGE_ERROR = 2
+MAX_COUNT_DIGITS = 10  # --max-restarts: a whole number below 10**10
 
 
 class UsageError(TfdistError):
@@ -23,17 +31,43 @@ class UsageError(TfdistError):
 def main(argv=None):
     """Entry point of the `tfdist` console script; returns the exit code.
 
-    A `TfdistError` (bad input) is one line on stderr and exit code 2; any other
-    exception is a bug in tfdist and keeps its traceback.
+    A `TfdistError` (bad input) is one printable line on stderr and exit code 2; any
+    other exception is a bug in tfdist and keeps its traceback. A closed stdout (``|
+    head -1``) ends the command quietly with 141, as SIGPIPE ends other tools; Ctrl-C
+    outside `tfdist launch` (which handles it itself) exits 130 without a traceback.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     argv, command = _split_command(argv)
     args = _parser().parse_args(argv)
     try:
-        return args.run(args, command)
+        code = args.run(args, command)
+        sys.stdout.flush()  # here, where a closed stdout can still be handled
+        return code
     except TfdistError as e:
-        print(f"tfdist {args.command_name}: error: {e}", file=sys.stderr)
+        report(f"tfdist {args.command_name}: error: {e}")
         return USAGE_ERROR
+    except BrokenPipeError:
+        return _stdout_closed()
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+
+
+def report(message):
+    """Writes `message` to stderr as one printable line (control characters escaped)."""
+    try:
+        print(one_line(message), file=sys.stderr, flush=True)
+    except (BrokenPipeError, ValueError):  # stderr closed too: nothing left to tell
+        pass
+
+
+def _stdout_closed():
+    """The reader of stdout went away: drop what is still buffered, exit like SIGPIPE."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the final flush at exit must not fail
+    except (OSError, ValueError):
+        pass
+    return 128 + signal.SIGPIPE
 
 
 def _split_command(argv):
@@ -44,8 +78,16 @@ def _split_command(argv):
     return argv, []
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line (the usage is in --help)."""
+
+    def error(self, message):
+        report(f"{self.prog}: error: {message} (see {self.prog} --help)")
+        self.exit(USAGE_ERROR)
+
+
 def _parser():
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tfdist", description="Distributed TensorFlow/Keras training from one YAML file.")
     sub = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
 
@@ -89,14 +131,15 @@ def _parser():
 
 
 def _non_negative(text):
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0. Received: {text!r}")
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_COUNT_DIGITS:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 (at most "
+                                         f"{MAX_COUNT_DIGITS} digits). Received: {text!r}")
     return int(text)
 
 
 def _validate(args, command):
     config = load_config(args.config)
-    print(f"{args.config}: OK ({describe(config)})")
+    print(f"{one_line(args.config)}: OK ({describe(config)})")
     return 0
 
 
@@ -137,8 +180,7 @@ def _launch(args, command):
 def _manifest(args, command):
     config = load_config(args.config)
     _require_command(command, "manifest")
-    manifest = tfjob_manifest(config, image=args.image, command=command,
-                              name=args.name or default_name(args.config),
+    manifest = tfjob_manifest(config, image=args.image, command=command, name=args.name,
                               namespace=args.namespace, max_restarts=args.max_restarts)
     sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False))
     return 0

@@ -6,8 +6,10 @@ import re
 
 from tfdist.cluster.errors import ClusterError
 
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+# Matched with fullmatch: `$` alone would accept a trailing newline.
+_HOSTNAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+_VISIBLE_ASCII = re.compile(r"[!-~]+")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
@@ -41,7 +43,11 @@ def parse_address(text):
     Raises:
         ClusterError: with the reason, when `text` is not a host and a port in 1-65535.
     """
-    host, sep, port = text.strip().rpartition(":")
+    text = text.strip()
+    if not _VISIBLE_ASCII.fullmatch(text):
+        raise ClusterError('expected "host:port" in visible ASCII characters, without spaces '
+                           'or control characters')
+    host, sep, port = text.rpartition(":")
     if not sep or not host:
         raise ClusterError('expected "host:port"')
     if host.startswith("[") and host.endswith("]"):
@@ -49,10 +55,10 @@ def parse_address(text):
         _check_ip(host, version=6)
     elif ":" in host:
         raise ClusterError('expected "host:port"; write IPv6 hosts in brackets, "[::1]:2222"')
-    elif not _HOSTNAME.match(host):
+    elif not _HOSTNAME.fullmatch(host):
         raise ClusterError(f"{host!r} is not a valid host name or IP address")
-    if not port.isdigit():
-        raise ClusterError(f"the port {port!r} is not a number")
+    if not port.isdigit() or len(port) > 5:
+        raise ClusterError(f"the port {port!r} is not a number in 1-65535")
     if not 1 <= int(port) <= 65535:
         raise ClusterError(f"the port {int(port)} is outside 1-65535")
     return Address(host, int(port))

@@ -7,25 +7,36 @@ from tfdist.cluster.roles import task_argv
 
 REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 PORT = 2222
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_LABEL_LENGTH = 63  # Kubernetes' limit for a Service name and a pod's host name
+INT32_MAX = 2**31 - 1  # backoffLimit is an int32
+_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+_IMAGE = re.compile(r"[!-~]+")  # visible ASCII: no spaces, newlines or control characters
 
 
-def dns_name(text, what):
+def dns_name(text, what, max_length=DNS_LABEL_LENGTH):
     """Checks a Kubernetes name (DNS-1123 label); raises `ClusterError` with the rule."""
-    if not _DNS_LABEL.match(text):
+    if len(text) > max_length or not _DNS_LABEL.fullmatch(text):
         raise ClusterError(f"{what} must be a DNS-1123 label: lowercase letters, digits and '-', "
-                         f"starting with a letter, at most 63 characters. Received: {text!r}")
+                           f"starting with a letter, at most {max_length} characters. "
+                           f"Received: {text!r}")
     return text
 
 
-def default_name(path):
+def default_name(path, max_length=DNS_LABEL_LENGTH):
     """A TFJob name from a config file name: 'configs/MWMS_2.yaml' -> 'mwms-2'."""
     stem = re.sub(r"\.ya?ml$", "", str(path).rsplit("/", 1)[-1]).lower()
     stem = re.sub(r"[^a-z0-9]+", "-", stem).strip("-")
-    return (stem if stem[:1].isalpha() else f"tfdist-{stem}".rstrip("-"))[:63].rstrip("-")
+    name = stem if stem[:1].isalpha() else f"tfdist-{stem}".rstrip("-")
+    return name[:max_length].rstrip("-")
 
 
-def tfjob_manifest(config, *, image, command, name, namespace="default", max_restarts=0):
+def longest_suffix(cluster):
+    """The longest ``-<type>-<index>`` the operator appends to the job name for a pod and
+    its Service (``<name>-worker-11``)."""
+    return max(len(f"-{job}-{len(addresses) - 1}") for job, addresses in cluster.jobs().items())
+
+
+def tfjob_manifest(config, *, image, command, name=None, namespace="default", max_restarts=0):
     """The TFJob for `config`'s cluster: one replica spec per job type.
 
     Args:
@@ -33,19 +44,37 @@ def tfjob_manifest(config, *, image, command, name, namespace="default", max_res
             each pod is ``<name>-<type>-<i>.<namespace>.svc:2222``).
         image: the container image, which must have tfdist installed.
         command: the training command (argv list) for the tasks that run it.
-        name, namespace: DNS-1123 labels.
-        max_restarts: 0 for ``restartPolicy: Never``; else ``OnFailure`` and this backoff limit.
+        name: a DNS-1123 label short enough that every pod and Service name derived from
+            it (``<name>-<type>-<i>``) is at most 63 characters; by default from the
+            config file's name.
+        namespace: a DNS-1123 label.
+        max_restarts: 0 for ``restartPolicy: Never``; else ``OnFailure`` and this backoff
+            limit (an int32).
 
     Returns:
         The manifest as a dict, ready for `yaml.safe_dump`.
 
     Raises:
-        ClusterError: no cluster section, or a name that is not a DNS-1123 label.
+        ClusterError: no cluster section, a name that is not a DNS-1123 label or too long
+            for the names derived from it, an empty image, a backoff limit beyond int32.
     """
     if config.cluster is None:
         raise ClusterError("the config has no cluster: section to turn into a TFJob")
+    limit = DNS_LABEL_LENGTH - longest_suffix(config.cluster)
+    name = default_name(config.path or "tfjob", limit) if name is None else name
     dns_name(name, "--name")
+    if len(name) > limit:
+        raise ClusterError(f"--name must be at most {limit} characters for this cluster: the "
+                           f"operator names pods and Services <name>-<type>-<index> (up to "
+                           f"{DNS_LABEL_LENGTH - limit} more) and Kubernetes allows "
+                           f"{DNS_LABEL_LENGTH}. Received: {name!r} ({len(name)} characters)")
     dns_name(namespace, "--namespace")
+    if not _IMAGE.fullmatch(image):
+        raise ClusterError("--image must be a container image reference (visible characters, "
+                           f"no spaces). Received: {image!r}")
+    if not 0 <= max_restarts <= INT32_MAX:
+        raise ClusterError(f"--max-restarts must be between 0 and {INT32_MAX} (backoffLimit is "
+                           f"an int32). Received: {max_restarts!r}")
     strategy = config.strategy.name if config.strategy else None
     policy = "OnFailure" if max_restarts > 0 else "Never"
     replicas = {

@@ -40,7 +40,8 @@ def check_local_ports_free(cluster, tasks=None):
         address = cluster.jobs()[job][index]
         if address.port is not None and address.is_local and port_in_use(address.port):
             raise ClusterError(f"{job}:{index}: port {address.port} of {address} is already "
-                               "in use by another process; free it or choose another port")
+                               "in use by another process (on some local address: TensorFlow's "
+                               "server listens on all of them); free it or choose another port")
 
 
 def check_resolvable(cluster):
@@ -64,7 +65,7 @@ def parse_task(text, cluster=None):
         ClusterError: malformed text, or a task the cluster does not have.
     """
     job, sep, index = text.partition(":")
-    if not sep or not index.isdigit() or not job:
+    if not sep or not job or not (index.isascii() and index.isdigit()) or len(index) > 9:
         raise ClusterError(f"expected a task as TYPE:INDEX, e.g. worker:0. Received: {text!r}")
     index = int(index)
     if cluster is not None and index >= len(cluster.get(job, ())):

@@ -20,7 +20,8 @@ def read_tf_config(environ=None):
         The parsed JSON object, or None when TF_CONFIG is unset or empty.
 
     Raises:
-        ClusterError: TF_CONFIG is not a JSON object.
+        ClusterError: TF_CONFIG is not a JSON object with a valid cluster and task (see
+            `check_tf_config`).
     """
     environ = os.environ if environ is None else environ
     return parse_tf_config(environ.get("TF_CONFIG"))
@@ -34,11 +35,51 @@ def parse_tf_config(raw):
         parsed = json.loads(raw)
     except ValueError as e:
         raise ClusterError(f"TF_CONFIG is not valid JSON ({e}). "
-                           f"Received: TF_CONFIG={raw!r}") from None
+                           f"Received: TF_CONFIG={_shown(raw)}") from None
+    except RecursionError:
+        raise ClusterError("TF_CONFIG is nested too deeply to be a task description. "
+                           f"Received: TF_CONFIG={_shown(raw)}") from None
+    check_tf_config(parsed, raw)
+    return parsed
+
+
+def check_tf_config(parsed, raw=None):
+    """Raises `ClusterError` unless `parsed` is a TF_CONFIG TensorFlow can use.
+
+    That is a JSON object whose ``cluster`` (if given) maps job names to lists of
+    ``"host:port"`` strings and whose ``task`` (if given) has a string ``type`` and an
+    integer ``index`` >= 0 inside that job.
+    """
+    shown = _shown(raw if raw is not None else json.dumps(parsed))
     if not isinstance(parsed, dict):
         raise ClusterError("TF_CONFIG must be a JSON object with keys cluster and task. "
-                           f"Received: TF_CONFIG={raw!r}")
-    return parsed
+                           f"Received: TF_CONFIG={shown}")
+    cluster, task = parsed.get("cluster", {}), parsed.get("task", {})
+    if not isinstance(cluster, dict) or not all(
+            isinstance(job, str) and isinstance(a, list) for job, a in cluster.items()):
+        raise ClusterError('TF_CONFIG\'s cluster must map job names to lists of "host:port" '
+                           f"strings. Received: TF_CONFIG={shown}")
+    for job, addresses in cluster.items():
+        for index, text in enumerate(addresses):
+            _address(text, f"TF_CONFIG's cluster: {job}:{index}")
+    if not isinstance(task, dict):
+        raise ClusterError("TF_CONFIG's task must be an object with type and index. "
+                           f"Received: TF_CONFIG={shown}")
+    job, index = task.get("type"), task.get("index", 0)
+    if task and not (isinstance(job, str) and job):
+        raise ClusterError("TF_CONFIG's task type must be a job name such as 'worker'. "
+                           f"Received: TF_CONFIG={shown}")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ClusterError("TF_CONFIG's task index must be an integer >= 0. "
+                           f"Received: TF_CONFIG={shown}")
+    if job in cluster and index >= len(cluster[job]):
+        raise ClusterError(f"TF_CONFIG names task {job}:{index}, but its cluster has "
+                           f"{len(cluster[job])} {job} task(s). Received: TF_CONFIG={shown}")
+
+
+def _shown(raw, limit=300):
+    """TF_CONFIG text for a message: repr-escaped, long ones shortened."""
+    return repr(raw) if len(raw) <= limit else f"{raw[:limit]!r}... ({len(raw)} characters)"
 
 
 def tf_config(cluster, task_type, task_index):
@@ -114,6 +155,8 @@ def check_matches(cluster, parsed, config_name="the config"):
 
 def _address(text, where):
     try:
+        if not isinstance(text, str):
+            raise ClusterError('expected a "host:port" string')
         return parse_address(text)
-    except (ClusterError, AttributeError) as e:
+    except ClusterError as e:
         raise ClusterError(f"{where}: {e}. Received: {text!r}") from None

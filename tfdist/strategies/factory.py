@@ -50,8 +50,10 @@ def get_strategy(name_or_config="default", **options):
             with a cluster, TF_CONFIG disagrees with it (the message names the task).
     """
     spec = _strategy_config(name_or_config, options)
-    if isinstance(name_or_config, Config) and capabilities(spec.name).multi_worker:
-        _check_tf_config(name_or_config)
+    if capabilities(spec.name).multi_worker:
+        _tf_config()  # a malformed TF_CONFIG is named here, not deep inside TensorFlow
+        if isinstance(name_or_config, Config):
+            _check_tf_config(name_or_config)
     return _BUILDERS[spec.name](dict(spec.options))
 
 

@@ -3,6 +3,7 @@
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 
 import tensorflow as tf
@@ -11,13 +12,15 @@ from tfdist.strategies.task import is_chief, task_of
 
 
 class WorkerScratch:
-    """A temporary directory for this task's throw-away copies of the chief's files.
+    """A private temporary directory for this task's throw-away copies of the chief's files.
 
     Every worker of a multi-worker job must take part in saving (reading distributed
     variables may need collectives), but only the chief may write the real path; the
-    others write here, and `cleanup` removes it. The directory's name depends only on
-    the task and the chief's path, so a task that was killed before cleaning up finds
-    and empties it when it is relaunched.
+    others write here, and `cleanup` removes it. The directory is made by
+    `tempfile.mkdtemp`: an unpredictable name, mode 0700, so another local user can
+    neither take the name first nor read the weights. Its prefix names the task and
+    the chief's path, so a task that was killed before cleaning up removes its own
+    leftovers (same prefix, same owner) when it is relaunched.
     """
 
     def __init__(self, chief_path):
@@ -25,14 +28,14 @@ class WorkerScratch:
         self.path = None
 
     def create(self, strategy):
-        """Returns None on the chief, else an empty temporary directory for this task."""
+        """Returns None on the chief, else a new, empty, private temporary directory."""
         if is_chief(strategy):
             return None
         task_type, task_id = task_of(strategy)
         digest = hashlib.sha1(self.chief_path.encode()).hexdigest()[:12]
-        self.path = os.path.join(tempfile.gettempdir(), f"tfdist-{task_type}-{task_id}-{digest}")
-        shutil.rmtree(self.path, ignore_errors=True)
-        os.makedirs(self.path)
+        prefix = f"tfdist-{task_type}-{task_id}-{digest}-"
+        _remove_own_leftovers(tempfile.gettempdir(), prefix)
+        self.path = tempfile.mkdtemp(prefix=prefix)
         return self.path
 
     def redirect(self, path):
@@ -43,6 +46,22 @@ class WorkerScratch:
         if self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
             self.path = None
+
+
+def _remove_own_leftovers(parent, prefix):
+    """Removes directories `parent/prefix*` that this user owns (a killed task's scratch)."""
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def strategy_of(model):
