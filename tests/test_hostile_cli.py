@@ -118,6 +118,12 @@ def big_file(tmp_path, megabytes):
     return str(path)
 
 
+def symlink(tmp_path, target):
+    path = tmp_path / "job.yaml"
+    path.symlink_to(target)
+    return str(path)
+
+
 def fifo(tmp_path):
     path = tmp_path / "job.yaml"
     os.mkfifo(path)
@@ -136,6 +142,13 @@ BAD_FILES = [
     ("fifo", fifo, [r"job\.yaml", r"FIFO|regular file"]),
     ("dev-zero", lambda t: "/dev/zero", [r"/dev/zero", r"regular file|device"]),
     ("directory", lambda t: str(t), [r"directory|regular file"]),
+    ("symlink-to-dev-zero", lambda t: symlink(t, "/dev/zero"), [r"job\.yaml", r"regular file|device"]),
+    ("symlink-loop", lambda t: symlink(t, t / "job.yaml"), [r"job\.yaml", r"cannot read|symbolic"]),
+    ("200000-keys", lambda t: write(t, "train:\n" + "".join(f" k{i}: 1\n" for i in range(200000))),
+     [r"job\.yaml", r"values|large|MiB"]),
+    ("bidi-override-in-key", lambda t: write(t, 'compression: {"\u202egpj.exe": 1}\n'), [r"\\u202e"]),
+    ("zero-width-space-in-section", lambda t: write(t, 'cluster\u200b: {worker: 2}\n'),
+     [r"\\u200b"]),
     ("missing", lambda t: str(t / "nope.yaml"), [r"nope\.yaml", r"No such file|cannot read"]),
     ("2-megabytes", lambda t: big_file(t, 2), [r"big\.yaml", r"MiB|bytes|large"]),
     ("50-megabytes", lambda t: big_file(t, 50), [r"big\.yaml", r"MiB|bytes|large"]),
@@ -323,3 +336,19 @@ def test_ctrl_c_outside_launch_exits_130_without_a_traceback(tmp_path, monkeypat
     monkeypatch.setattr(tfdist.cli, "load_config", interrupted)
     assert tfdist.cli.main(["validate", write(tmp_path, CLUSTER)]) == 128 + signal.SIGINT
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("closed", [1, 2])
+@pytest.mark.parametrize("command", ["validate", "tf-config", "manifest"])
+def test_a_command_started_with_stdout_or_stderr_closed_keeps_its_exit_code(tmp_path, closed,
+                                                                            command):
+    """`tfdist ... >&-` / `2>&-`: bad input still exits 2, good input 0 — never 1 (a crash)."""
+    fixed = write(tmp_path, 'cluster: {worker: ["localhost:2222"]}\n', name="good.yaml")
+    bad = write(tmp_path, "cluster: {worker: -1}\n", name="bad.yaml")
+    for path, expected in ((fixed, 0), (bad, 2)):
+        argv = {"validate": ["validate", path],
+                "tf-config": ["tf-config", path, "--task", "worker:0"],
+                "manifest": ["manifest", path, "--image", "i", "--", "p"]}[command]
+        proc = subprocess.run([PY, "-m", "tfdist", *argv], preexec_fn=lambda: os.close(closed),
+                              capture_output=False, stdin=subprocess.DEVNULL, timeout=TIMEOUT)
+        assert proc.returncode == expected, (path, closed)

@@ -41,7 +41,8 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     try:
         code = args.run(args, command)
-        sys.stdout.flush()  # here, where a closed stdout can still be handled
+        if sys.stdout is not None:  # None: started with stdout closed (print drops it)
+            sys.stdout.flush()  # here, where a reader that went away can still be handled
         return code
     except TfdistError as e:
         report(f"tfdist {args.command_name}: error: {e}")
@@ -54,9 +55,11 @@ def main(argv=None):
 
 def report(message):
     """Writes `message` to stderr as one printable line (control characters escaped)."""
+    if sys.stderr is None:  # started with stderr closed: nothing to tell
+        return
     try:
         print(one_line(message), file=sys.stderr, flush=True)
-    except (BrokenPipeError, ValueError):  # stderr closed too: nothing left to tell
+    except (BrokenPipeError, ValueError):  # stderr's reader gone: nothing left to tell
         pass
 
 
@@ -182,7 +185,7 @@ def _manifest(args, command):
     _require_command(command, "manifest")
     manifest = tfjob_manifest(config, image=args.image, command=command, name=args.name,
                               namespace=args.namespace, max_restarts=args.max_restarts)
-    sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False))
+    print(yaml.safe_dump(manifest, sort_keys=False), end="")
     return 0
 
 

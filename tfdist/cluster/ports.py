@@ -9,6 +9,8 @@ addresses is the one probe that sees all of them.
 import contextlib
 import socket
 
+from tfdist.cluster.errors import ClusterError
+
 
 def free_ports(count):
     """`count` distinct ports that nothing listens on right now, at any local address.
@@ -16,7 +18,18 @@ def free_ports(count):
     All sockets are held open until every port is chosen, so the ports differ; they are
     released before returning, so a task can bind them (a small race with other
     programs remains, as with any free-port picker).
+
+    Raises:
+        ClusterError: the ports cannot be held at once (e.g. the open-files limit).
     """
+    try:
+        return _free_ports(count)
+    except OSError as e:
+        raise ClusterError(f"cannot pick {count} free local ports ({e.strerror or e}); "
+                           "fewer tasks, or a higher open-files limit (ulimit -n)") from None
+
+
+def _free_ports(count):
     with contextlib.ExitStack() as stack:
         ports = []
         for _ in range(100 * count):
