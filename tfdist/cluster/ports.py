@@ -7,6 +7,7 @@ addresses is the one probe that sees all of them.
 """
 
 import contextlib
+import errno
 import socket
 
 from tfdist.cluster.errors import ClusterError
@@ -41,6 +42,8 @@ def _free_ports(count):
             port = sock.getsockname()[1]
             if not port_in_use(port):  # free on IPv4 may still be taken on [::1]
                 ports.append(port)
+        if len(ports) < count:
+            raise OSError(errno.EADDRINUSE, f"only {len(ports)} of them are free")
         return ports
 
 
@@ -61,8 +64,10 @@ def port_in_use(port):
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
                 sock.bind((host, port))
-            except OSError:
-                return True
+            except OSError as e:
+                if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                    return True  # a listener, or a port this user may not bind
+                # e.g. EADDRNOTAVAIL: this address family is switched off here
     return False
 
 
