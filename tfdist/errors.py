@@ -13,3 +13,16 @@ class TfdistError(Exception):
 
 class UnsupportedError(TfdistError, ValueError):
     """This strategy does not allow that combination; the message says what does."""
+
+
+def one_line(text):
+    """`text` as one printable line: each non-printable character escaped as `repr` would.
+
+    Newlines, tabs, escape sequences (``\\x1b[2J``), bidi and zero-width characters become
+    ``\\n``, ``\\t``, ``\\x1b``, ``\\u202e``... so a message can neither split nor drive the
+    terminal. Applying it twice gives the same text as once.
+    """
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -6,9 +6,36 @@ returns the value (converted where that is lossless) or raises.
 
 import difflib
 import math
+import reprlib
+
+from tfdist.config import limits
+from tfdist.config.errors import clip
 
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
                list: "a list", dict: "a mapping", type(None): "nothing (null)"}
+
+
+class _Short(reprlib.Repr):
+    """reprlib with room for real values; huge integers by their size (no conversion)."""
+
+    def __init__(self):
+        super().__init__()
+        self.maxstring = self.maxother = 120
+        self.maxlong, self.maxlevel = 60, 3
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = 8
+
+    def repr_int(self, x, level):
+        if x.bit_length() > 200:
+            return f"<an integer of about {int(x.bit_length() * math.log10(2)):,} digits>"
+        return super().repr_int(x, level)
+
+
+_short = _Short()
+
+
+def shown(value):
+    """`repr(value)`, shortened for a message: at most a line, whatever the value."""
+    return _short.repr(value)
 
 
 def describe(source, path, value):
@@ -18,7 +45,7 @@ def describe(source, path, value):
     if isinstance(value, bool) and raw is not None and raw.lower() not in ("true", "false"):
         return (f"{kind} ({raw!r} unquoted is read by YAML as {value}; "
                 f"write '{raw}' in quotes for the word)")
-    return f"{kind}. Received: {path_name(path)}={value!r}"
+    return f"{kind}. Received: {path_name(path)}={shown(value)}"
 
 
 def path_name(path):
@@ -28,7 +55,7 @@ def path_name(path):
     if not keys:
         return "value"
     last = keys[-1]
-    return path[last] + "".join(f"[{i}]" for i in path[last + 1:])
+    return clip(path[last]) + "".join(f"[{i}]" for i in path[last + 1:])
 
 
 def type_error(source, path, expected, value):
@@ -41,7 +68,7 @@ def mapping(source, path, value, allowed, what=None):
         raise type_error(source, path, f"a mapping{' of ' + what if what else ''}", value)
     for key in value:
         if not isinstance(key, str):
-            raise source.error(path, f"keys must be strings. Received: key {key!r}")
+            raise source.error(path, f"keys must be strings. Received: key {shown(key)}")
         if key not in allowed:
             raise unknown_key(source, tuple(path) + (key,), key, allowed)
     return value
@@ -51,7 +78,7 @@ def unknown_key(source, path, key, allowed):
     close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
     valid = ", ".join(allowed) if allowed else "none"
-    return source.error(path, f"unknown key {key!r}; {hint}valid keys are [{valid}]")
+    return source.error(path, f"unknown key {shown(key)}; {hint}valid keys are [{valid}]")
 
 
 def string(source, path, value, choices=None):
@@ -61,7 +88,7 @@ def string(source, path, value, choices=None):
         close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise source.error(path, f"{hint}valid values are [{', '.join(choices)}]. "
-                                 f"Received: {path_name(path)}={value!r}")
+                                 f"Received: {path_name(path)}={shown(value)}")
     return value
 
 
@@ -72,22 +99,34 @@ def boolean(source, path, value):
 
 
 def integer(source, path, value, minimum=None, maximum=None):
+    """An integer in [minimum, maximum], and always a 64-bit one (tfdist's counters are
+    ``tf.int64``)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise type_error(source, path, "an integer", value)
     _in_range(source, path, value, minimum, maximum)
+    if not limits.INT64_MIN <= value <= limits.INT64_MAX:
+        raise source.error(path, f"expected a 64-bit integer, between {limits.INT64_MIN} and "
+                                 f"{limits.INT64_MAX}. Received: {path_name(path)}={shown(value)}")
     return value
 
 
 def number(source, path, value, minimum=None, maximum=None, open_minimum=False):
-    """A finite number; with `open_minimum`, strictly greater than `minimum`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """A finite number that fits a 64-bit float; with `open_minimum`, strictly greater
+    than `minimum`. Returns it as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise type_error(source, path, "a finite number", value)
+    try:
+        as_float = float(value)
+    except OverflowError:  # an integer beyond 1.8e308
+        as_float = math.inf
+    if not math.isfinite(as_float):
+        raise type_error(source, path, "a finite number (within +-1.8e308)", value)
     if open_minimum and (value <= minimum or (maximum is not None and value > maximum)):
         bounds = f"> {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
         raise source.error(path, f"expected a value {bounds}. "
-                                 f"Received: {path_name(path)}={value!r}")
+                                 f"Received: {path_name(path)}={shown(value)}")
     _in_range(source, path, value, None if open_minimum else minimum, maximum)
-    return float(value)
+    return as_float
 
 
 def string_list(source, path, value):
@@ -101,4 +140,4 @@ def _in_range(source, path, value, minimum, maximum):
         bounds = (f"between {minimum} and {maximum}" if minimum is not None and maximum is not None
                   else f">= {minimum}" if minimum is not None else f"<= {maximum}")
         raise source.error(path, f"expected a value {bounds}. "
-                                 f"Received: {path_name(path)}={value!r}")
+                                 f"Received: {path_name(path)}={shown(value)}")

@@ -27,7 +27,9 @@ class HyperParameter:
     def valid(self, value):
         if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
             return False
-        if not math.isfinite(value) or (self.maximum is not None and value > self.maximum):
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.maximum is not None and value > self.maximum:
             return False
         return value > self.minimum if self.open_minimum else value >= self.minimum
 

@@ -6,7 +6,7 @@ import types
 
 from tfdist.cluster.address import Address, parse_address
 from tfdist.cluster.errors import ClusterError
-from tfdist.config import checks
+from tfdist.config import checks, limits
 from tfdist.config.schema import (COMPRESSORS, JOB_TYPES, STRATEGIES, ClusterConfig,
                                   CompressionConfig, Config, LocalSGDConfig, StrategyConfig)
 from tfdist.config.hyperparameters import HYPERPARAMETERS
@@ -94,7 +94,8 @@ def build_config(data, source):
         raise checks.type_error(source, (), "a mapping of sections such as cluster:, strategy:", data)
     for key in data:
         if not isinstance(key, str):
-            raise source.error((), f"top-level keys must be strings. Received: key {key!r}")
+            raise source.error((), "top-level keys must be strings. "
+                                   f"Received: key {checks.shown(key)}")
         _check_not_a_misspelled_section(source, key)
     get = lambda name, build: None if data.get(name) is None else build(source, (name,), data[name])
     config = Config(
@@ -102,7 +103,7 @@ def build_config(data, source):
         strategy=get("strategy", _strategy),
         compression=get("compression", _compression),
         local_sgd=get("local_sgd", _local_sgd),
-        app=_freeze({k: v for k, v in data.items() if k not in SECTIONS}),
+        app=_freeze_app(source, {k: v for k, v in data.items() if k not in SECTIONS}),
         path=source.file,
         source=source,
     )
@@ -116,7 +117,7 @@ def _check_not_a_misspelled_section(source, key):
     normal = key.lower().replace("-", "_")
     close = difflib.get_close_matches(normal, SECTIONS, n=1, cutoff=0.8)
     if close:
-        raise source.error((key,), f"unknown section {key!r}; did you mean {close[0]!r}? "
+        raise source.error((key,), f"unknown section {checks.shown(key)}; did you mean {close[0]!r}? "
                                    f"(tfdist's sections are [{', '.join(SECTIONS)}]; "
                                    "other names are left to the application)")
 
@@ -128,6 +129,9 @@ def _cluster(source, path, value):
     checks.mapping(source, path, value, JOB_TYPES, "job types to addresses")
     jobs = {job: _job(source, path + (job,), job, spec) for job, spec in value.items()}
     cluster = ClusterConfig(**jobs)
+    total = sum(len(addresses) for addresses in jobs.values())
+    if total > limits.MAX_TASKS:
+        raise _too_many_tasks(source, path, f"{total:,} tasks")
     if not cluster.tasks():
         raise source.error(path, "the cluster has no tasks; give at least one worker")
     seen = {}
@@ -142,13 +146,22 @@ def _cluster(source, path, value):
     return cluster
 
 
+def _too_many_tasks(source, path, received):
+    return source.error(path, f"expected at most {limits.MAX_TASKS:,} tasks in the whole "
+                              f"cluster (tfdist.config.limits.MAX_TASKS). Received: {received}")
+
+
 def _job(source, path, job, spec):
     limit = 1 if job in ("chief", "evaluator") else None
     if isinstance(spec, int) and not isinstance(spec, bool):
+        if limit is None and spec > limits.MAX_TASKS:
+            raise _too_many_tasks(source, path, f"{job}={checks.shown(spec)}")
         count = checks.integer(source, path, spec, minimum=0, maximum=limit)
         return tuple(Address("localhost") for _ in range(count))
     if not isinstance(spec, list):
         raise checks.type_error(source, path, 'a list of "host:port" strings or a task count', spec)
+    if len(spec) > limits.MAX_TASKS:
+        raise _too_many_tasks(source, path, f"{len(spec):,} addresses for {job}")
     if limit is not None and len(spec) > limit:
         raise source.error(path, f"at most one {job} task is allowed; TF_CONFIG accepts a "
                                  f"single {job}. Received: {len(spec)} addresses")
@@ -159,7 +172,7 @@ def _job(source, path, job, spec):
         try:
             addresses.append(parse_address(item))
         except ClusterError as e:
-            raise source.error(path + (i,), f"{e}. Received: {item!r}") from None
+            raise source.error(path + (i,), f"{e}. Received: {checks.shown(item)}") from None
     return tuple(addresses)
 
 
@@ -290,10 +303,26 @@ def _tasks_of(jobs):
     return ", ".join(jobs[:-1]) + f" and {jobs[-1]}" if len(jobs) > 1 else jobs[0]
 
 
-def _freeze(value):
+def _freeze_app(source, app):
+    """The application's sections, deep-frozen within MAX_DEPTH and MAX_VALUES (a value
+    reached twice, as through a YAML alias, counts twice; one that contains itself never
+    ends and is refused)."""
+    budget = [limits.MAX_VALUES]
+    return types.MappingProxyType(
+        {key: _freeze(source, (key,), value, 1, budget) for key, value in app.items()})
+
+
+def _freeze(source, path, value, depth, budget):
     """Read-only mappings and tuples all the way down."""
+    budget[0] -= 1
+    if budget[0] < 0 or depth > limits.MAX_DEPTH:
+        raise source.error(path, f"expected at most {limits.MAX_DEPTH} levels and "
+                                 f"{limits.MAX_VALUES:,} values, counting every repetition "
+                                 "(tfdist.config.limits); a structure that contains itself "
+                                 "never ends")
     if isinstance(value, dict):
-        return types.MappingProxyType({k: _freeze(v) for k, v in value.items()})
+        return types.MappingProxyType(
+            {k: _freeze(source, path, v, depth + 1, budget) for k, v in value.items()})
     if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
+        return tuple(_freeze(source, path, v, depth + 1, budget) for v in value)
     return value

@@ -2,14 +2,23 @@
 
 PyYAML's safe loader builds plain Python values, but forgets where they came from. To
 name the line of a bad key, the node tree is walked once to record, for each key path,
-its line and the raw scalar text (to explain YAML 1.1 booleans such as ``off``).
+its line and the raw scalar text (to explain YAML 1.1 booleans such as ``off``). The
+file is read and parsed within `tfdist.config.limits` (size, values with aliases
+expanded, depth, number length), checked as it is read (`yaml_guard.GuardedLoader`).
 """
 
 import dataclasses
+import os
+import stat
 
 import yaml
 
-from tfdist.config.errors import ConfigError
+from tfdist.config import limits
+from tfdist.config.checks import shown
+from tfdist.config.errors import ConfigError, format_path
+from tfdist.config.yaml_guard import GuardedLoader
+
+_MERGE = "tag:yaml.org,2002:merge"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,40 +47,81 @@ class Source:
         return self.lines.get(path)
 
 
-def format_path(path):
-    """('cluster', 'worker', 1) -> 'cluster.worker[1]'."""
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or None
-
-
 def read_yaml(path):
-    """Parses one YAML document with the safe loader.
+    """Parses one YAML file with the safe loader, within `tfdist.config.limits`.
 
     Returns:
         (data, source): the plain Python value and its `Source`.
 
     Raises:
-        ConfigError: unreadable file, empty file, YAML syntax error, more than one
-            document, a duplicate key, or a tag the safe loader refuses
-            (``!!python/object`` is an error, never code).
+        ConfigError: not a path, not a regular file (a FIFO, a device, a directory),
+            unreadable, larger than MAX_FILE_BYTES, not UTF-8, empty, a YAML syntax
+            error, more than one document, a duplicate key (also one written another
+            way, ``1`` and ``0x1``), beyond a limit on values, depth or number length,
+            or a tag the safe loader refuses (``!!python/object`` is an error, never code).
     """
-    file = str(path)
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"expected a path to a YAML file. Received: path={shown(path)}")
+    file = os.fsdecode(path)
+    if "\0" in file:
+        raise ConfigError("expected a path to a YAML file; a path cannot contain a NUL "
+                          "character", file=file)
+    data = _read_bytes(path, file)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(f"cannot read the config file ({e.strerror or e})", file=file) from None
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError("the config file is not UTF-8 text", file=file) from None
-    return parse_yaml(text, file)
+    return parse_yaml(text.replace("\r\n", "\n").replace("\r", "\n"), file)
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def _read_bytes(path, file):
+    """At most MAX_FILE_BYTES of a regular file; never blocks on a FIFO or a device."""
+    try:
+        _check_regular(os.stat(path).st_mode, file)  # before opening: opening a device acts
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as e:
+        raise ConfigError(f"cannot read the config file ({e.strerror or e})", file=file) from None
+    try:
+        _check_regular(os.fstat(fd).st_mode, file)  # what was opened, if it changed since
+        chunks, size = [], 0
+        while size <= limits.MAX_FILE_BYTES:
+            chunk = os.read(fd, limits.MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as e:
+        raise ConfigError(f"cannot read the config file ({e.strerror or e})", file=file) from None
+    finally:
+        os.close(fd)
+    if size > limits.MAX_FILE_BYTES:
+        raise _too_large(file)
+    return b"".join(chunks)
+
+
+def _check_regular(mode, file):
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise ConfigError(f"expected a regular file, got {kind}", file=file)
+
+
+def _too_large(file):
+    return ConfigError(f"expected a file of at most {limits.MAX_FILE_BYTES:,} bytes (1 MiB, "
+                       "tfdist.config.limits.MAX_FILE_BYTES); a tfdist config is a few "
+                       "hundred bytes. Received: a larger file", file=file)
 
 
 def parse_yaml(text, file="<string>"):
     """Like `read_yaml`, from a string."""
+    if len(text) > limits.MAX_FILE_BYTES:
+        raise _too_large(file)
     try:
-        loader = yaml.SafeLoader(text)  # reads the text: control characters fail here
+        loader = GuardedLoader(text, file)  # reads the text: control characters fail here
     except yaml.reader.ReaderError as e:
         raise ConfigError(f"invalid YAML: character #x{e.character:04x} is not allowed "
                           "(special characters are not allowed in YAML)", file=file,
@@ -82,7 +132,7 @@ def parse_yaml(text, file="<string>"):
             raise ConfigError("the file is empty; expected a mapping of sections "
                               "such as cluster:, strategy:", file=file)
         source = Source(file, {}, {})
-        _record(node, (), source)
+        _record(loader, node, source)
         data = loader.construct_document(node)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
@@ -96,26 +146,50 @@ def parse_yaml(text, file="<string>"):
     return data, source
 
 
-def _record(node, path, source):
-    """Fills `source` with the line and raw text of every node below `node`."""
-    source.lines.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.ScalarNode):
-        source.raw[path] = node.value
-    elif isinstance(node, yaml.SequenceNode):
-        for i, child in enumerate(node.value):
-            _record(child, path + (i,), source)
-    elif isinstance(node, yaml.MappingNode):
-        seen = {}
-        for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-            if key is None or key == "<<":
-                continue  # complex keys and merges are left to the type checks
-            child = path + (key,)
-            if key in seen:
-                raise ConfigError(
-                    f"duplicate key {key!r} (first given on line {seen[key]})",
-                    file=source.file, line=key_node.start_mark.line + 1,
-                    key=format_path(child))
-            seen[key] = key_node.start_mark.line + 1
-            source.lines[child] = key_node.start_mark.line + 1
-            _record(value_node, child, source)
+def _record(loader, root, source):
+    """Fills `source` with the line and raw text of every node below `root`.
+
+    Iterative, and bounded by MAX_VALUES and MAX_DEPTH whatever the node graph (the
+    loader has already refused documents beyond them).
+    """
+    todo, visited = [(root, ())], 0
+    while todo:
+        node, path = todo.pop()
+        visited += 1
+        if visited > limits.MAX_VALUES or len(path) > limits.MAX_DEPTH:
+            raise source.error(path, f"expected at most {limits.MAX_VALUES:,} values and "
+                               f"{limits.MAX_DEPTH} levels with every alias expanded "
+                               "(tfdist.config.limits)")
+        source.lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.ScalarNode):
+            source.raw[path] = node.value
+        elif isinstance(node, yaml.SequenceNode):
+            todo.extend((child, path + (i,)) for i, child in reversed(list(enumerate(node.value))))
+        elif isinstance(node, yaml.MappingNode):
+            todo.extend(reversed(_keyed_children(loader, node, path, source)))
+
+
+def _keyed_children(loader, node, path, source):
+    """[(value node, key path)] of a mapping; refuses a key given twice, also when
+    written two ways that YAML reads as one value (``1`` and ``0x1``, ``true`` and ``yes``)."""
+    children, seen = [], {}
+    for key_node, value_node in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE:
+            continue  # complex keys and merges are left to the type checks
+        raw, line = key_node.value, key_node.start_mark.line + 1
+        child = path + (raw,)
+        key = loader.construct_object(key_node)  # memoised for construct_document
+        if key in seen:
+            raise ConfigError(_duplicate(raw, key, *seen[key]), file=source.file, line=line,
+                              key=format_path(child))
+        seen[key] = (raw, line)
+        source.lines[child] = line
+        children.append((value_node, child))
+    return children
+
+
+def _duplicate(raw, key, first_raw, first_line):
+    if raw == first_raw:
+        return f"duplicate key {shown(raw)} (first given on line {first_line})"
+    return (f"duplicate key {shown(raw)}: YAML reads it as {shown(key)}, the same key as "
+            f"{shown(first_raw)} on line {first_line}")

@@ -1,0 +1,40 @@
+"""The limits a config file must stay within, so that hostile input fails fast and small.
+
+A tfdist config is a few hundred bytes; every limit below is orders of magnitude above
+real use, and each is checked before the work it bounds is done. Beyond a limit the
+loader raises a `ConfigError` naming the file, the line, the key and the limit.
+
+MAX_FILE_BYTES = 1 MiB (1,048,576 bytes)
+    The largest config file read. At most this many bytes plus one are ever read, so
+    ``/dev/zero``-like input or a huge file costs one MiB, not minutes and gigabytes.
+MAX_VALUES = 100,000
+    The most values (scalars, lists and mappings) in the document *after* expanding
+    every alias. An alias stands for the whole node it names, so nested aliases grow
+    exponentially ("billion laughs": 600 bytes that expand to 10^9 values); each alias
+    is charged the size of its anchor as it is read, and the document is refused at the
+    first alias that goes over, before anything is built from it.
+MAX_DEPTH = 64
+    The deepest nesting of lists and mappings, also counted through aliases. PyYAML
+    builds nodes recursively (about 500 levels overflow the Python stack); tfdist's
+    sections nest three levels.
+MAX_NUMBER_CHARS = 100
+    The longest number written in the file (digits, sign, ``_``, ``0x``...). Converting
+    a longer one costs up to quadratic time (sexagesimal ``1:2:3...``), Python refuses
+    integers of more than 4,300 digits, and no tfdist key takes more than 19 digits.
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+    The range of every integer tfdist uses (steps, periods, sizes end in ``tf.int64``).
+MAX_TASKS = 10,000
+    The most tasks in a cluster, summed over its jobs, whether given as counts or as
+    address lists: ``worker: 100000000`` would otherwise build 10^8 addresses.
+
+Recursive structures (an alias inside its own anchor, ``a: &a [*a]``) are refused
+whatever their size: they have no finite expansion.
+"""
+
+MAX_FILE_BYTES = 1024 * 1024
+MAX_VALUES = 100_000
+MAX_DEPTH = 64
+MAX_NUMBER_CHARS = 100
+INT64_MIN = -2**63
+INT64_MAX = 2**63 - 1
+MAX_TASKS = 10_000
