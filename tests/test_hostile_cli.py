@@ -198,13 +198,18 @@ READERS = {
 }
 
 
-@pytest.mark.parametrize("command", list(READERS))
-@pytest.mark.parametrize("case,build,patterns", BAD_FILES, ids=[c[0] for c in BAD_FILES])
+# Reading the file is the same for every command: cases about the file itself are tried
+# with `validate`; cases about its content with every command.
+ABOUT_THE_FILE = ("2-megabytes", "50-megabytes", "directory", "missing", "symlink-loop",
+                  "billion-laughs-wide", "nesting-5000-mappings", "200000-keys")
+READ_CASES = [(command, *case) for case in BAD_FILES for command in READERS
+              if command == "validate" or case[0] not in ABOUT_THE_FILE]
+
+
+@pytest.mark.parametrize("command,case,build,patterns", READ_CASES,
+                         ids=[f"{c[1]}-{c[0]}" for c in READ_CASES])
 def test_every_reader_refuses_a_hostile_config_in_one_line(tmp_path, command, case, build,
                                                            patterns):
-    if command != "validate" and case in ("2-megabytes", "50-megabytes", "billion-laughs-wide",
-                                          "nesting-5000-mappings", "directory", "missing"):
-        pytest.skip("read the same way by every command; checked once, with validate")
     code, _, err = run_cli(tmp_path, *READERS[command](build(tmp_path)))
     assert_one_line_error(code, err, *patterns)
 

@@ -12,12 +12,7 @@ from tfdist.cluster.manifest import tfjob_manifest
 from tfdist.cluster.spec import cluster_dict, parse_task
 from tfdist.cluster.tf_config import tf_config
 from tfdist.config import load_config
-from tfdist.errors import TfdistError
-try:  # TEMPORARY until tfdist.errors.one_line lands
-    from tfdist.errors import one_line
-except ImportError:
-    def one_line(text):
-        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+from tfdist.errors import TfdistError, one_line
 from tfdist.launch import launch
 
 USAGE_ERROR = 2
