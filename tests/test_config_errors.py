@@ -93,6 +93,21 @@ CASES = [
     ("local-sgd-under-ps", "cluster: {chief: 1, worker: 1, ps: 1}\nstrategy: parameter_server\n"
                            "local_sgd: {period: 4}\n", ["local SGD needs replicas"]),
     ("non-string-key", "cluster: {1: ['a:1']}\n", ["keys must be strings"]),
+    ("duplicate-key-by-value", "train:\n  1: a\n  0x1: b\n",
+     ["job.yaml:3:", "train.0x1", "duplicate key '0x1'", "the same key as '1' on line 2"]),
+    ("recursive-alias", "train: &t [*t]\n", ["job.yaml:1:", "train[0]", "inside its own anchor"]),
+    ("alias-bomb", "a: &a [" + ", ".join(["x"] * 100) + "]\nb: &b [" + ", ".join(["*a"] * 100)
+     + "]\nc: [" + ", ".join(["*b"] * 100) + "]\n",
+     ["job.yaml:3:", "c[8]", "at most 100,000 values", "alias *b repeats 10,101 values"]),
+    ("too-deep", "train: " + "[" * 70 + "]" * 70 + "\n", ["job.yaml:1:", "at most 64 nested"]),
+    ("number-too-long", "compression: {name: topk, ratio: " + "1" * 400 + "}\n",
+     ["job.yaml:1:", "compression.ratio", "at most 100 characters"]),
+    ("beyond-int64", "compression: {name: fp16, start_step: 9223372036854775808}\n",
+     ["compression.start_step", "64-bit integer"]),
+    ("too-many-tasks", "cluster: {worker: 100000000}\n",
+     ["cluster.worker", "at most 10,000 tasks", "Received: worker=100000000"]),
+    ("escape-in-key", 'cluster: {"\\x1b[2Jworker": 1}\n', ["cluster.\\x1b[2Jworker",
+                                                          "unknown key '\\x1b[2Jworker'"]),
 ]
 
 
@@ -103,7 +118,7 @@ def test_bad_config_is_a_located_config_error(write_config, text, fragments):
         tfdist.load_config(path)
     message = str(raised.value)
     assert message.startswith(path), message
-    assert "\n" not in message
+    assert message.isprintable(), message  # one line, no escape sequences
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in {message!r}"
 
@@ -123,6 +138,13 @@ def test_python_tags_are_refused_not_executed(write_config, tmp_path):
     with pytest.raises(ConfigError, match="python/object"):
         tfdist.load_config(path)
     assert not marker.exists()
+
+
+def test_a_path_that_is_not_a_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"expected a path to a YAML file. Received: path=1"):
+        tfdist.load_config(1)
+    with pytest.raises(ConfigError, match="got a directory"):
+        tfdist.load_config(tmp_path)
 
 
 def test_unreadable_file_is_a_config_error(tmp_path):

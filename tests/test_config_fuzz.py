@@ -39,7 +39,7 @@ def check(path, data):
     try:
         config = load_config(path)
     except ConfigError as e:
-        assert str(e), "an error without a message"
+        assert str(e).isprintable(), f"not one printable line: {str(e)!r}"
         return
     assert isinstance(config, Config)
     if config.cluster is not None:

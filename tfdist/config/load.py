@@ -60,14 +60,17 @@ def load_config(path):
     """Reads and validates a tfdist config file.
 
     Args:
-        path: a YAML file with any of the sections cluster, strategy, compression,
-            local_sgd, plus the application's own sections.
+        path: a YAML file (str or os.PathLike) with any of the sections cluster,
+            strategy, compression, local_sgd, plus the application's own sections.
 
     Returns:
         A frozen `Config`; a section left out is None.
 
     Raises:
-        ConfigError: anything wrong with the file, naming file, line, key and expectation.
+        ConfigError: anything wrong with the file, naming file, line, key and expectation,
+            in one printable line; also a file beyond `tfdist.config.limits` (size,
+            values with aliases expanded, nesting, number length, tasks), refused
+            before the work it would cost.
     """
     data, source = read_yaml(path)
     return build_config(data, source)
