@@ -337,6 +337,34 @@ def test_a_cluster_beyond_the_task_limit_is_refused_before_it_is_built(write, cl
             seconds=2)
 
 
+@pytest.mark.parametrize("value,fragment", [
+    ("2001-02-30", "day is out of range for month"), ("1999-12-31T25:00:00Z", "hour must be"),
+    ("!!timestamp 'x'", "a valid date or time"), ("!!int abc", "an integer"),
+    ("!!int '-'", "an integer"), ("!!int 0x", "an integer"), ("!!float .", "a number"),
+    ("!!bool maybe", "a boolean"), ("!!int 09", "an integer"),
+])
+def test_a_scalar_yaml_cannot_convert_is_a_located_config_error(write, value, fragment):
+    refused(write(f"train:\n  when: [1, {value}]\n"), "invalid YAML", fragment,
+            key="train.when[1]", line=2)
+
+
+@PROPERTY
+@given(tag=st.sampled_from(["!!int", "!!float", "!!bool", "!!null", "!!timestamp", "!!binary",
+                            "!!str", ""]),
+       text=st.one_of(st.text(max_size=30), st.from_regex(
+           r"\A\d{1,4}-\d{1,2}-\d{1,2}([Tt ]\d{1,2}:\d{1,2}:\d{1,2}(\.\d*)?"
+           r" *(Z|[-+]\d{1,2}(:\d\d)?)?)?\Z")),
+       plain=st.booleans())
+def test_random_tagged_and_date_like_scalars_load_or_are_config_errors(tmp_path, tag, text,
+                                                                       plain):
+    path = tmp_path / "scalar.yaml"
+    path.write_text(f"train: {{x: {tag} {text if plain else quoted(text)}}}\n")
+    try:
+        load_config(path)
+    except ConfigError as e:
+        assert_one_printable_line(str(e))
+
+
 # 4. Duplicate keys, compared by value.
 
 DUPLICATES = [("1", "0x1"), ("1", "1.0"), ("true", "yes"), ("on", "True"), ("no", "off"),

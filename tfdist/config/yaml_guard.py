@@ -9,9 +9,13 @@ Errors name the file, the line and the key path reached so far.
 import yaml
 
 from tfdist.config import limits
-from tfdist.config.errors import ConfigError, format_path
+from tfdist.config.checks import shown
+from tfdist.config.errors import ConfigError, clip, format_path
 
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+_KINDS = {f"tag:yaml.org,2002:{tag}": kind for tag, kind in (
+    ("int", "an integer"), ("float", "a number"), ("bool", "a boolean"), ("null", "null"),
+    ("timestamp", "a valid date or time"), ("binary", "base64 data"))}
 
 
 class _Open:
@@ -36,9 +40,32 @@ class GuardedLoader(yaml.SafeLoader):
     def __init__(self, text, file):
         super().__init__(text)
         self.file = file
+        self.paths = {}  # id(node) -> its key path, for errors while constructing
         self._open = []  # open collections, outermost first
         self._anchors = {}  # anchor -> (size, height) of a finished anchored node
         self._total = 0  # values so far, every alias expanded
+
+    def construct_object(self, node, deep=False):
+        """PyYAML's, with a scalar it cannot convert (``2001-02-30``, ``!!int abc``) a
+        located ConfigError instead of a bare ValueError, KeyError or IndexError."""
+        try:
+            return super().construct_object(node, deep=deep)
+        except ConfigError:
+            raise
+        except (ValueError, TypeError, LookupError, AttributeError, ArithmeticError) as e:
+            raise self._unconvertible(node, e) from None
+
+    def _unconvertible(self, node, error):
+        kind = _KINDS.get(node.tag, f"a value tagged {node.tag}")
+        value = node.value if isinstance(node, yaml.ScalarNode) else ""
+        said = str(error) if isinstance(error, ValueError) else ""
+        detail = f" ({clip(said)})" if said and value not in said else ""  # e.g. day out of range
+        implicit = node.style is None and self.resolve(
+            yaml.ScalarNode, value, (True, False)) == node.tag
+        hint = "; quote it to keep it as text" if implicit else ""
+        return ConfigError(f"invalid YAML: expected {kind}{detail}{hint}. Received: "
+                           f"{shown(value)}", file=self.file, line=node.start_mark.line + 1,
+                           key=format_path(self.paths.get(id(node), ())))
 
     def get_event(self):
         event = super().get_event()

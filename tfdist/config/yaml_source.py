@@ -163,6 +163,7 @@ def _record(loader, root, source):
         source.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, yaml.ScalarNode):
             source.raw[path] = node.value
+            loader.paths.setdefault(id(node), path)
         elif isinstance(node, yaml.SequenceNode):
             todo.extend((child, path + (i,)) for i, child in reversed(list(enumerate(node.value))))
         elif isinstance(node, yaml.MappingNode):
@@ -178,6 +179,7 @@ def _keyed_children(loader, node, path, source):
             continue  # complex keys and merges are left to the type checks
         raw, line = key_node.value, key_node.start_mark.line + 1
         child = path + (raw,)
+        loader.paths.setdefault(id(key_node), child)
         key = loader.construct_object(key_node)  # memoised for construct_document
         if key in seen:
             raise ConfigError(_duplicate(raw, key, *seen[key]), file=source.file, line=line,
