@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tfdist.config import Config, ConfigError, config_from_dict, limits, load_config
+from tfdist.config.errors import clip
 from tfdist.config.load import build_config
 from tfdist.config.yaml_source import parse_yaml
 from tfdist.errors import one_line
@@ -53,8 +54,9 @@ def refused(target, *fragments, key=None, line=None, seconds=1.0, megabytes=50):
         tracemalloc.stop()
     message = str(raised.value)
     assert_one_printable_line(message)
-    if isinstance(target, (str, os.PathLike)):
-        where = one_line(os.fsdecode(target)) + (f":{line}" if line else "") + ":"
+    if isinstance(target, (str, pathlib.PurePath)):
+        assert raised.value.file == os.fsdecode(target), message
+        where = one_line(clip(raised.value.file, 4096)) + (f":{line}" if line else "") + ":"
         assert message.startswith(where), (where, message)
     if key is not None:
         assert f": {key}: " in message, (key, message)
@@ -176,6 +178,24 @@ def test_a_path_that_is_not_a_path_is_refused_and_no_descriptor_is_closed(target
 def test_a_path_with_nul_is_a_config_error(tmp_path, name):
     refused(name, "NUL character")
     refused(pathlib.PurePosixPath(name), "NUL character")
+
+
+class _NotAPath(os.PathLike):
+    def __fspath__(self):
+        return 3
+
+
+def test_a_path_like_that_gives_no_path_and_a_huge_path_are_config_errors():
+    refused(_NotAPath(), "expected a path to a YAML file")
+    error = refused("x" * 100_000, "cannot read the config file", "too long")
+    assert len(str(error)) < 5000
+
+
+def test_line_endings_and_a_bom_read_as_before(write):
+    error = refused(write(b"\xef\xbb\xbfstrategy:\r\n  name: nope\r\n"), key="strategy.name",
+                    line=2)
+    assert "Received: name='nope'" in str(error)
+    refused(write(b"strategy:\r  name: nope\r"), key="strategy.name", line=2)
 
 
 def _load_in_thread(path):

@@ -19,7 +19,8 @@ class ConfigError(TfdistError, ValueError):
 
     def __init__(self, reason, *, file=None, line=None, key=None):
         self.file, self.line, self.key, self.reason = file, line, key, reason
-        location = ":".join(str(p) for p in (file, line) if p is not None)
+        location = ":".join(str(p) for p in (file and clip(str(file), 4096), line)
+                            if p is not None)
         parts = [p for p in (location, clip(key) if key else key, reason) if p]
         super().__init__(one_line(": ".join(parts)))
 

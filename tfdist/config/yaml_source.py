@@ -60,9 +60,12 @@ def read_yaml(path):
             way, ``1`` and ``0x1``), beyond a limit on values, depth or number length,
             or a tag the safe loader refuses (``!!python/object`` is an error, never code).
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise ConfigError(f"expected a path to a YAML file. Received: path={shown(path)}")
-    file = os.fsdecode(path)
+    try:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError
+        file = os.fsdecode(path)
+    except TypeError:  # also a PathLike whose __fspath__ gives no path
+        raise ConfigError(f"expected a path to a YAML file. Received: path={shown(path)}") from None
     if "\0" in file:
         raise ConfigError("expected a path to a YAML file; a path cannot contain a NUL "
                           "character", file=file)
