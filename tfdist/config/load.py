@@ -120,7 +120,8 @@ def _check_not_a_misspelled_section(source, key):
     normal = key.lower().replace("-", "_")
     close = difflib.get_close_matches(normal, SECTIONS, n=1, cutoff=0.8)
     if close:
-        raise source.error((key,), f"unknown section {checks.shown(key)}; did you mean {close[0]!r}? "
+        raise source.error((key,), f"unknown section {checks.shown(key)}; "
+                                   f"did you mean {close[0]!r}? "
                                    f"(tfdist's sections are [{', '.join(SECTIONS)}]; "
                                    "other names are left to the application)")
 

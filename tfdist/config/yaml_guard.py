@@ -88,10 +88,10 @@ class GuardedLoader(yaml.SafeLoader):
                 self._anchors[event.anchor] = (1, 0)
             return
         if len(self._open) + 1 > limits.MAX_DEPTH:
+            kind = "mapping" if isinstance(event, yaml.MappingStartEvent) else "list"
             raise self._error(event, path, f"expected at most {limits.MAX_DEPTH} nested lists "
                               "and mappings (tfdist.config.limits.MAX_DEPTH). Received: a "
-                              f"{'mapping' if isinstance(event, yaml.MappingStartEvent) else 'list'}"
-                              f" at level {len(self._open) + 1}")
+                              f"{kind} at level {len(self._open) + 1}")
         self._open.append(_Open(event, self._total - 1, path))
 
     def _close(self):

@@ -60,6 +60,17 @@ def read_yaml(path):
             way, ``1`` and ``0x1``), beyond a limit on values, depth or number length,
             or a tag the safe loader refuses (``!!python/object`` is an error, never code).
     """
+    file = _file_name(path)
+    data = _read_bytes(path, file)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("the config file is not UTF-8 text", file=file) from None
+    return parse_yaml(text.replace("\r\n", "\n").replace("\r", "\n"), file)
+
+
+def _file_name(path):
+    """`path` as text for messages, if it is a path at all."""
     try:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError
@@ -69,12 +80,7 @@ def read_yaml(path):
     if "\0" in file:
         raise ConfigError("expected a path to a YAML file; a path cannot contain a NUL "
                           "character", file=file)
-    data = _read_bytes(path, file)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError("the config file is not UTF-8 text", file=file) from None
-    return parse_yaml(text.replace("\r\n", "\n").replace("\r", "\n"), file)
+    return file
 
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
