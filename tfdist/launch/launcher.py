@@ -1,6 +1,9 @@
 """`tfdist launch`: every task of a cluster on this machine, each with its TF_CONFIG."""
 
+import math
 import os
+import resource
+import secrets
 import shutil
 import signal
 import sys
@@ -12,11 +15,27 @@ from tfdist.cluster.roles import runs_server, task_argv
 from tfdist.cluster.spec import check_local_ports_free, check_resolvable, cluster_dict
 from tfdist.cluster.tf_config import tf_config_json
 from tfdist.errors import TfdistError
+from tfdist.launch import reaper
+from tfdist.launch.output import Sink
 from tfdist.launch.task_process import TaskProcess, exit_code
 from tfdist.strategies.capabilities import capabilities
 
 _POLL_SECONDS = 0.05
 _HANG_CHECK_SECONDS = 1.0
+MAX_GRACE_SECONDS = 3600.0  # an hour to stop: more would make Ctrl-C look ignored
+MAX_HANG_SECONDS = 7 * 24 * 3600.0  # a week; 0 switches hang detection off
+DRAIN_SECONDS = 2.0  # at the end, how long output may take to reach a slow reader
+_STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+_FILES_PER_TASK = 3  # its output pipe; while starting, the exec-error pipe; a probed port
+_FILES_SPARE = 32
+
+
+class _Stopped(BaseException):
+    """A stop signal arrived while the launch was being set up."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
 
 
 class Launcher:
@@ -24,7 +43,8 @@ class Launcher:
 
     The job succeeds when every task that runs the user's command exits 0; TF server
     tasks (parameter_server workers and ps) are then stopped. A task that fails with no
-    restarts left stops the whole job. SIGINT and SIGTERM stop every task too.
+    restarts left stops the whole job. SIGINT, SIGTERM and SIGHUP stop every task too
+    (exit 130, 143, 129), also while the launch is still being set up.
 
     What a restart restarts is the strategy's `Capabilities.restart`. Synchronous
     strategies (multi_worker_mirrored) form one collective group that cannot take a
@@ -35,8 +55,35 @@ class Launcher:
 
     A task that neither prints a line nor uses CPU time for `hang_seconds` (e.g. blocked
     in a collective whose peer is gone) is reported by name, killed and handled as a
-    failed task. Every task gets a private TMPDIR inside a directory that is removed when
-    the job ends, so nothing is left behind, even by tasks that were killed.
+    failed task. A task that only waits for the launcher's stdout to take its output is
+    not hung.
+
+    Output: the tasks' bytes reach `out` unchanged (no decoding), prefixed by task, each
+    line at most 64 KiB (longer ones are cut into prefixed pieces), through a bounded
+    queue and a writer thread per destination (`tfdist.launch.output`). A stdout that
+    does not read (a paused pager) holds up the tasks' output, never the supervisor:
+    signals and failures are handled as usual and, at the end, output gets
+    `DRAIN_SECONDS` to drain before it is dropped. A stdout that is closed (``| head``)
+    is reported once on stderr; the tasks go on, their output discarded.
+
+    What is left behind — promised: when `run` returns (success, failure, a signal, a
+    setup error), no process started by the launch is left: each task's process group is
+    signalled (also when only its leader exited, and before a restart), and a sweep
+    kills every process whose environment carries the launch's tag
+    ``TFDIST_LAUNCH_DIR`` and every orphan adopted by the launcher, which is a child
+    subreaper during the run (grandchildren that called ``setsid`` included; see
+    `tfdist.launch.reaper` for why not a cgroup). Tasks also die with the launcher
+    (``PR_SET_PDEATHSIG``). Every task gets a private TMPDIR inside the launch's directory
+    ``$TMPDIR/tfdist-launch-PID-START-RANDOM``, removed at the end.
+
+    Not promised: a SIGKILLed launcher cleans nothing; its grandchildren and directory
+    survive it. The next launch (same user, same TMPDIR for directories) removes the
+    directories of dead launchers and kills the processes still tagged with one, and says
+    so in one line. Found through ``/proc``: Linux only; a process that runs as another
+    user, or that cleared its environment and also left the tree before the launcher
+    adopted it, cannot be found. Used in-process (`launch`), a child that the host
+    process itself starts from another thread during the run is taken for an adopted
+    orphan and killed.
 
     Args:
         config: a `Config`; without a cluster section, the command runs once, with no
@@ -45,12 +92,15 @@ class Launcher:
         max_restarts: how many times each task may be restarted after a failure.
         only_task: (job, index) to run just that task of a cluster whose ports are fixed.
         out, err: streams for the tasks' prefixed output and for the launcher's messages.
-        grace_seconds: how long tasks get to exit after SIGTERM before SIGKILL.
-        hang_seconds: a task without output or CPU use for this long is hung (0: never).
+        grace_seconds: how long tasks get to exit after SIGTERM before SIGKILL (finite,
+            0 to `MAX_GRACE_SECONDS`).
+        hang_seconds: a task without output or CPU use for this long is hung (0: never;
+            at most `MAX_HANG_SECONDS`).
 
     Raises:
-        LaunchError: no command, a negative option, a task not on this machine, or
-            --task on a cluster given by counts.
+        LaunchError: no command, an option out of range, a task not on this machine,
+            --task on a cluster given by counts, an open-files limit too low for the
+            job, a task that cannot be started.
         ClusterError: a host that does not resolve, or a local port already in use.
     """
 
@@ -62,28 +112,120 @@ class Launcher:
         _check_options(max_restarts=max_restarts, grace_seconds=grace_seconds,
                        hang_seconds=hang_seconds)
         self.config, self.command, self.max_restarts = config, list(command), max_restarts
+        self.only_task = only_task
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self.grace_seconds, self.hang_seconds = grace_seconds, hang_seconds
-        self._lock = threading.Lock()
         self._signal = None
+        self._setting_up = False
         strategy = config.strategy.name if config.strategy else None
         self.restart_whole_job = capabilities(strategy).restart == "job"
         self.restarts = 0  # job restarts (the per-task count is on each task)
-        self.tmpdir = tempfile.mkdtemp(prefix="tfdist-launch-")
+        self.tmpdir = None
+        self.tasks = []
+        self._popen_pids = set()
+        self._err_sink = self._out_sink = None
+
+    # --- the run ------------------------------------------------------------------------
+
+    def run(self):
+        """Sets up and runs the job to the end. Returns the launcher's exit code.
+
+        Raises:
+            LaunchError, ClusterError: the job cannot start (nothing is left behind).
+        """
+        self._err_sink = Sink(self.err, "stderr")
+        self._out_sink = Sink(self.out, "stdout", notice=self.log)
+        handlers, subreaper, nofile, not_adopted = {}, None, None, set()
+        self._setting_up = True
         try:
-            self.tasks = self._make_tasks(only_task)
-        except BaseException:
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
-            raise
+            handlers = self._install_signal_handlers()
+            # our children from before the run are the host's (when used in-process)
+            not_adopted = reaper.children() | {None}
+            subreaper = reaper.enable_subreaper()
+            self._clean_stale()
+            self.tmpdir = os.path.join(tempfile.gettempdir(),
+                                       reaper.dir_name(secrets.token_hex(6)))
+            os.mkdir(self.tmpdir, 0o700)
+            nofile = self._ensure_open_files_limit()
+            self.tasks = self._make_tasks(self.only_task)
+            self._setting_up = False
+            self._check_signal()
+            for task in self.tasks:
+                self._start(task)
+            return self._supervise()
+        except _Stopped as stopped:
+            self._setting_up = False
+            self._signal = stopped.signum
+            return self._stopped_by_signal()
+        finally:
+            self._setting_up = False
+            self.stop_all()
+            if self.tmpdir is not None:
+                reaper.sweep(self.tmpdir, adopted_besides=not_adopted | self._popen_pids)
+                shutil.rmtree(self.tmpdir, ignore_errors=True)
+            reaper.restore_subreaper(subreaper)
+            if nofile is not None:
+                _set_open_files_limit(nofile)
+            self._close_output()
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+    def _close_output(self):
+        """Every task has exited: lets the output drain for at most DRAIN_SECONDS (a
+        reader that does not read loses the rest), then stops the writers."""
+        deadline = time.monotonic() + DRAIN_SECONDS
+        for task in self.tasks:
+            task.wait_output(max(0.0, deadline - time.monotonic()))
+        self._out_sink.close(max(0.1, deadline - time.monotonic()))
+        for task in self.tasks:  # a pump that was waiting for room reaches its end now
+            task.wait_output(0.5)
+        self._err_sink.close(max(0.5, deadline - time.monotonic()))
+
+    def _check_signal(self):
+        if self._signal is not None:
+            raise _Stopped(self._signal)
+
+    def _stopped_by_signal(self):
+        self.log(f"received {signal.Signals(self._signal).name}; stopping every task")
+        return 128 + self._signal
+
+    def _clean_stale(self):
+        dirs, processes = reaper.clean_stale(tempfile.gettempdir())
+        if dirs or processes:
+            self.log(f"cleaned up after launchers that were killed: removed {dirs} stale "
+                     f"director{'y' if dirs == 1 else 'ies'} and {processes} leftover "
+                     f"process{'' if processes == 1 else 'es'}")
+
+    def _ensure_open_files_limit(self):
+        """Raises the soft open-files limit as far as the job needs (up to the hard limit);
+        returns the previous limits to restore, or None if unchanged.
+
+        Raises:
+            LaunchError: even the hard limit is too low.
+        """
+        count = len(self.config.cluster.tasks()) if self.config.cluster else 1
+        if self.only_task is not None:
+            count = 1
+        need = reaper.open_files() + _FILES_PER_TASK * count + _FILES_SPARE
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY or soft >= need:
+            return None
+        if hard != resource.RLIM_INFINITY and hard < need:
+            raise LaunchError(
+                f"{count} tasks need about {need} open files, but the open-files limit is "
+                f"{soft} (hard limit {hard}); raise it, e.g. with `ulimit -n {need}`")
+        _set_open_files_limit((need, hard))
+        return soft, hard
 
     def _make_tasks(self, only_task):
         strategy = self.config.strategy.name if self.config.strategy else None
         base_env = dict(os.environ, PYTHONUNBUFFERED="1")
         base_env.pop("TF_CONFIG", None)
+        base_env[reaper.ENV_TAG] = self.tmpdir
         cluster = self.config.cluster
         if cluster is None:
             return [TaskProcess("main", self.command, self._private_tmp(base_env, "main"),
-                                self.out, self._lock)]
+                                self._out_sink)]
         selected = [only_task] if only_task else cluster.tasks()
         if only_task is None:
             _check_all_local(cluster)
@@ -101,7 +243,7 @@ class Launcher:
             env = dict(self._private_tmp(base_env, f"{job}-{index}"),
                        TF_CONFIG=tf_config_json(addresses, job, index))
             argv = task_argv(strategy, job, self.command, python=sys.executable)
-            tasks.append(TaskProcess(f"{job}:{index}", argv, env, self.out, self._lock,
+            tasks.append(TaskProcess(f"{job}:{index}", argv, env, self._out_sink,
                                      is_server=runs_server(strategy, job)))
         return tasks
 
@@ -111,38 +253,31 @@ class Launcher:
         return dict(env, TMPDIR=path, TEMP=path, TMP=path)
 
     def log(self, message):
-        with self._lock:
-            self.err.write(f"[tfdist] {message}\n")
-            self.err.flush()
-
-    def run(self):
-        """Runs the job to the end. Returns the launcher's exit code."""
-        handlers = self._install_signal_handlers()
-        try:
-            for task in self.tasks:
-                self._start(task)
-            return self._supervise()
-        finally:
-            self.stop_all()
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
+        """A message of the launcher on `err`; dropped (never waited for) if `err` does
+        not keep up."""
+        sink = self._err_sink
+        if sink is None:
+            return
+        sink.put_text(f"[tfdist] {message}\n")
 
     def _start(self, task):
         try:
             task.start()
         except OSError as e:
-            raise LaunchError(f"{task.name}: cannot run {task.argv[0]!r}: {e.strerror or e}") from None
+            raise LaunchError(_start_failure(task, e)) from None
+        self._popen_pids.add(task.pid)
 
     def _supervise(self):
         finished, next_hang_check = set(), time.monotonic() + _HANG_CHECK_SECONDS
         while True:
             if self._signal is not None:
-                self.log(f"received {signal.Signals(self._signal).name}; stopping every task")
-                return 128 + self._signal
+                return self._stopped_by_signal()
             for task in self.tasks:
                 code = task.poll()
-                if code is None or task.name in finished:
+                if code is None:
+                    continue
+                task.kill_group_after_exit()
+                if task.name in finished:
                     continue
                 if code == 0 and not task.is_server:
                     finished.add(task.name)
@@ -160,9 +295,11 @@ class Launcher:
                 break
             if all(t.name in finished for t in self.tasks if not t.is_server):
                 return 0
-            if self.hang_seconds and time.monotonic() >= next_hang_check:
+            if time.monotonic() >= next_hang_check:
                 next_hang_check = time.monotonic() + _HANG_CHECK_SECONDS
-                self._kill_hung_tasks(finished)
+                reaper.reap_adopted(self._popen_pids)
+                if self.hang_seconds:
+                    self._kill_hung_tasks(finished)
             time.sleep(_POLL_SECONDS)
 
     def _restart_after_failure(self, task, reason):
@@ -174,6 +311,7 @@ class Launcher:
             self.log(f"{task.name} {reason}; restarting the whole job ({self.restarts}/"
                      f"{self.max_restarts}): its collectives need every worker")
             self.stop_all()
+            reaper.sweep(self.tmpdir)  # what escaped the groups (setsid) goes too
             for each in self.tasks:
                 self._start(each)
             return True
@@ -181,6 +319,7 @@ class Launcher:
             return False
         task.restarts += 1
         self.log(f"{task.name} {reason}; restarting it ({task.restarts}/{self.max_restarts})")
+        task.kill_group_after_exit()  # the old attempt's children must not linger
         self._start(task)
         return True
 
@@ -207,22 +346,61 @@ class Launcher:
             task.signal_group(signal.SIGKILL)
             if task.proc is not None:
                 task.proc.wait()
-            task.wait_output()
+                task.group_killed = True
 
     def _install_signal_handlers(self):
         if threading.current_thread() is not threading.main_thread():
             return {}
 
         def on_signal(signum, frame):
-            self._signal = signum
+            if self._signal is None:
+                self._signal = signum
+            if self._setting_up:  # nothing runs yet: abandon the setup at once
+                self._setting_up = False
+                raise _Stopped(signum)
 
-        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        handlers = {}
+        for name in _STOP_SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                handlers[sig] = signal.signal(sig, on_signal)
+        return handlers
+
+
+def _set_open_files_limit(limits):
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+    except (OSError, ValueError):
+        pass
+
+
+def _start_failure(task, error):
+    """The one-line reason `task` could not be started."""
+    import errno
+
+    reason = error.strerror or str(error)
+    if error.errno in (errno.EMFILE, errno.ENFILE):
+        hint = "; raise the open-files limit (ulimit -n)"
+    elif error.errno == errno.E2BIG:
+        size = sum(len(k) + len(v) + 2 for k, v in task.env.items())
+        size += sum(len(a) + 1 for a in task.argv)
+        hint = (f"; its command line and environment are {size} bytes "
+                f"(TF_CONFIG alone {len(task.env.get('TF_CONFIG', ''))})")
+    elif error.errno == errno.EAGAIN:
+        hint = "; the process limit (ulimit -u) or memory is exhausted"
+    else:
+        hint = ""
+    return f"{task.name}: cannot run {task.argv[0]!r}: {reason}{hint}"
 
 
 def _check_options(**options):
+    limits = {"grace_seconds": MAX_GRACE_SECONDS, "hang_seconds": MAX_HANG_SECONDS}
     for key, value in options.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
             raise LaunchError(f"{key} must be a number >= 0. Received: {key}={value!r}")
+        if key in limits and not (math.isfinite(value) and value <= limits[key]):
+            raise LaunchError(f"{key} must be a finite number of seconds, at most "
+                              f"{limits[key]:g}. Received: {key}={value!r}")
     if not isinstance(options["max_restarts"], int):
         raise LaunchError("max_restarts must be a whole number. "
                           f"Received: max_restarts={options['max_restarts']!r}")

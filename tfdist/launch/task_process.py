@@ -1,12 +1,17 @@
 """One task of a local job: a child process in its own process group, output prefixed."""
 
 import ctypes
+import functools
 import os
 import signal
 import subprocess
 import threading
 import time
 
+from tfdist.launch.output import LineCutter
+
+MAX_LINE = 64 * 1024  # bytes of a task's line; a longer one is cut into pieces
+READ_SIZE = 64 * 1024
 _PR_SET_PDEATHSIG = 1
 try:
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -14,57 +19,82 @@ except (OSError, AttributeError):  # not Linux
     _prctl = None
 
 
-def _child_setup():
-    """In the child, before exec: own process group; die with the launcher on Linux."""
+def _child_setup(launcher_pid):
+    """In the child, before exec: own process group; die with the launcher on Linux
+    (and at once if the launcher already died between fork and here)."""
     os.setsid()
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != launcher_pid:
+            os._exit(137)
 
 
 class TaskProcess:
-    """A task's process; its output lines are written to `out` as ``[job:i] line``.
+    """A task's process; its output goes to `sink` as ``[job:i] line``, bytes unchanged.
+
+    Output is read in bounded chunks and a line longer than `MAX_LINE` bytes is cut into
+    prefixed pieces, so no output can make the launcher's memory grow.
 
     Args:
         name: the task name, e.g. ``worker:1``.
         argv: the command to run.
         env: the complete environment of the child.
-        out: a text stream shared by all tasks; `lock` serialises writes to it.
+        sink: the `Sink` shared by all tasks (the launcher's stdout).
         is_server: the task hosts a TF server that only stops when told to.
     """
 
-    def __init__(self, name, argv, env, out, lock, is_server=False):
+    def __init__(self, name, argv, env, sink, is_server=False):
         self.name, self.argv, self.env, self.is_server = name, argv, env, is_server
-        self._out, self._lock = out, lock
+        self._sink = sink
         self.proc = None
         self._reader = None
         self.restarts = 0
         self.last_progress = time.monotonic()
         self._cpu_ticks = 0
         self.hung = False
+        self.group_killed = False  # the leader exited and its group was killed
+        self._waiting_for_output_room = False
 
     def start(self):
         """Starts (or restarts) the process.
 
         Raises:
-            OSError: the command cannot be executed (e.g. not found).
+            OSError: the command cannot be executed (not found, E2BIG, EMFILE...).
         """
         self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     preexec_fn=_child_setup)
+                                     preexec_fn=functools.partial(_child_setup, os.getpid()))
         self._reader = threading.Thread(target=self._pump, args=(self.proc.stdout,),
                                         name=f"output of {self.name}", daemon=True)
         self._reader.start()
         self.last_progress, self._cpu_ticks, self.hung = time.monotonic(), 0, False
+        self.group_killed = False
 
     def _pump(self, stream):
-        prefix = f"[{self.name}] "
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            self.last_progress = time.monotonic()
-            with self._lock:
-                self._out.write(prefix + line + "\n")
-                self._out.flush()
-        stream.close()
+        cutter = LineCutter(f"[{self.name}] ".encode(), MAX_LINE)
+        fd = stream.fileno()
+        try:
+            while True:
+                try:
+                    data = os.read(fd, READ_SIZE)
+                except OSError:
+                    break
+                if not data:
+                    break
+                self.last_progress = time.monotonic()
+                self._emit(cutter.feed(data))
+            self._emit(cutter.flush())
+        finally:
+            stream.close()
+
+    def _emit(self, data):
+        if data:
+            self._waiting_for_output_room = True  # not hung: waiting for our stdout
+            try:
+                self._sink.put(data)
+            finally:
+                self._waiting_for_output_room = False
+                self.last_progress = time.monotonic()
 
     def poll(self):
         """The exit code, or None while running (negative: killed by that signal)."""
@@ -87,6 +117,8 @@ class TaskProcess:
         """Seconds since the task last printed a line or used CPU time (its whole
         process group): a task blocked on a dead peer does neither."""
         ticks = _group_cpu_ticks(self.proc.pid) if self.proc else 0
+        if self._waiting_for_output_room:
+            self.last_progress = time.monotonic()
         if ticks != self._cpu_ticks:
             self._cpu_ticks, self.last_progress = ticks, time.monotonic()
         return time.monotonic() - self.last_progress
@@ -95,6 +127,13 @@ class TaskProcess:
         """Waits for the output pump to drain (after the process has exited)."""
         if self._reader is not None:
             self._reader.join(timeout)
+
+    def kill_group_after_exit(self):
+        """Once the leader has exited, SIGKILLs what is left of its process group (its
+        children), so a restart or the job's end leaves none of them behind."""
+        if self.proc is not None and not self.group_killed and self.poll() is not None:
+            self.group_killed = True
+            self.signal_group(signal.SIGKILL)
 
 
 def exit_code(returncode):
