@@ -7,6 +7,7 @@ import types
 from tfdist.cluster.address import Address, parse_address
 from tfdist.cluster.errors import ClusterError
 from tfdist.config import checks, limits
+from tfdist.config.errors import clip
 from tfdist.config.schema import (COMPRESSORS, JOB_TYPES, STRATEGIES, ClusterConfig,
                                   CompressionConfig, Config, LocalSGDConfig, StrategyConfig)
 from tfdist.config.hyperparameters import HYPERPARAMETERS
@@ -176,7 +177,8 @@ def _job(source, path, job, spec):
         try:
             addresses.append(parse_address(item))
         except ClusterError as e:
-            raise source.error(path + (i,), f"{e}. Received: {checks.shown(item)}") from None
+            raise source.error(path + (i,), f"{clip(str(e), 300)}. "
+                                            f"Received: {checks.shown(item)}") from None
     return tuple(addresses)
 
 
