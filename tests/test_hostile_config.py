@@ -371,6 +371,12 @@ def test_a_scalar_yaml_cannot_convert_is_a_located_config_error(write, value, fr
             key="train.when[1]", line=2)
 
 
+@pytest.mark.parametrize("text", ["!!set <<: 1\n", "train: {!!set a: 1}\n",
+                                  "train: {!!omap a: 1}\n", "? !!set {a: 1}\n: 1\n"])
+def test_a_key_that_yaml_builds_as_a_set_is_a_config_error(write, text):
+    refused(write(text), "invalid YAML")
+
+
 @PROPERTY
 @given(tag=st.sampled_from(["!!int", "!!float", "!!bool", "!!null", "!!timestamp", "!!binary",
                             "!!str", ""]),

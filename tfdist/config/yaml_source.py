@@ -190,6 +190,8 @@ def _keyed_children(loader, node, path, source):
         child = path + (raw,)
         loader.paths.setdefault(id(key_node), child)
         key = loader.construct_object(key_node)  # memoised for construct_document
+        if not _hashable(key):
+            continue  # ``!!set`` on a key: the constructor names the unhashable key
         if key in seen:
             raise ConfigError(_duplicate(raw, key, *seen[key]), file=source.file, line=line,
                               key=format_path(child))
@@ -197,6 +199,14 @@ def _keyed_children(loader, node, path, source):
         source.lines[child] = line
         children.append((value_node, child))
     return children
+
+
+def _hashable(value):
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _duplicate(raw, key, first_raw, first_line):
