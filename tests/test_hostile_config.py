@@ -377,6 +377,17 @@ def test_a_key_that_yaml_builds_as_a_set_is_a_config_error(write, text):
     refused(write(text), "invalid YAML")
 
 
+def test_sets_and_pairs_in_an_application_section_are_frozen_too(write):
+    config = load_config(write("train: {a: !!set {x, y}, b: !!pairs [{p: [1]}], "
+                               "c: !!omap [{k: {v: [2]}}]}\n"))
+    train = config.section("train")
+    assert train["a"] == frozenset({"x", "y"}) and isinstance(train["a"], frozenset)
+    assert train["b"] == (("p", (1,)),)
+    assert train["c"][0][1]["v"] == (2,)
+    with pytest.raises(TypeError):
+        train["c"][0][1]["w"] = 1
+
+
 @PROPERTY
 @given(tag=st.sampled_from(["!!int", "!!float", "!!bool", "!!null", "!!timestamp", "!!binary",
                             "!!str", ""]),

@@ -329,6 +329,8 @@ def _freeze(source, path, value, depth, budget):
     if isinstance(value, dict):
         return types.MappingProxyType(
             {k: _freeze(source, path, v, depth + 1, budget) for k, v in value.items()})
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):  # a tuple: a pair of YAML's !!pairs
         return tuple(_freeze(source, path, v, depth + 1, budget) for v in value)
+    if isinstance(value, set):  # YAML's !!set
+        return frozenset(value)
     return value
