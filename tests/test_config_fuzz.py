@@ -93,3 +93,18 @@ def test_mutated_real_configs(config_file, source, edits):
 @given(data=st.binary(max_size=200))
 def test_random_bytes(config_file, data):
     check(config_file, data)
+
+
+YAML_TOKENS = ["&a ", "&b ", "*a", "*b", "<<: ", "[", "]", "{", "}", ", ", ": ", "\n", "  ", "- ",
+               "? ", "!!int ", "!!float ", "!!timestamp ", "!!binary ", "!!set ", "!!omap ",
+               "!!pairs ", "!!str ", "!!bool ", "!!map ", "!!seq ", "!x ", "1", "0x1", "true",
+               "yes", "2001-02-30", "2001-12-14", "1:20", "x", "'q'", '"\\x1b"', "9" * 30, "~",
+               ".inf", "#c", "---", "|\n  t", *KEYS[:12], "topk", "localhost:2222"]
+
+
+@FUZZ
+@given(parts=st.lists(st.sampled_from(YAML_TOKENS), max_size=60))
+def test_token_soup_with_anchors_aliases_merges_and_tags(config_file, parts):
+    """Anchors, aliases, merge keys and tags in any order (this found a !!set key reaching
+    the duplicate-key check as an unhashable value)."""
+    check(config_file, "".join(parts))
