@@ -62,7 +62,7 @@ def test_parameter_server_without_tf_config_is_a_clear_error(monkeypatch):
 @pytest.mark.parametrize("raw,message", [
     ("{oops", r"TF_CONFIG is not valid JSON .*Received: TF_CONFIG='\{oops'"),
     ('{"cluster": {"worker": ["localhost:1"]}}', "has worker and ps tasks"),
-    ('{"cluster": ["localhost:1"]}', "has worker and ps tasks"),
+    ('{"cluster": ["localhost:1"]}', "cluster must map job names to lists of"),
 ])
 def test_parameter_server_with_a_bad_tf_config_names_it(monkeypatch, raw, message):
     monkeypatch.setenv("TF_CONFIG", raw)
