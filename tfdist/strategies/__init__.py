@@ -13,6 +13,7 @@ _LAZY = {
     "CentralStorageStrategy": "tfdist.strategies.central_storage",
     "MirroredStrategy": "tfdist.strategies.mirrored",
     "MultiWorkerMirroredStrategy": "tfdist.strategies.multi_worker_mirrored",
+    "OneDeviceStrategy": "tfdist.strategies.mirrored",
     "ParameterServerStrategy": "tfdist.strategies.parameter_server",
     "StrategyError": "tfdist.strategies.errors",
     "UnsupportedByKerasError": "tfdist.strategies.errors",

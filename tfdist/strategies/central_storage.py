@@ -3,10 +3,11 @@
 import tensorflow as tf
 from tensorflow.python.distribute import ps_values  # the variable type this class fixes
 
+from tfdist.strategies.input_pipelines import StallFreeInput
 from tfdist.strategies.keras_state import AggregatedKerasState
 
 
-class CentralStorageStrategy(AggregatedKerasState,
+class CentralStorageStrategy(StallFreeInput, AggregatedKerasState,
                              tf.distribute.experimental.CentralStorageStrategy):
     """`CentralStorageStrategy` fixed for the two ways Keras 3 updates its state.
 
@@ -19,6 +20,8 @@ class CentralStorageStrategy(AggregatedKerasState,
        AggregatingVariable with SUM aggregation sums the *assigned values*, so every
        metric total (``loss``, accuracy...) comes out wrong (n * old + sum of deltas).
        Here SUM variables turn a replica-context `assign` back into the increment it is.
+
+    Its datasets' iterators end without a pause (`StallFreeInput`).
     """
 
     def _after_create(self, variable):

@@ -12,7 +12,7 @@ from tfdist.strategies.capabilities import capabilities
 from tfdist.strategies.central_storage import CentralStorageStrategy
 from tfdist.strategies.devices import default_compute_devices, ensure_logical_cpus
 from tfdist.strategies.errors import StrategyError
-from tfdist.strategies.mirrored import MirroredStrategy
+from tfdist.strategies.mirrored import MirroredStrategy, OneDeviceStrategy
 from tfdist.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from tfdist.strategies.parameter_server import ParameterServerStrategy
 
@@ -130,7 +130,7 @@ def _parameter_server(options):
 
 
 def _one_device(options):
-    return tf.distribute.OneDeviceStrategy(options.get("device", "/cpu:0"))
+    return OneDeviceStrategy(options.get("device", "/cpu:0"))
 
 
 def _default(options):

@@ -3,9 +3,10 @@
 import tensorflow as tf
 
 from tfdist.strategies.collective_keys import next_key_base
+from tfdist.strategies.input_pipelines import StallFreeInput
 
 
-class MirroredStrategy(tf.distribute.MirroredStrategy):
+class MirroredStrategy(StallFreeInput, tf.distribute.MirroredStrategy):
     """`tf.distribute.MirroredStrategy` whose collectives never reuse an earlier one's keys.
 
     Every TF `MirroredStrategy` numbers its collectives from the same start (group key
@@ -15,9 +16,14 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
     model's shapes: its first all-reduce fails with "Shape mismatch in the collective
     instance 100" and aborts the process's collectives. Here each instance takes a
     fresh key range before TF reads it (an instance attribute; TF's class attribute is
-    untouched).
+    untouched). Its datasets' iterators end without a pause (`StallFreeInput`).
     """
 
     def __init__(self, devices=None, cross_device_ops=None):
         self._collective_key_base = next_key_base("mirrored")
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
+
+
+class OneDeviceStrategy(StallFreeInput, tf.distribute.OneDeviceStrategy):
+    """`tf.distribute.OneDeviceStrategy` whose datasets' iterators end without a pause
+    (`StallFreeInput`)."""

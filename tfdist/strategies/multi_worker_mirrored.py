@@ -6,11 +6,12 @@ import tensorflow as tf
 from tensorflow.python.eager import context  # the coordination-service barrier
 
 from tfdist.strategies.collective_keys import next_key_base
+from tfdist.strategies.input_pipelines import StallFreeInput
 
 BARRIER_SECONDS = 3600
 
 
-class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+class MultiWorkerMirroredStrategy(StallFreeInput, tf.distribute.MultiWorkerMirroredStrategy):
     """`tf.distribute.MultiWorkerMirroredStrategy` on which Keras 3 trains.
 
     Keras 3 (keras #20585, tensorflow #72388) fails before the first step with two or
@@ -41,6 +42,8 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
       hung (8 of 18, fresh keys). So the workers meet at a barrier of TF's coordination
       service once each has built the strategy (then 26 of 26 jobs passed, 10 of them
       with TF's keys: the barrier alone fixes this case).
+
+    Its datasets' iterators end without a pause (`StallFreeInput`).
     """
 
     def __init__(self, *args, **kwargs):
