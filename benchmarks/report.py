@@ -1,7 +1,7 @@
 """The benchmark report: bytes, time and quality of every method, side by side with plain
 tf.distribute, from one command.
 
-    sudo python benchmarks/report.py           # everything (about an hour on 2 cores)
+    sudo python benchmarks/report.py           # everything (hours on 2 cores: see the report)
     sudo python benchmarks/report.py --quick   # fewer methods and steps (under 15 minutes)
 
 Parts (each in its own module):
@@ -11,8 +11,9 @@ Parts (each in its own module):
                    tf.distribute, alternating blocks in the same 2 worker processes
   compression_cost.py   compress + decompress time as a share of a step
   quality.py       final training loss and validation mean IoU, 2 seeds, every method
-  slow_network.py  2 hosts joined by a veth link capped with tc (100 Mbit/s, 1 Gbit/s):
-                   step time and time to a target loss
+  time_to_accuracy.py  2 hosts joined by a veth link capped with tc (20 Mbit/s, 100 Mbit/s,
+                   1 Gbit/s), the full schedule, 3 seeds: time to validation mean IoU
+                   0.85 and 0.90, final mean IoU, step time, bytes (the report's head)
   analytic.py      projection to 8 and 64 workers at 1, 10 and 100 Gbit/s
 
 Writes benchmarks/results/report.json and report.csv (raw), report_*.png (plots) and
@@ -34,7 +35,7 @@ import tempfile
 import time
 
 import analytic
-import slow_network
+import time_to_accuracy
 import wire
 from methods import METHODS, ONE_CORE, job_config
 from netns import ROOT, run_in_namespace
@@ -54,16 +55,13 @@ PLANS = {
         "wire": {2: ["plain tf.distribute", "none", "sign+EF", "topk+EF", "local SGD 8"],
                  3: ["none", "topk+EF"]},
         "window": 8, "quality": ["--quick"], "overhead_pairs": 4, "overhead_block": 8,
-        "slow": {100_000_000: ["none", "topk+EF"]},
-        "slow_steps": 24,
+        "time_to_accuracy": "quick",
     },
     "full": {
         "wire": {2: [m for m in METHODS if m not in ("sign", "topk")],
                  3: ["none", "fp16", "int8", "sign+EF", "topk+EF", "powersgd+EF", "local SGD 8"]},
         "window": 32, "quality": [], "overhead_pairs": 8, "overhead_block": 16,
-        "slow": {r: ["none", "fp16", "int8", "topk+EF", "powersgd+EF", "local SGD 8"]
-                 for r in (100_000_000, GBIT)},
-        "slow_steps": 48,
+        "time_to_accuracy": "full",
     },
 }
 
@@ -85,7 +83,7 @@ def run_script(*args):
 
 def measure(plan, workdir):
     """Runs every part; returns the raw results (saved as they come, in report-partial.json)."""
-    results = {"wire": [], "slow": []}
+    results = {"wire": []}
     partial = RESULTS / "report-partial.json"
     for workers, methods in plan["wire"].items():
         for method in methods:
@@ -101,14 +99,8 @@ def measure(plan, workdir):
     results["cost"] = json.loads((RESULTS / "compression_cost.json").read_text())
     run_script("quality.py", "--out", RESULTS / "quality.json", *plan["quality"])
     results["quality"] = json.loads((RESULTS / "quality.json").read_text())
-    for rate, methods in plan["slow"].items():
-        for method in methods:
-            metrics = slow_network.run(method, rate, plan["slow_steps"], workdir)
-            results["slow"].append({"method": method, "rate_bits": rate,
-                                    "seconds_per_step": metrics["seconds_per_step"],
-                                    "timeline": metrics["timeline"]})
-            print(f"slow {rate / 1e6:.0f} Mbit/s {method:20s} "
-                  f"{metrics['seconds_per_step']:.3f} s/step", flush=True)
+    results["time_to_accuracy"] = time_to_accuracy.measure(
+        time_to_accuracy.PLANS[plan["time_to_accuracy"]], workdir)
     partial.unlink(missing_ok=True)
     return results
 
@@ -148,24 +140,27 @@ def overhead(results):
     return statistics.median(ratios), ", ".join(f"{r - 1:+.0%}" for r in ratios)
 
 
-def time_to(timeline, target):
-    """Seconds until the logged training loss first reaches `target` (None: never)."""
-    return next((t for t, loss, _ in timeline if loss is not None and loss <= target), None)
-
-
 def slow_rows(results):
-    rows = []
-    for rate in sorted({r["rate_bits"] for r in results["slow"]}):
-        runs = [r for r in results["slow"] if r["rate_bits"] == rate]
-        none = next(r for r in runs if r["method"] == "none")
-        losses = [loss for _, loss, _ in none["timeline"] if loss is not None]
-        target = losses[int(0.75 * len(losses))]  # where `none` is at 3/4 of its run
-        for r in runs:
-            rows.append({"method": r["method"], "rate_bits": rate,
-                         "seconds_per_step": r["seconds_per_step"],
-                         "speedup": none["seconds_per_step"] / r["seconds_per_step"],
-                         "target_loss": target, "seconds_to_target": time_to(r["timeline"], target)})
-    return rows
+    """Per link and method (median over seeds): s/step and speed-up over `none`, from the
+    time-to-accuracy runs."""
+    rows = time_to_accuracy.summary(results["time_to_accuracy"]["runs"])
+    none = {r["rate_bits"]: r["seconds_per_step"] for r in rows if r["method"] == "none"}
+    return [{**r, "speedup": none[r["rate_bits"]] / r["seconds_per_step"]}
+            for r in rows if r["rate_bits"] in none]
+
+
+QUALITY_METHODS = ("fp16", "bf16", "int8", "qsgd", "sign+EF", "topk+EF", "randomk+EF",
+                   "powersgd+EF")
+
+
+def converged_quality(results):
+    """{method: (mean final val mean IoU, mean final loss, runs)} over every seed and link
+    of the time-to-accuracy runs (the link changes the time, not the arithmetic)."""
+    runs = {}
+    for r in results["time_to_accuracy"]["runs"]:
+        runs.setdefault(r["method"], []).append(r)
+    return {m: (statistics.mean(r["final_val_mean_iou"] for r in rs),
+                statistics.mean(r["final_loss"] for r in rs), len(rs)) for m, rs in runs.items()}
 
 
 def projection_rows(results):
@@ -237,6 +232,16 @@ def targets(results):
             got = two[method]["reduction"]
             rows.append((f"{method}: ≥ {0.8 * period:.1f}× fewer bytes after warm-up",
                          f"{got:.1f}×", got >= 0.8 * period, ""))
+    converged = converged_quality(results)
+    if "none" in converged:
+        none_iou, none_loss, _ = converged["none"]
+        for method in QUALITY_METHODS:
+            if method in converged and converged[method][2] >= 3:
+                iou, loss, runs = converged[method]
+                rows.append((f"{method}: final mean IoU within 1 point of none, loss within 10%",
+                             f"{100 * (iou - none_iou):+.1f} pts, loss {loss / none_loss - 1:+.0%}",
+                             iou >= none_iou - 0.01 and loss <= 1.1 * none_loss,
+                             f"full schedule, {runs} runs (seeds × links)"))
     quality = {r["method"]: r for r in quality_rows(results)}
     if "local SGD 8" in quality:
         gap = quality["local SGD 8"]["loss_vs_none"]
@@ -274,18 +279,7 @@ def plots(results, stem):
     fig.savefig(f"{stem}_bytes_vs_quality.png", dpi=100)
     plt.close(fig)
 
-    slow = slow_rows(results)
-    rates = sorted({r["rate_bits"] for r in slow})
-    fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4), squeeze=False)
-    for ax, rate in zip(axes[0], rates):
-        rows = [r for r in slow if r["rate_bits"] == rate]
-        ax.bar([r["method"] for r in rows], [r["seconds_per_step"] for r in rows], color="#3c8dbc")
-        ax.set_title(f"step time, 2 hosts at {rate / 1e6:.0f} Mbit/s")
-        ax.set_ylabel("seconds per step")
-        ax.tick_params(axis="x", rotation=45, labelsize=7)
-    fig.tight_layout()
-    fig.savefig(f"{stem}_slow_network.png", dpi=100)
-    plt.close(fig)
+    time_to_accuracy.plot(results["time_to_accuracy"], f"{stem}_time_to_accuracy.png")
 
 
 def write_raw(results, stem):
@@ -302,9 +296,25 @@ def write_raw(results, stem):
         for r in results["quality"]:
             writer.writerow(["quality", r["method"], 2, "", "", "", "", r["loss"],
                              r["val_mean_iou"], r["seed"]])
-        for r in results["slow"]:
-            writer.writerow(["slow", r["method"], r["rate_bits"], r["seconds_per_step"],
-                             "", "", "", r["timeline"][-1][1], "", ""])
+        for r in results["time_to_accuracy"]["runs"]:
+            writer.writerow(["time_to_accuracy", r["method"], r["rate_bits"],
+                             r["seconds_per_step"], r["bytes_per_step"], "", "",
+                             r["final_loss"], r["final_val_mean_iou"], r["seed"]])
+
+
+def time_to_accuracy_section(results):
+    plan = results["time_to_accuracy"]["plan"]
+    steps = plan["epochs"] * plan["steps"]
+    return ["## Time to accuracy", "",
+            f"Two workers as two hosts (network namespaces joined by a veth link capped by "
+            f"`tc tbf` each way), {steps} steps of 32 samples, validation every {plan['steps']} "
+            f"steps on {plan['validation_steps']} batches, seeds {list(plan['seeds'])}. Time = "
+            "training seconds until validation mean IoU first reaches the target (every step "
+            "and what runs between steps, tracing included; validation excluded), median over "
+            "seeds (\"k/n seeds\" when not every seed reached it); s/step = wall time per step "
+            "after the first 10; kB/step = bytes one host received on the link per step.", "",
+            time_to_accuracy.markdown(results["time_to_accuracy"]).rstrip(), "",
+            "![time to accuracy](../benchmarks/results/report_time_to_accuracy.png)"]
 
 
 def markdown(results):
@@ -317,6 +327,7 @@ def markdown(results):
            + (f", {env['minutes']:.0f} minutes" if env.get("minutes") else "") + ". The UNet example "
            "(32×32 synthetic shapes, 4 classes, 0.54 M parameters, global batch 32).", "",
            "Raw results: `benchmarks/results/report.json`, `report.csv`.", "",
+           *time_to_accuracy_section(results), "",
            "## Targets", "", "| target | measured | met | note |", "|---|---|---|---|"]
     for name, got, met, note in targets(results):
         out.append(f"| {name} | {got} | {'yes' if met else '**MISSED**'} | {note if not met else ''} |")
@@ -356,19 +367,7 @@ def markdown(results):
     for r in quality_rows(results):
         out.append(f"| {r['method']} | {r['seeds']} | {r['loss']:.4f} | {r['loss_spread']:.4f} | "
                    f"{r['loss_vs_none']:+.1%} | {r['val_mean_iou']:.3f} |")
-    out += ["", "![bytes against quality](../benchmarks/results/report_bytes_vs_quality.png)", "",
-            "## A real slow network", "",
-            "Two workers as two hosts (network namespaces joined by a veth link capped by "
-            "`tc tbf` in each direction); time to target = wall time until the logged training "
-            "loss reaches the loss `none` has at 3/4 of its run.", "",
-            "| link | method | s/step | speed-up vs none | target loss | seconds to target |",
-            "|---|---|---|---|---|---|"]
-    for r in slow_rows(results):
-        reach = "not reached" if r["seconds_to_target"] is None else f"{r['seconds_to_target']:.0f}"
-        out.append(f"| {r['rate_bits'] / 1e6:.0f} Mbit/s | {r['method']} | "
-                   f"{r['seconds_per_step']:.3f} | {r['speedup']:.2f}× | {r['target_loss']:.3f} | "
-                   f"{reach} |")
-    out += ["", "![step time on a slow network](../benchmarks/results/report_slow_network.png)"]
+    out += ["", "![bytes against quality](../benchmarks/results/report_bytes_vs_quality.png)"]
     table, checks = projection_rows(results)
     out += ["", "## Projection", "",
             "Seconds per step = the method's measured 2-worker step on loopback (compute and "

@@ -49,18 +49,21 @@ def teardown():
         subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
 
 
-def run(method, rate_bits, steps, workdir, timeout=1800):
-    """Trains `method` for `steps` steps across the capped link; returns the chief's
-    metrics (seconds_per_step, timeline of (seconds, loss, bytes))."""
+def run(method, rate_bits, steps, workdir, timeout=1800, epochs=1, seed=0, warmup=WARMUP,
+        flags=()):
+    """Trains `method` for `epochs` x `steps` steps across the capped link (extra `flags`
+    for the UNet example); returns the chief's metrics (seconds_per_step, timeline of
+    (seconds, loss, bytes received), epochs: training seconds and validation metrics)."""
     slug = method.replace(" ", "_").replace("+", "_").replace(".", "")
     workdir = pathlib.Path(workdir)
     config = workdir / f"slow-{slug}-{rate_bits}.yaml"
-    config.write_text(job_config(method, 2, WARMUP, hosts=HOSTS))
-    out = workdir / f"slow-out-{slug}-{rate_bits}"
+    config.write_text(job_config(method, 2, warmup, hosts=HOSTS))
+    out = workdir / f"slow-out-{slug}-{rate_bits}-{seed}"
     with capped_link(rate_bits):
         tasks = [subprocess.Popen(
             ["ip", "netns", "exec", ns, sys.executable, "-m", "tfdist", "launch", str(config),
-             "--task", f"worker:{i}", "--", *map(str, command(method, config, out, steps))],
+             "--task", f"worker:{i}", "--",
+             *map(str, command(method, config, out, steps, epochs, seed)), *map(str, flags)],
             stdout=open(workdir / f"slow-log-{slug}-{i}", "w"), stderr=subprocess.STDOUT)
             for i, ns in enumerate(NAMESPACES)]
         try:

@@ -42,43 +42,79 @@ OVERRIDES = ("epochs", "steps_per_epoch", "validation_steps", "batch_size", "ima
              "learning_rate", "seed", "loop", "dataset", "data_dir")
 
 
-def loopback_bytes():
-    """Bytes received on `lo` so far (= bytes sent on loopback), or None off Linux. In a
-    private network namespace (the benchmarks) this is exactly the job's traffic."""
+def network_bytes():
+    """Bytes received on every interface so far, or None off Linux. In a private network
+    namespace (the benchmarks) this is exactly the job's traffic: on loopback, all of it;
+    on an emulated link between two hosts, what this task received."""
     try:
         with open("/proc/net/dev") as f:
-            line = next(l for l in f if l.strip().startswith("lo:"))
-    except (OSError, StopIteration):
+            rows = [l.split(":", 1) for l in f if ":" in l]
+    except OSError:
         return None
-    return int(line.split(":", 1)[1].split()[0])
+    return sum(int(counters.split()[0]) for _, counters in rows) if rows else None
 
 
 class Progress(keras.callbacks.Callback):
-    """A line every `every` steps and at each epoch end (readable in any log); records
-    each step's duration, and after each step the time, loss and loopback counter."""
+    """A line every `every` steps and at each epoch end (readable in any log), and honest
+    timings: wall time over spans of steps, with everything that runs between steps
+    (local SGD's averages, phase switches) and without validation (timed on its own).
 
-    def __init__(self, epochs, steps, every=25):
-        self.epochs, self.steps, self.every, self.start = epochs, steps, every, time.time()
-        self.step_seconds, self.timeline = [], []
+    Attributes:
+        step_seconds: each step's duration, callbacks before this one included.
+        timeline: after each step, (seconds since start, loss, network bytes).
+        epochs_done: after each epoch, its logs with the training seconds so far
+            (validation excluded) and the wall seconds so far: time to accuracy's data.
+    """
+
+    def __init__(self, epochs, steps, every=25, skip=10):
+        self.epochs, self.steps, self.every, self.skip = epochs, steps, every, skip
+        self.start = time.time()
+        self.spans = []  # per epoch: [its first step's begin, its first step, its last step]
+        self.ends, self.step_seconds, self.timeline, self.epochs_done = [], [], [], []
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
+        self.spans.append(None)
 
     def on_train_batch_begin(self, batch, logs=None):
         self.batch_start = time.perf_counter()
+        if self.spans[-1] is None:
+            self.spans[-1] = [self.batch_start, len(self.ends), len(self.ends)]
 
     def on_train_batch_end(self, batch, logs=None):
-        self.step_seconds.append(time.perf_counter() - self.batch_start)
+        self.ends.append(time.perf_counter())
+        self.step_seconds.append(self.ends[-1] - self.batch_start)
+        self.spans[-1][2] = len(self.ends) - 1
         loss = float(logs["loss"]) if logs and "loss" in logs else None
-        self.timeline.append((round(time.time() - self.start, 3), loss, loopback_bytes()))
+        self.timeline.append((round(time.time() - self.start, 3), loss, network_bytes()))
         if (batch + 1) % self.every == 0 and logs:
             print(f"epoch {self.epoch + 1}/{self.epochs} step {batch + 1}/{self.steps} "
                   f"loss {float(logs['loss']):.4f} ({time.time() - self.start:.0f}s)", flush=True)
 
     def on_epoch_end(self, epoch, logs=None):
+        self.epochs_done.append({"epoch": epoch + 1, "steps": len(self.step_seconds),
+                                 "train_seconds": round(self.train_seconds(), 3),
+                                 "wall_seconds": round(time.time() - self.start, 3),
+                                 **{k: float(v) for k, v in (logs or {}).items()}})
         shown = " ".join(f"{k} {v:.4f}" for k, v in logs.items())
         print(f"epoch {epoch + 1}/{self.epochs} done: {shown} ({time.time() - self.start:.0f}s)",
               flush=True)
+
+    def train_seconds(self, skip=0):
+        """Seconds of training steps after the first `skip`: each epoch's span from its
+        first step's start to its last step's end (validation between epochs left out)."""
+        total = 0.0
+        for begin, first, last in filter(None, self.spans):
+            if last >= skip:
+                total += self.ends[last] - (begin if first >= skip else self.ends[skip - 1])
+        return total
+
+    @property
+    def seconds_per_step(self):
+        """Wall seconds per step after the first `skip` (tracing): every step and all that
+        runs between steps, validation excluded."""
+        steps = len(self.ends) - self.skip
+        return self.train_seconds(self.skip) / steps if steps > 0 else None
 
 
 def _bytes(history):
@@ -134,9 +170,14 @@ def main(argv):
                                      "replicas": strategy.num_replicas_in_sync,
                                      "steps": train.epochs * train.steps_per_epoch,
                                      "wall_time_seconds": round(wall, 2),
-                                     # median: the first steps trace, phases retrace
-                                     "seconds_per_step": float(np.median(progress.step_seconds)),
-                                     # per step: (seconds since start, loss, loopback bytes)
+                                     # wall time over every step after the first 10 (tracing),
+                                     # averages and phase switches included, validation not
+                                     "seconds_per_step": progress.seconds_per_step,
+                                     "median_step_seconds": float(np.median(progress.step_seconds)),
+                                     "train_seconds": progress.train_seconds(),
+                                     # per epoch: training seconds so far, wall seconds, logs
+                                     "epochs": progress.epochs_done,
+                                     # per step: (seconds since start, loss, network bytes received)
                                      "timeline": progress.timeline,
                                      "weight_shapes": [list(v.shape) for v in
                                                        model.trainable_variables],

@@ -1,0 +1,178 @@
+"""Time to accuracy on a real capped link: what a user on a slow network buys.
+
+Each run trains the UNet example on 2 workers as 2 hosts (network namespaces joined by a
+veth pair capped by `tc tbf`, slow_network.py) over the full schedule, validating after
+every epoch. Per method, link speed and seed it records the training seconds (every step
+and all that runs between steps — averages, phase switches, tracing — validation left
+out) at which validation mean IoU first reaches each target, the final mean IoU, the
+wall seconds per step and the bytes this worker received per step on the link.
+
+    sudo python benchmarks/time_to_accuracy.py [--quick] [--methods none topk+EF ...]
+
+Writes benchmarks/results/time_to_accuracy.json (raw) and .md (the table); report.py
+puts both at the head of docs/benchmarks.md.
+"""
+
+import argparse
+import json
+import pathlib
+import shutil
+import statistics
+import tempfile
+import time
+
+import slow_network
+from netns import ROOT
+
+RESULTS = ROOT / "benchmarks" / "results"
+TARGETS = (0.85, 0.90)
+MBIT = 1_000_000
+ALL_METHODS = ["none", "fp16", "bf16", "int8", "qsgd", "sign+EF", "topk+EF", "randomk+EF",
+               "powersgd+EF", "local SGD 8"]
+PLANS = {
+    # The demo's schedule (480 steps of 32 samples) in epochs of 40 steps, 8 validation steps.
+    "full": {"rates": (20 * MBIT, 100 * MBIT, 1000 * MBIT), "seeds": (0, 1, 2),
+             "epochs": 12, "steps": 40, "validation_steps": 8, "methods": ALL_METHODS},
+    "quick": {"rates": (100 * MBIT,), "seeds": (0,), "epochs": 6, "steps": 40,
+              "validation_steps": 4, "methods": ["none", "topk+EF"]},
+}
+LOCAL_SGD_WARMUP = 240  # post-local SGD: synchronous for the first half (benchmarks/local_sgd.py)
+
+
+def time_to(epochs, target):
+    """Training seconds at the first validation with mean IoU ≥ `target`, else None."""
+    return next((e["train_seconds"] for e in epochs if e["val_mean_iou"] >= target), None)
+
+
+def bytes_per_step(timeline, skip=10):
+    """Bytes received per step after the first `skip` steps, from (seconds, loss, bytes)."""
+    first, last = timeline[skip - 1][2], timeline[-1][2]
+    if first is None or last is None or len(timeline) <= skip:
+        return None
+    return (last - first) / (len(timeline) - skip)
+
+
+def run_one(method, rate, seed, plan, workdir):
+    """One training run across the capped link; returns its row."""
+    warmup = LOCAL_SGD_WARMUP * plan["epochs"] * plan["steps"] // 480
+    metrics = slow_network.run(method, rate, plan["steps"], workdir, epochs=plan["epochs"],
+                               seed=seed, warmup=warmup,
+                               flags=("--validation_steps", plan["validation_steps"]))
+    epochs = [{"train_seconds": e["train_seconds"], "wall_seconds": e["wall_seconds"],
+               "val_mean_iou": e["val_mean_iou"], "loss": e["loss"]} for e in metrics["epochs"]]
+    return {"method": method, "rate_bits": rate, "seed": seed, "epochs": epochs,
+            "seconds_per_step": metrics["seconds_per_step"],
+            "bytes_per_step": bytes_per_step(metrics["timeline"]),
+            "final_val_mean_iou": epochs[-1]["val_mean_iou"], "final_loss": epochs[-1]["loss"],
+            "train_seconds": epochs[-1]["train_seconds"],
+            "wall_seconds": metrics["wall_time_seconds"],
+            **{f"seconds_to_{t}": time_to(epochs, t) for t in TARGETS}}
+
+
+def summary(rows):
+    """One row per (method, link): medians over seeds, and how many seeds reached each
+    target (a median over seeds that did not all reach it is not given)."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["rate_bits"]), []).append(r)
+    out = []
+    for (method, rate), runs in groups.items():
+        ious = [r["final_val_mean_iou"] for r in runs]
+        row = {"method": method, "rate_bits": rate, "seeds": len(runs),
+               "final_val_mean_iou": statistics.mean(ious),
+               "final_val_mean_iou_spread": max(ious) - min(ious),
+               "final_loss": statistics.mean(r["final_loss"] for r in runs),
+               "seconds_per_step": statistics.median(r["seconds_per_step"] for r in runs),
+               "bytes_per_step": statistics.median(r["bytes_per_step"] or 0 for r in runs)}
+        for t in TARGETS:
+            times = [r[f"seconds_to_{t}"] for r in runs]
+            reached = [s for s in times if s is not None]
+            row[f"reached_{t}"] = len(reached)
+            row[f"seconds_to_{t}"] = statistics.median(reached) if len(reached) == len(runs) else None
+        out.append(row)
+    return out
+
+
+def markdown(results):
+    rows = summary(results["runs"])
+    none = {r["rate_bits"]: r for r in rows if r["method"] == "none"}
+    lines = ["| link | method | s to mIoU 0.85 | s to 0.90 | final mIoU (spread) | vs none | "
+             "s/step | kB/step received |", "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["rate_bits"], r["method"] != "none", r["method"])):
+        cells = []
+        for t in TARGETS:
+            s = r[f"seconds_to_{t}"]
+            cells.append(f"{s:.0f}" if s is not None else f"{r[f'reached_{t}']}/{r['seeds']} seeds")
+        ref = none.get(r["rate_bits"])
+        delta = (f"{100 * (r['final_val_mean_iou'] - ref['final_val_mean_iou']):+.1f} pts"
+                 if ref and r is not ref else "")
+        lines.append(f"| {r['rate_bits'] / MBIT:.0f} Mbit/s | {r['method']} | {cells[0]} | "
+                     f"{cells[1]} | {r['final_val_mean_iou']:.3f} "
+                     f"({r['final_val_mean_iou_spread']:.3f}) | {delta} | "
+                     f"{r['seconds_per_step']:.3f} | {r['bytes_per_step'] / 1e3:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = summary(results["runs"])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method in dict.fromkeys(r["method"] for r in rows):
+        points = sorted((r["rate_bits"] / MBIT, r["seconds_to_0.85"]) for r in rows
+                        if r["method"] == method and r["seconds_to_0.85"] is not None)
+        if points:
+            ax.plot(*zip(*points), marker="o", label=method)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("link speed, Mbit/s (2 hosts, tc tbf)")
+    ax.set_ylabel("training seconds to validation mean IoU 0.85")
+    ax.set_title("Time to accuracy against link speed (median of seeds)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def measure(plan, workdir, methods=None, partial=None):
+    """Every (link, method, seed) run of `plan`; saved to `partial` as they come."""
+    results = {"plan": {k: v for k, v in plan.items() if k != "methods"}, "runs": []}
+    for rate in plan["rates"]:
+        for method in methods or plan["methods"]:
+            for seed in plan["seeds"]:
+                results["runs"].append(run_one(method, rate, seed, plan, workdir))
+                r = results["runs"][-1]
+                print(f"{rate / MBIT:6.0f} Mbit/s {method:14s} seed {seed}: "
+                      f"{r['seconds_per_step']:.3f} s/step, to 0.85: {r['seconds_to_0.85']}, "
+                      f"final mIoU {r['final_val_mean_iou']:.3f}", flush=True)
+                if partial:
+                    partial.write_text(json.dumps(results))
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one link, two methods, one seed")
+    parser.add_argument("--methods", nargs="+", help="a subset of the plan's methods")
+    args = parser.parse_args()
+    mode = "quick" if args.quick else "full"
+    workdir, started = tempfile.mkdtemp(prefix="tfdist-tta-"), time.monotonic()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    try:
+        results = measure(PLANS[mode], workdir, args.methods,
+                          RESULTS / "time_to_accuracy-partial.json")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    results["mode"], results["minutes"] = mode, round((time.monotonic() - started) / 60, 1)
+    (RESULTS / "time_to_accuracy.json").write_text(json.dumps(results, indent=1))
+    (RESULTS / "time_to_accuracy.md").write_text(markdown(results))
+    plot(results, RESULTS / "time_to_accuracy.png")
+    (RESULTS / "time_to_accuracy-partial.json").unlink(missing_ok=True)
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
