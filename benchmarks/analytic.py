@@ -8,15 +8,9 @@ measured loopback bytes, and by the projection to other clusters and networks.
 
 import math
 
+from tfdist.compression.cost_model import Link, exchange_seconds, gather, ring
+
 BLOCK = 64  # tfdist's quantiser alignment (int8, qsgd, sign): each tensor padded to it
-
-
-def ring(size, workers):
-    return 2 * (workers - 1) / workers * size
-
-
-def gather(payload, workers):
-    return (workers - 1) * payload
 
 
 def bytes_per_worker(method, shapes, workers):
@@ -52,10 +46,11 @@ def bytes_per_worker(method, shapes, workers):
 
 def step_seconds(method, shapes, workers, compute, cost, bandwidth_bits, latency=50e-6):
     """Projected seconds per step: compute + compress/decompress cost + the bytes one
-    worker sends at `bandwidth_bits` per second (a ring or gather needs 2 (N - 1) or
-    N - 1 sequential messages, each paying `latency`)."""
-    sent = bytes_per_worker(method, shapes, workers)
+    worker sends at `bandwidth_bits` per second (tfdist's cost model, the one
+    `compression: auto` uses: a ring or gather needs 2 (N - 1) or N - 1 sequential
+    messages, each paying `latency`)."""
     messages = 2 * (workers - 1)
     if method.startswith("local SGD"):
         messages /= int(method.split()[-1])
-    return compute + cost + 8 * sent / bandwidth_bits + messages * latency
+    return compute + cost + exchange_seconds(bytes_per_worker(method, shapes, workers), messages,
+                                             Link(bandwidth_bits, latency))

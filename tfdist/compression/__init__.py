@@ -7,11 +7,12 @@
 
 from tfdist.compression.compressors import (QSGD, Cast, Compressor, Int8, PowerSGD, RandomK,
                                             Sign, TopK)
+from tfdist.compression.auto import AutoCompression
 from tfdist.compression.communicator import Communicator
 from tfdist.compression.exchange import GradientCompression
 from tfdist.compression.factory import build, compressor_by_name
 from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize
 
-__all__ = ["Cast", "Communicator", "Compressor", "DelayedStart", "ErrorFeedback",
+__all__ = ["AutoCompression", "Cast", "Communicator", "Compressor", "DelayedStart", "ErrorFeedback",
            "GradientCompression", "Int8", "MinSize", "PowerSGD", "QSGD", "RandomK", "Sign", "TopK",
            "build", "compressor_by_name"]

@@ -1,5 +1,6 @@
 """Compression from a name, a config section or an object."""
 
+from tfdist.compression.auto import AutoCompression
 from tfdist.compression.compressors import compressor_by_name
 from tfdist.compression.exchange import GradientCompression
 from tfdist.config.load import compression_from_dict
@@ -8,12 +9,13 @@ from tfdist.config.schema import CompressionConfig
 
 def build(compression="none", **options):
     """A `GradientCompression` hook from a name, a `CompressionConfig`, a config section
-    (dict) or a hook (returned as is).
+    (dict) or a hook (returned as is); "auto" gives an `AutoCompression` hook, which
+    measures the link and the step and chooses (`tfdist.compression.auto`).
 
     Options override the config: ratio, rank, levels, error_feedback, start_step,
     min_size, seed. Unknown names and out-of-range values raise `ConfigError`.
     """
-    if isinstance(compression, GradientCompression):
+    if isinstance(compression, (GradientCompression, AutoCompression)):
         return compression
     seed = options.pop("seed", 0)
     if isinstance(compression, CompressionConfig) and not options:
@@ -22,6 +24,8 @@ def build(compression="none", **options):
         section = _as_dict(compression, options)
         seed = section.pop("seed", seed)  # a saved hook's config (`get_config`) has one
         spec = compression_from_dict(section)
+    if spec.name == "auto":
+        return AutoCompression(seed=seed)
     compressor = compressor_by_name(spec.name, ratio=spec.ratio, rank=spec.rank,
                                     levels=spec.levels, error_feedback=spec.error_feedback)
     return GradientCompression(compressor, error_feedback=spec.error_feedback,

@@ -1,5 +1,6 @@
 """YAML → frozen `Config`, with every problem a located `ConfigError`."""
 
+import dataclasses
 import difflib
 import functools
 import types
@@ -201,7 +202,16 @@ def _compression(source, path, value):
     if isinstance(value, str):
         value = {"name": value}
     checks.mapping(source, path, value, COMPRESSION_KEYS)
-    name = checks.string(source, path + ("name",), value.get("name", "none"), COMPRESSORS)
+    name = checks.string(source, path + ("name",), value.get("name", "none"),
+                         (*COMPRESSORS, "auto"))
+    if name == "auto":  # tfdist.compression.auto: measures, then chooses method and options
+        defaults = {f.name: f.default for f in dataclasses.fields(CompressionConfig)}
+        chosen = [k for k in value if k != "name" and value[k] != defaults.get(k, ...)]
+        if chosen:
+            raise source.error(path + (chosen[0],), "compression: auto measures the link and "
+                               "the step, then chooses the method and its options itself; "
+                               f"remove {chosen[0]!r} or name a method")
+        return CompressionConfig(name="auto")
     fields = {"name": name}
     for key, (applies_to, default, check) in COMPRESSOR_PARAMS.items():
         if key in value and name not in applies_to:
@@ -245,6 +255,10 @@ def _check_together(config, source):
     if config.cluster is not None and config.cluster.ps and name not in with_ps:
         raise source.error(("cluster", "ps"), f"ps tasks need strategy name: {_either(with_ps)}. "
                            f"Received: strategy={name}")
+    if config.local_sgd is not None and getattr(config.compression, "name", None) == "auto":
+        raise source.error(("compression", "name"), "with local_sgd: the compression section "
+                           "compresses the model averages, which auto does not choose for; "
+                           "name a method (e.g. fp16)")
     if name is None:
         return
     allowed = capabilities(name)

@@ -1,0 +1,133 @@
+"""`compression: auto` (tfdist.compression.auto) and its cost model
+(tfdist.compression.cost_model): the link fitted from timings, the prediction from the
+hooks' own byte counts, the choice, and training through the choice on 2 replicas."""
+
+import numpy as np
+import pytest
+
+from tfdist.compression import cost_model
+from tfdist.compression.auto import QUALITY, AutoCompression, choose, eligible
+from tfdist.config import ConfigError
+
+pytestmark = pytest.mark.usefixtures("two_cpus")
+
+
+def test_fit_link_recovers_bandwidth_and_latency_from_timings():
+    link = cost_model.Link(bandwidth_bits=100e6, latency=2e-3)
+    samples = [(b, 2, cost_model.exchange_seconds(b, 2, link)) for b in (4e3, 6.4e4, 1e6, 4e6)]
+    fitted = cost_model.fit_link(samples)
+    assert fitted.bandwidth_bits == pytest.approx(100e6, rel=1e-9)
+    assert fitted.latency == pytest.approx(2e-3, rel=1e-9)
+    with pytest.raises(ValueError, match="two sizes"):
+        cost_model.fit_link(samples[:1])
+    with pytest.raises(ValueError, match="do not grow"):
+        cost_model.fit_link([(1e3, 2, 0.5), (1e6, 2, 0.1)])
+
+
+def test_sent_bytes_follow_the_ring_and_the_gather():
+    # 3 workers: a ring sends 2 (N-1)/N of the all-reduced part, a gather (N-1) x payload
+    sizes = {"payload": 900, "gathered": 300, "dense": 4000}
+    assert cost_model.sent_bytes(sizes, 3) == pytest.approx(4 / 3 * 600 + 2 * 300)
+    assert cost_model.messages(sizes, 3) == 4 + 2
+    assert cost_model.messages({"payload": 900, "gathered": 0}, 3) == 4
+
+
+def test_eligible_methods_are_those_within_a_point_of_none():
+    points = QUALITY["points"]
+    assert set(eligible(1.0)) == {m for m, p in points.items() if p >= -1.0}
+    assert "sign+EF" not in eligible(1.0) and "sign+EF" in eligible(5.0)
+    assert choose({"none": 0.3, "fp16": 0.2, "powersgd+EF": 0.2}) == "fp16"  # ties: first
+    # a gain within the cost model's error keeps the exchange uncompressed
+    assert choose({"none": 0.100, "fp16": 0.097, "powersgd+EF": 0.096}) == "none"
+    assert choose({"none": 0.100, "fp16": 0.094}) == "fp16"
+
+
+def test_the_config_says_auto_and_nothing_else(write_config):
+    from tfdist.config import load_config
+
+    config = load_config(write_config("compression: auto\nstrategy: mirrored\n"))
+    assert config.compression.name == "auto"
+    with pytest.raises(ConfigError, match="compression.ratio: .*chooses the method and its options"):
+        load_config(write_config("compression: {name: auto, ratio: 0.1}\n"))
+    with pytest.raises(ConfigError, match="only .* compress the gradient push"):
+        load_config(write_config("cluster: {chief: 1, worker: 1, ps: 1}\n"
+                                 "strategy: parameter_server\ncompression: auto\n"))
+    with pytest.raises(ConfigError, match="compresses the model averages"):
+        load_config(write_config("compression: auto\nlocal_sgd: {period: 4}\n"))
+
+
+class SlowLinkAuto(AutoCompression):
+    """Auto on 2 logical CPUs, told the link is `bandwidth_bits` (the real one, in-process,
+    is memory): the timed all-reduces are replaced by what that link would take."""
+
+    def __init__(self, bandwidth_bits, **kwargs):
+        super().__init__(**kwargs)
+        self.link = cost_model.Link(bandwidth_bits, 1e-3)
+
+    def _time_all_reduces(self):
+        sizes = [cost_model.ring(4 * n, self.workers) for n in (1 << 12, 1 << 16, 1 << 20)]
+        return [(b, 2, cost_model.exchange_seconds(b, 2, self.link)) for b in sizes]
+
+
+def train(strategy, hook, steps):
+    """`steps` Trainer steps of a small conv model; returns (weights per replica, hook)."""
+    import keras
+    import tensorflow as tf
+
+    import tfdist
+
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(16, 3),
+                                  keras.layers.Flatten(), keras.layers.Dense(64),
+                                  keras.layers.Dense(4)])  # PowerSGD pays on 576 x 64
+        optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.05), hook)
+    x = np.random.default_rng(0).normal(size=(64, 8, 8, 3)).astype("float32")
+    y = np.random.default_rng(1).integers(0, 4, size=64)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
+    trainer = tfdist.Trainer(model, optimizer,
+                             keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                             strategy=strategy)
+    trainer.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
+    return [v.numpy() for v in model.trainable_variables], model
+
+
+@pytest.mark.parametrize("bandwidth, expected", [(1e12, "none"), (20e6, "powersgd+EF")])
+def test_auto_chooses_from_the_link_and_trains_through_its_choice(strategies, bandwidth,
+                                                                   expected):
+    strategy = strategies("mirrored")
+    hook = SlowLinkAuto(bandwidth, probe_steps=6)
+    train(strategy, hook, steps=12)
+    decision, = hook.decisions
+    assert decision["step"] == 6 and hook.choice == expected
+    assert decision["link"].bandwidth_bits == pytest.approx(bandwidth, rel=1e-6)
+    # the prediction is the cost model on the hooks' own byte counts (independent check)
+    sizes = hook.hooks[expected].bytes_per_step()
+    exchange = cost_model.exchange_seconds(cost_model.sent_bytes(sizes, 2),
+                                           cost_model.messages(sizes, 2), decision["link"])
+    assert decision["predicted"][expected] >= exchange
+    assert choose(decision["predicted"]) == expected
+    assert hook.current_phase == expected  # the step after the choice was traced for it
+
+
+def test_auto_on_a_fast_link_trains_exactly_as_none(strategies):
+    import tfdist
+
+    strategy = strategies("mirrored")
+    auto = SlowLinkAuto(1e12, probe_steps=6)
+    got, _ = train(strategy, auto, steps=10)
+    expected, _ = train(strategy, tfdist.compression.build("none"), steps=10)
+    assert auto.choice == "none"
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_auto_measures_the_real_collectives_and_predicts_a_free_in_process_link(strategies):
+    strategy = strategies("mirrored")
+    hook = AutoCompression(probe_steps=6)
+    train(strategy, hook, steps=8)
+    decision, = hook.decisions
+    # two replicas in one process: the "link" is memory, far faster than any network
+    assert decision["link"].bandwidth_bits > 1e9
+    assert hook.choice == choose(decision["predicted"])
+    assert decision["compute_seconds"] >= 0

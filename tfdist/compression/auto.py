@@ -1,0 +1,220 @@
+"""`compression: auto`: measure the link and the step, then exchange with the method the
+cost model predicts fastest among those that keep quality.
+
+Compression paid off in few of the setups GRACE (Xu et al. 2021, "GRACE: A Compressed
+Communication Framework for Distributed Machine Learning") and Agarwal et al. 2022 ("On
+the Utility of Gradient Compression in Distributed Training Systems") measured: the
+answer depends on the link, the model and the step time. So `AutoCompression`:
+
+1. exchanges uncompressed for `probe_steps` steps and times them (wall time per step, as
+   the user sees it);
+2. times all-reduces of a few sizes on the strategy's own collectives and fits the link
+   (bandwidth and latency per message, `cost_model.fit_link`);
+3. predicts each eligible method's step: compute (the probe's step minus its predicted
+   exchange) + the method's compression cost + its exchange on the link; eligible are the
+   methods whose measured quality at convergence (`QUALITY`, with the conditions it was
+   measured under) is within `max_quality_loss` points of `none`;
+4. exchanges with the fastest if it saves more than `min_gain` of the step (else stays
+   uncompressed: the model's own error), says why in one line on the chief, and every `check_every` steps
+   compares the step time with its prediction: off by more than `drift`, it measures again.
+
+The workers average their measurements with one all-reduce before choosing, so every
+worker makes the same choice from the same numbers (a different choice would pair
+different collectives).
+"""
+
+import statistics
+import time
+import types
+
+import tensorflow as tf
+
+from tfdist.compression import cost_model
+from tfdist.core.hooks import TrainingHook
+from tfdist.errors import UnsupportedError
+from tfdist.strategies.kind import capabilities_of
+from tfdist.strategies.task import is_chief
+
+#: Quality at convergence: final validation mean IoU minus `none`'s, in points.
+QUALITY = {
+    "conditions": "UNet example (0.54 M parameters, 32x32 synthetic shapes, 4 classes), 2 "
+                  "workers, 480 steps of 32 samples, Adam 0.003, compression from step 80, "
+                  "mean of seeds 0 and 1 (issue 16's measurement)",
+    "points": {"none": 0.0, "fp16": 1.0, "powersgd+EF": -0.1, "topk+EF": -1.2, "sign+EF": -3.3},
+}
+#: How each method is built (`tfdist.compression.build` options).
+METHODS = {
+    "none": {"name": "none"},
+    "fp16": {"name": "fp16"},
+    "powersgd+EF": {"name": "powersgd", "rank": 4, "error_feedback": True},
+    "topk+EF": {"name": "topk", "ratio": 0.01, "error_feedback": True},
+    "sign+EF": {"name": "sign", "error_feedback": True},
+}
+#: Compress + decompress time as a share of a step (benchmarks/results/compression_cost.json,
+#: the UNet's gradients on this project's 2-core machine).
+COST_SHARE = {"none": 0.0, "fp16": 0.015, "powersgd+EF": 0.029, "topk+EF": 0.059,
+              "sign+EF": 0.033}
+PROBE_FLOATS = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)  # 4 kB .. 8 MB all-reduces
+
+
+def eligible(max_quality_loss=1.0):
+    """The methods whose measured quality is within `max_quality_loss` points of none."""
+    return [m for m, points in QUALITY["points"].items() if points >= -max_quality_loss]
+
+
+def choose(predicted, min_gain=0.05):
+    """The fastest method of `predicted` ({method: seconds}; ties go to the first), if it
+    beats `none` by more than `min_gain` (the cost model's own error); else `none`."""
+    best = min(predicted, key=lambda m: (predicted[m], list(predicted).index(m)))
+    none = predicted.get("none")
+    return best if none is None or predicted[best] < (1 - min_gain) * none else "none"
+
+
+class AutoCompression(TrainingHook):
+    """Chooses the gradient exchange from measurements (module docstring).
+
+    Args:
+        probe_steps: uncompressed steps timed before choosing (and after a drift).
+        check_every: steps between two checks of the step time against its prediction.
+        drift: relative difference of step time and prediction that triggers a new probe.
+        min_gain: predicted share of the step a method must save to replace `none`.
+        max_quality_loss: points of mean IoU a method may lose against `none` (`QUALITY`).
+        seed: seed of the candidates' random choices.
+
+    Attributes:
+        choice: the method in use ("probe" while measuring).
+        decisions: one dict per choice: step, link, compute seconds, predictions, choice.
+    """
+
+    replaces_exchange = True
+    phased = True
+    #: What strategy checks read of a compression hook (its name, and that it compresses).
+    compressor = types.SimpleNamespace(name="auto", compresses=True)
+
+    def __init__(self, *, probe_steps=20, check_every=200, drift=0.3, max_quality_loss=1.0,
+                 min_gain=0.05, seed=0):
+        from tfdist.compression.factory import build  # the factory builds this hook too
+
+        if probe_steps < 4:
+            raise ValueError(f"probe_steps must be >= 4. Received: probe_steps={probe_steps}")
+        self.probe_steps, self.check_every, self.drift = probe_steps, check_every, drift
+        self.min_gain = min_gain
+        self.methods = eligible(max_quality_loss)
+        self.hooks = {m: build(**METHODS[m], min_size=1024, seed=seed) for m in self.methods}
+        self.choice, self.decisions, self.active = "probe", [], None
+        self._probe_start, self._times = 0, []
+
+    def get_config(self):
+        return None  # the choice is made again from fresh measurements
+
+    # --- the hook contract --------------------------------------------------------------
+
+    def build(self, strategy, variables):
+        if capabilities_of(strategy).push:
+            raise UnsupportedError("compression: auto chooses between exchanges of replicas; "
+                                   "under parameter servers name a push compression instead. "
+                                   f"Received: strategy={type(strategy).__name__}")
+        self.strategy, self.chief = strategy, is_chief(strategy)
+        self.workers = max(strategy.num_replicas_in_sync, 1)
+        self._mean = tf.function(lambda value: strategy.reduce(
+            "MEAN", strategy.run(lambda: tf.identity(value)), axis=None))
+        for hook in self.hooks.values():
+            hook.build(strategy, variables)
+
+    def phase(self, step):
+        return self.choice
+
+    def enter_phase(self, phase):
+        super().enter_phase(phase)
+        self.active = self.hooks["none" if phase == "probe" else phase]
+        self.active.enter_phase(self.active.phase(0))
+
+    def exchange(self, grads, variables, step):
+        return self.active.exchange(grads, variables, step)
+
+    def on_step_end(self, step):
+        return self.active.on_step_end(step)
+
+    def bytes_per_step(self, step=None):
+        return (self.active or self.hooks["none"]).bytes_per_step()
+
+    def after_step(self, model, steps_done):
+        self._times.append(time.perf_counter())
+        if self.choice == "probe" and steps_done >= self._probe_start + self.probe_steps:
+            self._decide(steps_done)
+        elif (self.choice != "probe" and self.decisions
+              and steps_done - self.decisions[-1]["step"] >= self.check_every
+              and (steps_done - self.decisions[-1]["step"]) % self.check_every == 0):
+            self._check_drift(steps_done)
+
+    # --- measuring and choosing ---------------------------------------------------------
+
+    def _step_seconds(self, last):
+        """Median wall seconds per step over the last `last` steps (tracing skipped)."""
+        times = self._times[-(last + 1):]
+        return statistics.median(b - a for a, b in zip(times, times[1:]))
+
+    def _decide(self, steps_done):
+        probe = self._mean_over_workers(self._step_seconds(self.probe_steps - 3))
+        samples = self._time_all_reduces()
+        try:
+            link = cost_model.fit_link(samples)
+        except ValueError as e:  # timings too noisy to fit: stay uncompressed, say so
+            self._say(f"at step {steps_done}: {e}; exchanging uncompressed")
+            link = cost_model.Link(float("inf"), 0.0)
+        exchange = {m: cost_model.exchange_seconds(
+            cost_model.sent_bytes(self.hooks[m].bytes_per_step(), self.workers),
+            cost_model.messages(self.hooks[m].bytes_per_step(), self.workers), link)
+            for m in self.methods}
+        compute = max(probe - exchange["none"], 0.0)
+        predicted = {m: compute * (1 + COST_SHARE.get(m, 0.0)) + exchange[m] for m in self.methods}
+        self.choice = choose(predicted, self.min_gain)
+        self.decisions.append({"step": steps_done, "link": link, "compute_seconds": compute,
+                               "probe_seconds": probe, "predicted": predicted,
+                               "choice": self.choice})
+        shown = ", ".join(f"{m} {s:.3f}" for m, s in sorted(predicted.items(), key=lambda x: x[1]))
+        self._say(f"at step {steps_done}: link {link}, compute {compute:.3f} s/step; "
+                  f"predicted s/step: {shown}; chose {self.choice}")
+        self._times = self._times[-1:]
+
+    def _check_drift(self, steps_done):
+        measured = self._mean_over_workers(self._step_seconds(self.check_every // 2))
+        expected = self.decisions[-1]["predicted"][self.choice]
+        if abs(measured - expected) > self.drift * expected:
+            self._say(f"at step {steps_done}: {measured:.3f} s/step against {expected:.3f} "
+                      "predicted; measuring again")
+            self.choice, self._probe_start = "probe", steps_done
+
+    def _time_all_reduces(self):
+        """[(bytes sent per worker, messages, seconds)] of all-reduces of growing sizes,
+        up to the first that takes over 0.25 s (a slow link is measured quickly); each
+        time is the fastest of 3, averaged over the workers."""
+        samples = []
+        for floats in PROBE_FLOATS:
+            reduce = tf.function(lambda n=floats: self.strategy.run(
+                lambda: tf.distribute.get_replica_context().all_reduce(
+                    "SUM", tf.zeros([n]))))
+            reduce()  # traced and the collective set up: not timed
+            seconds = []
+            for _ in range(3):
+                start = time.perf_counter()
+                tf.nest.map_structure(lambda t: t.numpy(), self.strategy.experimental_local_results(
+                    reduce()))
+                seconds.append(time.perf_counter() - start)
+            fastest = self._mean_over_workers(min(seconds))  # every worker stops together
+            samples.append((cost_model.ring(4 * floats, self.workers), 2 * (self.workers - 1),
+                            fastest))
+            if fastest > 0.25 and len(samples) >= 2:
+                break
+        return samples
+
+    def _mean_over_workers(self, value):
+        """`value` averaged over the workers: the same number on every worker."""
+        if self.strategy.num_replicas_in_sync <= 1:
+            return float(value)
+        return float(self._mean(tf.constant(value, tf.float64)))
+
+    def _say(self, message):
+        """One line on the chief's standard output (what a user watching the job reads)."""
+        if self.chief:
+            print(f"tfdist compression auto {message}", flush=True)
