@@ -113,7 +113,9 @@ def test_every_config_runs_a_few_steps(tmp_path, name):
     if name.startswith("unet_"):
         assert metrics["steps"] == 3 and metrics["strategy"] == config.strategy.name
         ratio = metrics["bytes_exchanged"]["compression_ratio"]
-        if config.compression:
+        if config.compression and config.compression.name == "auto":
+            assert ratio == 1.0  # still measuring: uncompressed for the first 20 steps
+        elif config.compression:
             assert metrics["compression"] == config.compression.name
             assert ratio > 1.5
         if config.local_sgd:  # one model average per period
