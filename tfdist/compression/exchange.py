@@ -19,6 +19,8 @@ import tensorflow as tf
 from tfdist.compression.buffers import Layout, pack, unpack
 from tfdist.compression.communicator import Communicator
 from tfdist.compression.compressors import compressor_by_name
+from tfdist.compression.corrections import (EF21, LocalClip, MomentumCorrection, ratio_schedule,
+                                            stage_of)
 from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize
 from tfdist.core import transaction
 from tfdist.core.hooks import TrainingHook
@@ -32,11 +34,18 @@ class GradientCompression(TrainingHook):
 
     Args:
         compressor: a `Compressor` (see `tfdist.compression.compressors`).
-        error_feedback: keep what compression lost and add it to the next gradient
-            (Karimireddy et al. 2019, "Error Feedback Fixes SignSGD").
+        error_feedback: True: keep what compression lost and add it to the next gradient
+            (Karimireddy et al. 2019, "Error Feedback Fixes SignSGD"); "ef21": send the
+            compressed change of a per-replica estimate (Richtarik et al. 2021).
         start_step: steps exchanged uncompressed before compression starts.
         min_size: tensors with fewer values go uncompressed.
         seed: seed of the random choices (randomk indices, qsgd rounding, PowerSGD's Q0).
+        momentum_correction: DGC's local velocity momentum (0: off; needs classic error
+            feedback; Lin et al. 2018), with momentum factor masking.
+        local_clip_norm: DGC's local gradient clipping to this norm / sqrt(N) (0: off).
+        ratio_warmup_steps, ratio_warmup_start: DGC's exponential warm-up of a top-k or
+            random-k ratio from `ratio_warmup_start` down to the compressor's ratio over
+            these steps after `start_step`, in `corrections.STAGES` stages (0: off).
 
     Attributes (once built):
         state: {name: tf.Variable} of the transformation's state, per replica.
@@ -45,23 +54,58 @@ class GradientCompression(TrainingHook):
 
     replaces_exchange = True
 
-    def __init__(self, compressor, *, error_feedback=False, start_step=0, min_size=1024, seed=0):
+    def __init__(self, compressor, *, error_feedback=False, start_step=0, min_size=1024, seed=0,
+                 momentum_correction=0.0, local_clip_norm=0.0, ratio_warmup_steps=0,
+                 ratio_warmup_start=0.25):
         self.compressor, self.error_feedback = compressor, error_feedback
         self.start_step, self.min_size, self.seed = int(start_step), int(min_size), int(seed)
-        inner = ErrorFeedback(compressor) if error_feedback else compressor
-        inner = DelayedStart(inner, self.start_step) if self.start_step > 0 else inner
-        self.transform = MinSize(inner, self.min_size)
-        self.phased = self.start_step > 0
+        self.corrections = {"momentum_correction": float(momentum_correction or 0.0),
+                            "local_clip_norm": float(local_clip_norm or 0.0),
+                            "ratio_warmup_steps": int(ratio_warmup_steps or 0),
+                            "ratio_warmup_start": float(ratio_warmup_start or 0.25)}
+        ratio = getattr(compressor, "ratio", None)
+        self.schedule = (ratio_schedule(ratio, self.corrections["ratio_warmup_start"],
+                                        self.corrections["ratio_warmup_steps"])
+                         if ratio is not None else [(0, None)])
+        self.transforms = [self._transform(_with_ratio(compressor, r)) for _, r in self.schedule]
+        self.transform = self.transforms[-1]  # every stage has its layout and state
+        self.phased = self.start_step > 0 or len(self.schedule) > 1
         self.state = {}
 
+    def _transform(self, compressor):
+        """MinSize(DelayedStart(LocalClip(MomentumCorrection(ErrorFeedback(compressor))))),
+        each part only if asked."""
+        inner = compressor
+        if self.error_feedback == "ef21":
+            inner = EF21(inner)
+        elif self.error_feedback:
+            inner = ErrorFeedback(inner)
+        if self.corrections["momentum_correction"]:
+            inner = MomentumCorrection(inner, self.corrections["momentum_correction"])
+        if self.corrections["local_clip_norm"]:
+            inner = LocalClip(inner, self.corrections["local_clip_norm"])
+        inner = DelayedStart(inner, self.start_step) if self.start_step > 0 else inner
+        return MinSize(inner, self.min_size)
+
     def phase(self, step):
-        """Compressing (True) from `start_step` on."""
-        return step >= self.start_step
+        """Compressing (True) from `start_step` on; with a ratio warm-up, (compressing, the
+        warm-up's stage)."""
+        compressing = step >= self.start_step
+        if len(self.schedule) == 1:
+            return compressing
+        return compressing, stage_of(self.schedule, step - self.start_step)
 
     @property
     def compressing(self):
         """Whether the step is traced to compress (the phase the driver entered)."""
-        return self.phase(0) if self.current_phase is None else self.current_phase
+        phase = self.phase(0) if self.current_phase is None else self.current_phase
+        return phase[0] if isinstance(phase, tuple) else phase
+
+    @property
+    def stage(self):
+        """The ratio warm-up's stage the step is traced for (the last one without one)."""
+        phase = self.phase(0) if self.current_phase is None else self.current_phase
+        return phase[1] if isinstance(phase, tuple) else len(self.schedule) - 1
 
     @property
     def residual(self):
@@ -85,8 +129,12 @@ class GradientCompression(TrainingHook):
         """
         params = {k: getattr(self.compressor, k) for k in ("ratio", "rank", "levels")
                   if hasattr(self.compressor, k)}
-        config = {"name": self.compressor.name, **params,
-                  "error_feedback": bool(self.error_feedback), "start_step": self.start_step,
+        defaults = {"momentum_correction": 0.0, "local_clip_norm": 0.0, "ratio_warmup_steps": 0,
+                    "ratio_warmup_start": 0.25}
+        corrections = {k: v for k, v in self.corrections.items() if v != defaults[k]}
+        error_feedback = "ef21" if self.error_feedback == "ef21" else bool(self.error_feedback)
+        config = {"name": self.compressor.name, **params, **corrections,
+                  "error_feedback": error_feedback, "start_step": self.start_step,
                   "min_size": self.min_size, "seed": self.seed}
         try:
             rebuilt = compressor_by_name(self.compressor.name, **params,
@@ -105,8 +153,10 @@ class GradientCompression(TrainingHook):
         caps = capabilities_of(strategy)
         self.push = caps.push
         name = self.compressor.name
-        if self.push and not (caps.allows_compressor(name) and caps.allows_compression_options(
-                error_feedback=self.error_feedback, start_step=self.start_step)):
+        corrected = any(v != d for v, d in zip(self.corrections.values(), (0.0, 0.0, 0, 0.25)))
+        if self.push and (corrected or not (caps.allows_compressor(name) and
+                                            caps.allows_compression_options(
+                error_feedback=self.error_feedback, start_step=self.start_step))):
             raise UnsupportedError(
                 f"under {caps.name} only the gradient push is compressed, with "
                 f"[{', '.join(caps.push_compression)}], without error feedback or delayed "
@@ -132,7 +182,7 @@ class GradientCompression(TrainingHook):
         for grad, variable in zip(grads, variables):
             dense[self.slots[id(underlying(variable))]] = tf.convert_to_tensor(grad)
         dense = [tf.zeros(s, tf.float32) if d is None else d for d, s in zip(dense, self.shapes)]
-        transform = self.transform.for_phase(self.compressing)
+        transform = self.transforms[self.stage].for_phase(self.compressing)
         state = {k: v.read_value() for k, v in self.state.items()}
         summed, state = transform.exchange(dense, state, comm, self._seeds(comm, step))
         for key, value in state.items():
@@ -153,10 +203,21 @@ class GradientCompression(TrainingHook):
         dense = 4 * (self.small_size + sum(self.large_layout.sizes))
         if step is not None and step < self.start_step:
             return {"payload": dense, "dense": dense, "gathered": 0}
-        large = self.compressor.payload_bytes(self.large_layout) if self.large_layout.shapes else 0
+        compressor = _with_ratio(self.compressor, self.schedule[
+            self.stage if step is None else stage_of(self.schedule, step - self.start_step)][1])
+        large = compressor.payload_bytes(self.large_layout) if self.large_layout.shapes else 0
         gather = self.compressing and self.compressor.collective == "gather"
         return {"payload": 4 * self.small_size + large, "dense": dense,
                 "gathered": large if gather else 0}
+
+
+def _with_ratio(compressor, ratio):
+    """`compressor` keeping `ratio` of the values (itself when `ratio` is None or its own)."""
+    if ratio is None or ratio == compressor.ratio:
+        return compressor
+    copy = object.__new__(type(compressor))
+    copy.__dict__.update(vars(compressor), ratio=ratio)
+    return copy
 
 
 class PushCodec:

@@ -13,7 +13,8 @@ def build(compression="none", **options):
     measures the link and the step and chooses (`tfdist.compression.auto`).
 
     Options override the config: ratio, rank, levels, error_feedback, start_step,
-    min_size, seed. Unknown names and out-of-range values raise `ConfigError`.
+    min_size, seed, and the corrections momentum_correction, local_clip_norm,
+    ratio_warmup_steps, ratio_warmup_start (`tfdist.compression.corrections`). Unknown names and out-of-range values raise `ConfigError`.
     """
     if isinstance(compression, (GradientCompression, AutoCompression)):
         return compression
@@ -28,8 +29,12 @@ def build(compression="none", **options):
         return AutoCompression(seed=seed)
     compressor = compressor_by_name(spec.name, ratio=spec.ratio, rank=spec.rank,
                                     levels=spec.levels, error_feedback=spec.error_feedback)
+    corrections = {k: getattr(spec, k) for k in ("momentum_correction", "local_clip_norm",
+                                                 "ratio_warmup_steps", "ratio_warmup_start")
+                   if getattr(spec, k) is not None}
     return GradientCompression(compressor, error_feedback=spec.error_feedback,
-                               start_step=spec.start_step, min_size=spec.min_size, seed=seed)
+                               start_step=spec.start_step, min_size=spec.min_size, seed=seed,
+                               **corrections)
 
 
 def _as_dict(compression, options):

@@ -45,4 +45,16 @@ RATIO = HyperParameter("ratio", ("topk", "randomk"), 0.01, integer=False, minimu
                        open_minimum=True)
 RANK = HyperParameter("rank", ("powersgd",), 4, integer=True, minimum=1)
 LEVELS = HyperParameter("levels", ("qsgd",), 15, integer=True, minimum=1, maximum=127)
-HYPERPARAMETERS = {p.name: p for p in (RATIO, RANK, LEVELS)}
+# The corrections of error-fed compressors (tfdist.compression.corrections): 0 turns each off.
+FED = ("int8", "qsgd", "sign", "topk", "randomk", "powersgd")
+MOMENTUM_CORRECTION = HyperParameter("momentum_correction", FED, 0.0, integer=False, minimum=0,
+                                     maximum=0.999)
+LOCAL_CLIP_NORM = HyperParameter("local_clip_norm", FED, 0.0, integer=False, minimum=0)
+RATIO_WARMUP_STEPS = HyperParameter("ratio_warmup_steps", ("topk", "randomk"), 0, integer=True,
+                                    minimum=0)
+RATIO_WARMUP_START = HyperParameter("ratio_warmup_start", ("topk", "randomk"), 0.25,
+                                    integer=False, minimum=0, maximum=1, open_minimum=True)
+HYPERPARAMETERS = {p.name: p for p in (RATIO, RANK, LEVELS, MOMENTUM_CORRECTION, LOCAL_CLIP_NORM,
+                                       RATIO_WARMUP_STEPS, RATIO_WARMUP_START)}
+#: Error feedback: classic (true, Karimireddy et al. 2019) or EF21 (Richtarik et al. 2021).
+EF21_COMPRESSORS = ("int8", "qsgd", "sign", "topk", "randomk")

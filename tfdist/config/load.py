@@ -11,7 +11,7 @@ from tfdist.config import checks, limits
 from tfdist.config.errors import clip
 from tfdist.config.schema import (COMPRESSORS, JOB_TYPES, STRATEGIES, ClusterConfig,
                                   CompressionConfig, Config, LocalSGDConfig, StrategyConfig)
-from tfdist.config.hyperparameters import HYPERPARAMETERS
+from tfdist.config.hyperparameters import EF21_COMPRESSORS, HYPERPARAMETERS
 from tfdist.config.yaml_source import Source, read_yaml
 from tfdist.strategies.capabilities import CAPABILITIES, capabilities, names_with
 
@@ -223,12 +223,28 @@ def _compression(source, path, value):
         raise source.error(path + ("error_feedback",), "error feedback needs a compressor; "
                            "with name: none there is no compression error to feed back")
     if "error_feedback" in value:
-        fields["error_feedback"] = checks.boolean(source, path + ("error_feedback",),
-                                                  value["error_feedback"])
+        fields["error_feedback"] = _error_feedback(source, path + ("error_feedback",),
+                                                   value["error_feedback"], name)
+    if fields.get("momentum_correction") and fields.get("error_feedback") is not True:
+        raise source.error(path + ("momentum_correction",), "momentum correction accumulates "
+                           "the velocity in error feedback's residual (Lin et al. 2018): it "
+                           "needs error_feedback: true")
     for key in ("start_step", "min_size"):
         if key in value:
             fields[key] = checks.integer(source, path + (key,), value[key], minimum=0)
     return CompressionConfig(**fields)
+
+
+def _error_feedback(source, path, value, name):
+    """true, false, or "ef21" (for the compressors of `EF21_COMPRESSORS`)."""
+    if value == "ef21":
+        if name not in EF21_COMPRESSORS:
+            raise source.error(path, f"ef21 error feedback applies to "
+                               f"[{', '.join(EF21_COMPRESSORS)}], not to name: {name}")
+        return value
+    if isinstance(value, str):
+        raise source.error(path, f"expected true, false or 'ef21'. Received: {checks.shown(value)}")
+    return checks.boolean(source, path, value)
 
 
 def _local_sgd(source, path, value):

@@ -58,7 +58,11 @@ class CompressionConfig:
     ratio: float | None = None
     rank: int | None = None
     levels: int | None = None
-    error_feedback: bool = False
+    momentum_correction: float | None = None
+    local_clip_norm: float | None = None
+    ratio_warmup_steps: int | None = None
+    ratio_warmup_start: float | None = None
+    error_feedback: bool | str = False  # True, False or "ef21"
     start_step: int = 0
     min_size: int = 1024
 

@@ -1,0 +1,87 @@
+"""What makes aggressive compression converge: DGC's corrections and EF21's error feedback,
+as wrappers around any compressor's exchange (`wrappers.py` has the classic ones).
+
+- `MomentumCorrection` and `LocalClip` are Deep Gradient Compression's (Lin et al. 2018,
+  "Deep Gradient Compression: Reducing the Communication Bandwidth for Distributed
+  Training", arXiv 1712.01887): each replica accumulates a local velocity u = m u + g and
+  exchanges it through error feedback (which accumulates v += u and keeps what was not
+  sent), then zeroes u wherever a value was sent ("momentum factor masking"); each
+  replica's gradient is clipped to `clip_norm` / sqrt(N) first.
+- `ratio_schedule` is DGC's exponential warm-up of the kept ratio (their 25% → 6.25% →
+  1.56% → 0.4% → 0.1%), in a few stages: k is static in a compiled step.
+- `EF21` is Richtarik, Sokolov and Fatkhullin 2021 ("EF21: A New, Simpler, Theoretically
+  Better, and Practically Faster Error Feedback", arXiv 2106.05203): each replica keeps
+  an estimate g_i of its gradient and sends only C(grad_i - g_i); the exchanged gradient
+  is the sum of the estimates, which every replica keeps identically.
+"""
+
+import math
+
+import tensorflow as tf
+
+from tfdist.compression.wrappers import Wrapper
+
+STAGES = 4  # ratio warm-up stages after the start ratio (DGC used 4)
+
+
+class MomentumCorrection(Wrapper):
+    """Exchanges the momentum-corrected velocity u = m u + g through `inner` (classic error
+    feedback around a compressor), and masks u where values were sent. Use it with an
+    optimizer without momentum of its own (DGC applies plain SGD to the exchanged sum)."""
+
+    def __init__(self, inner, momentum):
+        super().__init__(inner)
+        self.momentum = float(momentum)
+
+    def init_state(self, layout, seed):
+        return {"velocity": tf.zeros([layout.size]), **self.inner.init_state(layout, seed)}
+
+    def exchange(self, buffer, layout, state, comm, seeds):
+        velocity = self.momentum * state["velocity"] + buffer
+        inner = {k: v for k, v in state.items() if k != "velocity"}
+        summed, own, inner = self.inner.exchange(velocity, layout, inner, comm, seeds)
+        kept = tf.cast(tf.equal(own, 0.0), tf.float32)  # 0 where this replica sent a value
+        return summed, own, {"velocity": velocity * kept, **inner}
+
+
+class LocalClip(Wrapper):
+    """Clips this replica's buffer to L2 norm `clip_norm` / sqrt(N) before `inner`."""
+
+    def __init__(self, inner, clip_norm):
+        super().__init__(inner)
+        self.clip_norm = float(clip_norm)
+
+    def exchange(self, buffer, layout, state, comm, seeds):
+        limit = self.clip_norm / math.sqrt(comm.num_replicas)
+        return self.inner.exchange(tf.clip_by_norm(buffer, limit), layout, state, comm, seeds)
+
+
+class EF21(Wrapper):
+    """EF21 error feedback: sends C(buffer - estimate); the estimate and the sum of all
+    replicas' estimates (the exchanged gradient) move by what was sent."""
+
+    def init_state(self, layout, seed):
+        return {"ef21_estimate": tf.zeros([layout.size]), "ef21_sum": tf.zeros([layout.size]),
+                **self.inner.init_state(layout, seed)}
+
+    def exchange(self, buffer, layout, state, comm, seeds):
+        inner = {k: v for k, v in state.items() if not k.startswith("ef21_")}
+        change, own, inner = self.inner.exchange(buffer - state["ef21_estimate"], layout, inner,
+                                                 comm, seeds)
+        total = state["ef21_sum"] + change
+        return total, own, {"ef21_estimate": state["ef21_estimate"] + own, "ef21_sum": total,
+                            **inner}
+
+
+def ratio_schedule(ratio, start, steps, stages=STAGES):
+    """DGC's exponential warm-up: [(first step, ratio)] of each stage, from `start` down to
+    `ratio` over `steps` steps (the ratio falls by the same factor at each stage)."""
+    if steps <= 0 or start <= ratio:
+        return [(0, ratio)]
+    return [(steps * s // stages, start * (ratio / start) ** (s / stages))
+            for s in range(stages)] + [(steps, ratio)]
+
+
+def stage_of(schedule, step):
+    """Index of the stage of `schedule` that optimizer step `step` is in."""
+    return max((i for i, (first, _) in enumerate(schedule) if step >= first), default=0)
