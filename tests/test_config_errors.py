@@ -76,7 +76,7 @@ CASES = [
     ("start-step-negative", "compression: {name: fp16, start_step: -1}\n", [">= 0"]),
     ("min-size-float", "compression: {name: fp16, min_size: 1.5}\n", ["an integer"]),
     ("error-feedback-string", "compression: {name: sign, error_feedback: 'yes'}\n",
-     ["true or false"]),
+     ["true, false or 'ef21'"]),
     ("error-feedback-without-compressor", "compression: {name: none, error_feedback: true}\n",
      ["error feedback needs a compressor"]),
     ("compression-unknown-key", "compression: {name: topk, ration: 0.1}\n",

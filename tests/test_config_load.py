@@ -29,7 +29,10 @@ def test_full_config_is_typed(write_config):
     assert config.strategy.name == "multi_worker_mirrored"
     assert dict(config.strategy.options) == {"communication": "ring"}
     assert config.compression == CompressionConfig(name="topk", ratio=0.05, error_feedback=True,
-                                                   start_step=10, min_size=0)
+                                                   start_step=10, min_size=0,
+                                                   # DGC's corrections, off
+                                                   momentum_correction=0.0, local_clip_norm=0.0,
+                                                   ratio_warmup_steps=0, ratio_warmup_start=0.25)
     assert config.local_sgd == LocalSGDConfig(period=8, warmup_steps=100)
     assert config.section("train")["epochs"] == 3
     assert config.section("train")["layers"] == (1, 2)

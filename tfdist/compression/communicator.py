@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from tfdist.compression.buffers import pack, unpack
 from tfdist.core import transaction
+from tfdist.core.buckets import all_reduce_in_buckets
 
 
 class Communicator:
@@ -15,8 +16,9 @@ class Communicator:
         replica_id: this replica's index among them.
     """
 
-    def __init__(self, context=None):
+    def __init__(self, context=None, bucket_bytes=None):
         self.context = context or tf.distribute.get_replica_context()
+        self.bucket_bytes = bucket_bytes
         self.num_replicas = self.context.num_replicas_in_sync
         self.replica_id = self.context.replica_id_in_sync_group
 
@@ -25,10 +27,14 @@ class Communicator:
         return self.context.all_reduce(tf.distribute.ReduceOp.SUM, list(tensors))
 
     def all_reduce_fused(self, tensors):
-        """Sums float `tensors` in one fused float32 all-reduce (which carries the step's
-        finiteness verdict if nothing did before, `tfdist.core.transaction`)."""
+        """Sums float `tensors` in fused float32 all-reduces: one, or one per bucket of
+        `bucket_bytes` (`tfdist.core.buckets`); the last carries the step's finiteness
+        verdict if nothing did before (`tfdist.core.transaction`)."""
         if not tensors:
             return []
+        if self.bucket_bytes:
+            return all_reduce_in_buckets(self.context, [tf.cast(t, tf.float32) for t in tensors],
+                                         self.bucket_bytes)
         buffer, layout = pack(tensors)
         return unpack(transaction.all_reduce_sum(self.context, [buffer])[0], layout)
 

@@ -37,6 +37,7 @@ class Compressor:
     collective = "sum"
     align = 1  # the buffer layout this compressor wants (see `buffers.Layout`)
     compresses = False  # subclasses that change the payload say True
+    bucketable = False  # a stateless all-reduce that may be split in buckets (the casts)
 
     def accepts(self, shape):
         """Whether a tensor of `shape` goes through this compressor (else uncompressed)."""
@@ -80,7 +81,7 @@ class Compressor:
 class Cast(Compressor):
     """fp16 / bf16: all-reduce in the reduced dtype, pre-scaled by 1/N against overflow."""
 
-    compresses = True
+    compresses, bucketable = True, True
 
     collective = "sum"
 

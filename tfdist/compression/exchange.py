@@ -23,6 +23,7 @@ from tfdist.compression.corrections import (EF21, LocalClip, MomentumCorrection,
                                             stage_of)
 from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize
 from tfdist.core import transaction
+from tfdist.core.buckets import DEFAULT_BUCKET_BYTES
 from tfdist.core.hooks import TrainingHook
 from tfdist.core.variables import underlying
 from tfdist.errors import UnsupportedError
@@ -46,6 +47,9 @@ class GradientCompression(TrainingHook):
         ratio_warmup_steps, ratio_warmup_start: DGC's exponential warm-up of a top-k or
             random-k ratio from `ratio_warmup_start` down to the compressor's ratio over
             these steps after `start_step`, in `corrections.STAGES` stages (0: off).
+        bucket_bytes: all-reduce the uncompressed tensors (and the casts') in buckets of
+            this size that overlap the backward pass (`tfdist.core.buckets`; 0: one
+            fused buffer; None: `DEFAULT_BUCKET_BYTES`).
 
     Attributes (once built):
         state: {name: tf.Variable} of the transformation's state, per replica.
@@ -56,8 +60,9 @@ class GradientCompression(TrainingHook):
 
     def __init__(self, compressor, *, error_feedback=False, start_step=0, min_size=1024, seed=0,
                  momentum_correction=0.0, local_clip_norm=0.0, ratio_warmup_steps=0,
-                 ratio_warmup_start=0.25):
+                 ratio_warmup_start=0.25, bucket_bytes=None):
         self.compressor, self.error_feedback = compressor, error_feedback
+        self.bucket_bytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else int(bucket_bytes)
         self.start_step, self.min_size, self.seed = int(start_step), int(min_size), int(seed)
         self.corrections = {"momentum_correction": float(momentum_correction or 0.0),
                             "local_clip_norm": float(local_clip_norm or 0.0),
@@ -132,6 +137,8 @@ class GradientCompression(TrainingHook):
         defaults = {"momentum_correction": 0.0, "local_clip_norm": 0.0, "ratio_warmup_steps": 0,
                     "ratio_warmup_start": 0.25}
         corrections = {k: v for k, v in self.corrections.items() if v != defaults[k]}
+        if self.bucket_bytes != DEFAULT_BUCKET_BYTES:
+            corrections["bucket_bytes"] = self.bucket_bytes
         error_feedback = "ef21" if self.error_feedback == "ef21" else bool(self.error_feedback)
         config = {"name": self.compressor.name, **params, **corrections,
                   "error_feedback": error_feedback, "start_step": self.start_step,
@@ -177,7 +184,7 @@ class GradientCompression(TrainingHook):
     def exchange(self, grads, variables, step):
         if self.push:  # nothing crosses between replicas; the push is compressed instead
             return list(grads)
-        comm = Communicator()
+        comm = Communicator(bucket_bytes=self.bucket_bytes)
         dense = [None] * len(self.shapes)
         for grad, variable in zip(grads, variables):
             dense[self.slots[id(underlying(variable))]] = tf.convert_to_tensor(grad)

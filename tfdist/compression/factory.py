@@ -13,7 +13,7 @@ def build(compression="none", **options):
     measures the link and the step and chooses (`tfdist.compression.auto`).
 
     Options override the config: ratio, rank, levels, error_feedback, start_step,
-    min_size, seed, and the corrections momentum_correction, local_clip_norm,
+    min_size, bucket_bytes, seed, and the corrections momentum_correction, local_clip_norm,
     ratio_warmup_steps, ratio_warmup_start (`tfdist.compression.corrections`). Unknown names and out-of-range values raise `ConfigError`.
     """
     if isinstance(compression, (GradientCompression, AutoCompression)):
@@ -34,7 +34,7 @@ def build(compression="none", **options):
                    if getattr(spec, k) is not None}
     return GradientCompression(compressor, error_feedback=spec.error_feedback,
                                start_step=spec.start_step, min_size=spec.min_size, seed=seed,
-                               **corrections)
+                               bucket_bytes=spec.bucket_bytes, **corrections)
 
 
 def _as_dict(compression, options):

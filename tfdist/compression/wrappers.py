@@ -11,6 +11,7 @@ compiled step).
 import tensorflow as tf
 
 from tfdist.compression.buffers import Layout, pack, unpack
+from tfdist.core.buckets import buckets
 
 
 class Wrapper:
@@ -98,9 +99,25 @@ class MinSize(Wrapper):
     def exchange(self, tensors, state, comm, seeds):
         """(the summed tensors, the new state)."""
         small, large, layout = self.split([t.shape for t in tensors])
+        if comm.bucket_bytes and large and getattr(self.inner, "bucketable", False):
+            return self._exchange_in_buckets(tensors, small, large, comm, seeds), state
         summed = dict(zip(small, comm.all_reduce_fused([tensors[i] for i in small])))
         if large:
             buffer, _ = pack([tensors[i] for i in large], self.inner.align)
             total, _, state = self.inner.exchange(buffer, layout, state, comm, seeds)
             summed.update(zip(large, unpack(total, layout)))
         return [summed[i] for i in range(len(tensors))], state
+
+    def _exchange_in_buckets(self, tensors, small, large, comm, seeds):
+        """A stateless all-reduce compressor (the casts) in buckets of the large tensors,
+        last layer first (`tfdist.core.buckets`), then the small ones, which carry the
+        step's verdict."""
+        summed = {}
+        for group in buckets([4 * Layout((tuple(tensors[i].shape),)).size for i in large],
+                             comm.bucket_bytes):
+            chosen = [large[j] for j in group]
+            buffer, layout = pack([tensors[i] for i in chosen], self.inner.align)
+            total, _, _ = self.inner.exchange(buffer, layout, {}, comm, seeds)
+            summed.update(zip(chosen, unpack(total, layout)))
+        summed.update(zip(small, comm.all_reduce_fused([tensors[i] for i in small])))
+        return [summed[i] for i in range(len(tensors))]

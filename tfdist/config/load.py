@@ -54,7 +54,8 @@ def _hyperparameter_check(parameter):
 # it applies to, default, check).
 COMPRESSOR_PARAMS = {name: (p.compressors, p.default, _hyperparameter_check(p))
                      for name, p in HYPERPARAMETERS.items()}
-COMPRESSION_KEYS = ("name", *COMPRESSOR_PARAMS, "error_feedback", "start_step", "min_size")
+COMPRESSION_KEYS = ("name", *COMPRESSOR_PARAMS, "error_feedback", "start_step", "min_size",
+                    "bucket_bytes")
 LOCAL_SGD_KEYS = ("period", "warmup_steps", "average_non_trainable", "average_optimizer_state")
 
 
@@ -229,7 +230,7 @@ def _compression(source, path, value):
         raise source.error(path + ("momentum_correction",), "momentum correction accumulates "
                            "the velocity in error feedback's residual (Lin et al. 2018): it "
                            "needs error_feedback: true")
-    for key in ("start_step", "min_size"):
+    for key in ("start_step", "min_size", "bucket_bytes"):
         if key in value:
             fields[key] = checks.integer(source, path + (key,), value[key], minimum=0)
     return CompressionConfig(**fields)

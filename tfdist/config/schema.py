@@ -65,6 +65,7 @@ class CompressionConfig:
     error_feedback: bool | str = False  # True, False or "ef21"
     start_step: int = 0
     min_size: int = 1024
+    bucket_bytes: int | None = None  # None: tfdist.core.buckets.DEFAULT_BUCKET_BYTES
 
 
 @dataclasses.dataclass(frozen=True)

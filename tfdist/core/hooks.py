@@ -24,7 +24,7 @@ the model in `after_step` and `before_read`.
 
 import tensorflow as tf
 
-from tfdist.core import transaction
+from tfdist.core.buckets import DEFAULT_BUCKET_BYTES, all_reduce_in_buckets
 
 
 class TrainingHook:
@@ -91,16 +91,13 @@ class TrainingHook:
         return None
 
 
-def all_reduce_sum(grads):
+def all_reduce_sum(grads, bucket_bytes=None):
     """The exchange Keras 3 performs: a SUM all-reduce over the replicas in sync (which
-    also carries the step's finiteness verdict, `tfdist.core.transaction`)."""
+    also carries the step's finiteness verdict, `tfdist.core.transaction`), in buckets of
+    `bucket_bytes` that overlap the backward pass (`tfdist.core.buckets`; None: one)."""
     if not grads:
         return []
-    return transaction.all_reduce_sum(tf.distribute.get_replica_context(), grads)
-
-
-def _plain_exchange(grads, variables, step):
-    return all_reduce_sum(grads)
+    return all_reduce_in_buckets(tf.distribute.get_replica_context(), grads, bucket_bytes)
 
 
 class GradientPipeline:
@@ -108,12 +105,15 @@ class GradientPipeline:
 
     Args:
         hooks: `TrainingHook`s, applied in order (before/after exchange, step end).
+        bucket_bytes: bucket size of the plain all-reduce when no hook replaces it
+            (`tfdist.core.buckets`; None: `DEFAULT_BUCKET_BYTES`, 0: one fused buffer).
 
     Raises:
         ValueError: more than one hook replaces the exchange.
     """
 
-    def __init__(self, hooks=()):
+    def __init__(self, hooks=(), bucket_bytes=None):
+        self.bucket_bytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
         self.hooks = []
         self.driven = False   # a driver has set the hooks' phases
         self.changed = False  # a step ran since the hooks last made one model
@@ -146,7 +146,8 @@ class GradientPipeline:
         for hook in self.hooks:
             grads = hook.before_exchange(grads, variables, step)
         owner = self.exchange_owner
-        grads = (owner.exchange if owner else _plain_exchange)(grads, variables, step)
+        grads = (owner.exchange(grads, variables, step) if owner
+                 else all_reduce_sum(grads, self.bucket_bytes))
         for hook in self.hooks:
             grads = hook.after_exchange(grads, variables, step)
         result = [(None, v) for _, v in grads_and_vars]
