@@ -29,6 +29,15 @@ METHODS = {  # name -> config sections (None: plain tf.distribute)
     "topk": {"compression": {"name": "topk", "ratio": 0.01, "min_size": 0}},
     "randomk+EF": {"compression": {"name": "randomk", "ratio": 0.01, **EF}},
     "powersgd+EF": {"compression": {"name": "powersgd", "rank": 4, **EF}},
+    # issue 16: DGC's corrections (Lin et al. 2018), EF21, a warm-up, and auto
+    "topk+DGC": {"compression": {"name": "topk", "ratio": 0.01, **EF, "momentum_correction": 0.9,
+                                 "ratio_warmup_steps": 120, "ratio_warmup_start": 0.25}},
+    "topk+EF21": {"compression": {"name": "topk", "ratio": 0.01, "error_feedback": "ef21",
+                                  "min_size": 0}},
+    "sign+EF21": {"compression": {"name": "sign", "error_feedback": "ef21", "min_size": 0}},
+    "topk+EF from 80": {"compression": {"name": "topk", "ratio": 0.01, **EF, "start_step": 80}},
+    "sign+EF from 80": {"compression": {"name": "sign", **EF, "start_step": 80}},
+    "auto": {"compression": "auto"},
     "local SGD 2": {"local_sgd": {"period": 2}},
     "local SGD 8": {"local_sgd": {"period": 8}},
     "local SGD 32": {"local_sgd": {"period": 32}},
@@ -57,6 +66,8 @@ def command(method, config, output_dir, steps, epochs=1, seed=0, workers=2):
         return [*ONE_CORE, sys.executable, str(PLAIN), "--output_dir", str(output_dir),
                 "--steps", str(steps * epochs), "--seed", str(seed),
                 "--batch_size", str(16 * workers)]
+    section = (METHODS[method] or {}).get("compression")
+    delayed = isinstance(section, dict) and "start_step" in section
     return [*ONE_CORE, sys.executable, str(TRAIN), "--config", str(config), "--output_dir", str(output_dir),
             "--epochs", str(epochs), "--steps_per_epoch", str(steps), "--seed", str(seed),
-            "--start_step", "0"]
+            *([] if delayed else ["--start_step", "0"])]  # compress from step 0 unless delayed

@@ -50,14 +50,15 @@ def teardown():
 
 
 def run(method, rate_bits, steps, workdir, timeout=1800, epochs=1, seed=0, warmup=WARMUP,
-        flags=()):
+        flags=(), extra="", tag=""):
     """Trains `method` for `epochs` x `steps` steps across the capped link (extra `flags`
     for the UNet example); returns the chief's metrics (seconds_per_step, timeline of
-    (seconds, loss, bytes received), epochs: training seconds and validation metrics)."""
-    slug = method.replace(" ", "_").replace("+", "_").replace(".", "")
+    (seconds, loss, bytes received), epochs: training seconds and validation metrics).
+    `extra` is appended to the job's config (e.g. a compression section); `tag` names it."""
+    slug = method.replace(" ", "_").replace("+", "_").replace(".", "") + tag
     workdir = pathlib.Path(workdir)
     config = workdir / f"slow-{slug}-{rate_bits}.yaml"
-    config.write_text(job_config(method, 2, warmup, hosts=HOSTS))
+    config.write_text(job_config(method, 2, warmup, hosts=HOSTS) + extra)
     out = workdir / f"slow-out-{slug}-{rate_bits}-{seed}"
     with capped_link(rate_bits):
         tasks = [subprocess.Popen(

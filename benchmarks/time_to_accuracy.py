@@ -7,7 +7,9 @@ and all that runs between steps — averages, phase switches, tracing — valida
 out) at which validation mean IoU first reaches each target, the final mean IoU, the
 wall seconds per step and the bytes this worker received per step on the link.
 
-    sudo python benchmarks/time_to_accuracy.py [--quick] [--methods none topk+EF ...]
+    sudo python benchmarks/time_to_accuracy.py [--quick] [--methods none topk+EF ...] [--resume]
+
+Runs are saved as they finish (time_to_accuracy-partial.json); --resume skips those done.
 
 Writes benchmarks/results/time_to_accuracy.json (raw) and .md (the table); report.py
 puts both at the head of docs/benchmarks.md.
@@ -28,7 +30,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 TARGETS = (0.85, 0.90)
 MBIT = 1_000_000
 ALL_METHODS = ["none", "fp16", "bf16", "int8", "qsgd", "sign+EF", "topk+EF", "randomk+EF",
-               "powersgd+EF", "local SGD 8"]
+               "powersgd+EF", "local SGD 8", "topk+DGC", "topk+EF21", "sign+EF21",
+               "topk+EF from 80", "sign+EF from 80", "auto"]
 PLANS = {
     # The demo's schedule (480 steps of 32 samples) in epochs of 40 steps, 8 validation steps.
     "full": {"rates": (20 * MBIT, 100 * MBIT, 1000 * MBIT), "seeds": (0, 1, 2),
@@ -137,12 +140,16 @@ def plot(results, path):
     plt.close(fig)
 
 
-def measure(plan, workdir, methods=None, partial=None):
-    """Every (link, method, seed) run of `plan`; saved to `partial` as they come."""
-    results = {"plan": {k: v for k, v in plan.items() if k != "methods"}, "runs": []}
+def measure(plan, workdir, methods=None, partial=None, done=()):
+    """Every (link, method, seed) run of `plan` not in `done` (runs of an earlier call);
+    saved to `partial` as they come."""
+    results = {"plan": {k: v for k, v in plan.items() if k != "methods"}, "runs": list(done)}
+    finished = {(r["method"], r["rate_bits"], r["seed"]) for r in done}
     for rate in plan["rates"]:
         for method in methods or plan["methods"]:
             for seed in plan["seeds"]:
+                if (method, rate, seed) in finished:
+                    continue
                 results["runs"].append(run_one(method, rate, seed, plan, workdir))
                 r = results["runs"][-1]
                 print(f"{rate / MBIT:6.0f} Mbit/s {method:14s} seed {seed}: "
@@ -157,13 +164,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one link, two methods, one seed")
     parser.add_argument("--methods", nargs="+", help="a subset of the plan's methods")
+    parser.add_argument("--resume", action="store_true", help="keep the runs already saved")
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     workdir, started = tempfile.mkdtemp(prefix="tfdist-tta-"), time.monotonic()
     RESULTS.mkdir(parents=True, exist_ok=True)
+    partial = RESULTS / "time_to_accuracy-partial.json"
+    done = json.loads(partial.read_text())["runs"] if args.resume and partial.exists() else []
     try:
-        results = measure(PLANS[mode], workdir, args.methods,
-                          RESULTS / "time_to_accuracy-partial.json")
+        results = measure(PLANS[mode], workdir, args.methods, partial, done)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results["mode"], results["minutes"] = mode, round((time.monotonic() - started) / 60, 1)
