@@ -2,10 +2,14 @@
 on the UNet example, 2 workers as 2 hosts on a capped link (slow_network.py), with one
 fused buffer against buckets of several sizes, in alternating repeats.
 
-    sudo python benchmarks/buckets.py [--rate 100] [--repeats 3] [--steps 40]
+    sudo python benchmarks/buckets.py [--rate 100] [--repeats 3] [--steps 40] [--trace]
 
+--trace also profiles one step with one buffer and with the default buckets on each host
+(bucket_trace.py): when the backward pass ends and when each all-reduce runs.
 Writes benchmarks/results/buckets.json, .md and .png.
 """
+
+import sys
 
 import argparse
 import json
@@ -14,7 +18,9 @@ import statistics
 import tempfile
 
 import slow_network
+from methods import ONE_CORE
 from netns import ROOT
+from tfdist.core.buckets import DEFAULT_BUCKET_BYTES
 
 RESULTS = ROOT / "benchmarks" / "results"
 SIZES = (0, 1 << 17, 1 << 19, 1 << 20)  # bytes per bucket; 0: one fused buffer
@@ -38,6 +44,31 @@ def measure(rate_bits, repeats, steps):
     return rows
 
 
+def trace(rate_bits, size):
+    """The chief's trace of one step (bucket_trace.py) with buckets of `size` bytes."""
+    workdir = tempfile.mkdtemp(prefix="tfdist-bucket-trace-")
+    try:
+        return slow_network.run("none", rate_bits, 1, workdir, tag=f"-trace-{size}", script=lambda c, o: [
+            *ONE_CORE, sys.executable, ROOT / "benchmarks" / "bucket_trace.py", "--config", c,
+            "--output_dir", o, "--bucket_bytes", size])
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def trace_lines(traces):
+    lines = ["", "Traced (TF's profiler, one step on the chief, ms; bucket_trace.py): the "
+             "backward pass, the gradient all-reduces, how long before the backward pass ends "
+             "the first one starts (the overlap) and how long after it the last one ends.", "",
+             "| exchange | backward pass | gradient all-reduces | first starts before the "
+             "backward ends by | last ends after the backward by |", "|---|---|---|---|---|"]
+    for t in traces:
+        name = "one buffer" if t["bucket_bytes"] == 0 else f"{t['bucket_bytes'] // 1024} KiB buckets"
+        lines.append(f"| {name} | {t['backward_ms']:.1f} | {len(t['collectives'])} | "
+                     f"{t['first_collective_before_backward_end_ms']:.1f} | "
+                     f"{t['last_collective_end_after_backward_end_ms']:.1f} |")
+    return lines
+
+
 def summary(rows):
     one = statistics.median(r["seconds_per_step"] for r in rows if r["bucket_bytes"] == 0)
     out = []
@@ -54,19 +85,27 @@ def main():
     parser.add_argument("--rate", type=float, default=100, help="link speed, Mbit/s")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--trace", action="store_true", help="also trace one step of each")
+    parser.add_argument("--trace-only", action="store_true", help="only the traces")
     args = parser.parse_args()
     rate = int(args.rate * 1e6)
-    rows = measure(rate, args.repeats, args.steps)
-    result = {"rate_bits": rate, "steps": args.steps, "rows": rows, "summary": summary(rows)}
+    old = json.loads((RESULTS / "buckets.json").read_text()) if args.trace_only else None
+    rows = old["rows"] if old else measure(rate, args.repeats, args.steps)
+    traces = ([trace(rate, size) for size in (0, DEFAULT_BUCKET_BYTES)]
+              if args.trace or args.trace_only else [])
+    result = {"rate_bits": rate, "steps": old["steps"] if old else args.steps, "rows": rows,
+              "summary": summary(rows), "traces": traces}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "buckets.json").write_text(json.dumps(result, indent=1))
-    lines = [f"`none` on the UNet, 2 hosts at {args.rate:.0f} Mbit/s, {args.steps} steps, "
-             f"{args.repeats} alternating repeats: wall seconds per step after the first 10.", "",
+    repeats = len({r["repeat"] for r in rows})
+    lines = [f"`none` on the UNet, 2 hosts at {args.rate:.0f} Mbit/s, {result['steps']} steps, "
+             f"{repeats} alternating repeats: wall seconds per step after the first 10.", "",
              "| bucket | median s/step | min | max | vs one buffer |", "|---|---|---|---|---|"]
     for r in result["summary"]:
         name = "one buffer" if r["bucket_bytes"] == 0 else f"{r['bucket_bytes'] // 1024} KiB"
         lines.append(f"| {name} | {r['median']:.3f} | {r['min']:.3f} | {r['max']:.3f} | "
                      f"{r['vs_one_buffer']:+.1%} |")
+    lines += trace_lines(traces) if traces else []
     (RESULTS / "buckets.md").write_text("\n".join(lines) + "\n")
     import matplotlib
 

@@ -99,7 +99,9 @@ class MinSize(Wrapper):
     def exchange(self, tensors, state, comm, seeds):
         """(the summed tensors, the new state)."""
         small, large, layout = self.split([t.shape for t in tensors])
-        if comm.bucket_bytes and large and getattr(self.inner, "bucketable", False):
+        # only a bare stateless all-reduce compressor (a wrapper would forward `bucketable`)
+        if (comm.bucket_bytes and large and not isinstance(self.inner, Wrapper)
+                and getattr(self.inner, "bucketable", False)):
             return self._exchange_in_buckets(tensors, small, large, comm, seeds), state
         summed = dict(zip(small, comm.all_reduce_fused([tensors[i] for i in small])))
         if large:
