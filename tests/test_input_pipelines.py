@@ -35,6 +35,13 @@ def pipeline(context=None):
     return data.batch(8).prefetch(tf.data.AUTOTUNE)
 
 
+def tf_distribute(strategy, source):
+    """TF's own distribution of `source` (a dataset or a function of an InputContext)."""
+    if isinstance(source, tf.data.Dataset):
+        return strategy.experimental_distribute_dataset(source)
+    return strategy.distribute_datasets_from_function(source)
+
+
 def batches(strategy, distributed):
     return [np.concatenate([t.numpy() for t in strategy.experimental_local_results(x)])
             for x in distributed]
@@ -50,7 +57,7 @@ def worker_iterator(distributed_iterator):
 def test_one_cpu_device_reads_with_a_plain_iterator_and_the_same_data(name, api):
     ours, theirs = (make() for make in STRATEGIES[name])
     source = (lambda: pipeline) if api == "function" else pipeline  # a pipeline each
-    ours_data, theirs_data = distribute(ours, source()), distribute(theirs, source())
+    ours_data, theirs_data = distribute(ours, source()), tf_distribute(theirs, source())
     # TF's own class uses the per-device pipelines whose deletion can pause: if TF
     # stops doing so, this seam moved and tfdist's workaround can go
     assert type(worker_iterator(iter(theirs_data))).__name__ == "OwnedMultiDeviceIterator"
@@ -92,3 +99,13 @@ def test_several_devices_keep_tfs_per_device_pipelines(two_cpus):
     expected = [b.numpy() for b in pipeline()]
     for a, b in zip(got, expected):
         np.testing.assert_array_equal(np.sort(a), np.sort(b))
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_the_trainer_reads_plain_iterators_with_tfs_own_strategy_classes_too(name):
+    _, theirs = (make() for make in STRATEGIES[name])
+    distributed = distribute(theirs, pipeline())
+    assert isinstance(worker_iterator(iter(distributed)), tf.data.Iterator)
+    expected = [b.numpy() for b in pipeline()]
+    for a, b in zip(batches(theirs, distribute(theirs, pipeline())), expected):
+        np.testing.assert_array_equal(a, b)

@@ -46,11 +46,14 @@ def plain_iterators(strategy, distributed, options):
     worker's sharded, rebatched pipeline is the replica's, so only the iterators, which
     TF makes from these options when iterated, change.
     """
-    devices = strategy.extended.worker_devices
-    if (options is not None or len(devices) != 1
-            or tf.DeviceSpec.from_string(devices[0]).device_type != "CPU"  # GPU: prefetched
-            or getattr(distributed, "_options", False) is not None):
+    if options is not None or getattr(distributed, "_options", False) is not None:
+        return distributed  # the caller's options, or not a TF distributed dataset
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy: no distributed dataset
         return distributed
+    if len(devices) != 1 or tf.DeviceSpec.from_string(devices[0]).device_type != "CPU":
+        return distributed  # several devices need TF's split; a GPU's input is prefetched
     distributed._options = tf.distribute.InputOptions(
         experimental_fetch_to_device=False,
         experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA)

@@ -10,6 +10,8 @@
 
 import tensorflow as tf
 
+from tfdist.strategies.input_pipelines import plain_iterators, without_model_thread
+
 
 def distribute(strategy, dataset_or_fn, coordinator=None):
     """A distributed dataset (or per-worker dataset under a coordinator) for `strategy`.
@@ -28,10 +30,14 @@ def distribute(strategy, dataset_or_fn, coordinator=None):
         raise TypeError("expected a tf.data.Dataset or a function of a "
                         "tf.distribute.InputContext returning one. "
                         f"Received: dataset_or_fn={dataset_or_fn!r}")
-    if coordinator is None:
+    if coordinator is None:  # TF's own strategy classes too: iterators that end at once
         if is_fn:
-            return strategy.distribute_datasets_from_function(dataset_or_fn)
-        return strategy.experimental_distribute_dataset(dataset_or_fn)
+            distributed = strategy.distribute_datasets_from_function(
+                lambda context: without_model_thread(dataset_or_fn(context)))
+        else:
+            distributed = strategy.experimental_distribute_dataset(
+                without_model_thread(dataset_or_fn))
+        return plain_iterators(strategy, distributed, None)
     if not is_fn:
         return coordinator.create_per_worker_dataset(dataset_or_fn)
 
