@@ -51,6 +51,8 @@ def main():
     parser.add_argument("--pairs", type=int, default=4, help="measured blocks per loop")
     parser.add_argument("--block", type=int, default=8, help="steps per block")
     parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--bucket_bytes", type=int, default=None,
+                        help="tfdist's all-reduce buckets (default: tfdist's default; 0: one)")
     args = parser.parse_args()
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
@@ -65,6 +67,9 @@ def main():
         with strategy.scope():
             models.append(unet(32, 4, 16, 3, 0.1))
             optimizers.append(keras.optimizers.Adam(0.003))
+        if len(optimizers) == 2:  # tfdist's, routed through its exchange with these buckets
+            optimizers[1] = tfdist.keras.DistributedOptimizer(
+                optimizers[1], "none", strategy=strategy, bucket_bytes=args.bucket_bytes)
     plain_step, iterator = plain.train_step(strategy, models[0], optimizers[0], loss_fn, train)
     trainer = tfdist.Trainer(models[1], optimizers[1], loss_fn, strategy=strategy,
                              metrics=metrics.segmentation_metrics(4))

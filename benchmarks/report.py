@@ -67,14 +67,14 @@ PLANS = {
 }
 
 
-def measure_overhead(pairs, block, workdir):
+def measure_overhead(pairs, block, workdir, *flags):
     """tfdist.Trainer against plain tf.distribute in alternating blocks of `block` steps,
     in the same 2 worker processes (overhead.py); returns its metrics."""
     workdir = pathlib.Path(workdir)
     config, out = workdir / "overhead.yaml", workdir / "out-overhead"
     config.write_text(job_config("none", 2))
     command = [*ONE_CORE, sys.executable, ROOT / "benchmarks" / "overhead.py",
-               "--output_dir", out, "--pairs", pairs, "--block", block]
+               "--output_dir", out, "--pairs", pairs, "--block", block, *flags]
     return run_in_namespace(config, command, out, workdir)[1]
 
 

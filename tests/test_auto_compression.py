@@ -108,6 +108,9 @@ def test_auto_chooses_from_the_link_and_trains_through_its_choice(strategies, ba
     assert decision["predicted"][expected] >= exchange
     assert choose(decision["predicted"]) == expected
     assert hook.current_phase == expected  # the step after the choice was traced for it
+    # buckets sized so one transfer takes 20 x the 2 latencies of one more all-reduce
+    assert decision["bucket_bytes"] == max(int(20 * 1e-3 * 2 * bandwidth / 8), 64 << 10)
+    assert hook.hooks[expected].bucket_bytes == decision["bucket_bytes"]
 
 
 def test_auto_on_a_fast_link_trains_exactly_as_none(strategies):

@@ -15,7 +15,9 @@ answer depends on the link, the model and the step time. So `AutoCompression`:
    methods whose measured quality at convergence (`QUALITY`, with the conditions it was
    measured under) is within `max_quality_loss` points of `none`;
 4. exchanges with the fastest if it saves more than `min_gain` of the step (else stays
-   uncompressed: the model's own error), says why in one line on the chief, and every `check_every` steps
+   uncompressed: the model's own error), with all-reduce buckets sized so each transfer
+   takes 20 times the fixed cost of one more all-reduce on this link
+   (`tfdist.core.buckets.bucket_bytes_for`), says why in one line on the chief, and every `check_every` steps
    compares the step time with its prediction: off by more than `drift`, it measures again.
 
 The workers average their measurements with one all-reduce before choosing, so every
@@ -23,6 +25,7 @@ worker makes the same choice from the same numbers (a different choice would pai
 different collectives).
 """
 
+import math
 import statistics
 import time
 import types
@@ -30,6 +33,7 @@ import types
 import tensorflow as tf
 
 from tfdist.compression import cost_model
+from tfdist.core.buckets import bucket_bytes_for
 from tfdist.core.hooks import TrainingHook
 from tfdist.errors import UnsupportedError
 from tfdist.strategies.kind import capabilities_of
@@ -169,12 +173,17 @@ class AutoCompression(TrainingHook):
         compute = max(probe - exchange["none"], 0.0)
         predicted = {m: compute * (1 + COST_SHARE.get(m, 0.0)) + exchange[m] for m in self.methods}
         self.choice = choose(predicted, self.min_gain)
+        bucket = bucket_bytes_for(link.bandwidth_bits, link.latency, 2 * (self.workers - 1))
+        for hook in self.hooks.values():  # the phase changes: the step is traced again
+            hook.bucket_bytes = max(bucket, 64 << 10) if math.isfinite(bucket) else 0
         self.decisions.append({"step": steps_done, "link": link, "compute_seconds": compute,
+                               "bucket_bytes": self.hooks[self.choice].bucket_bytes,
                                "probe_seconds": probe, "predicted": predicted,
                                "choice": self.choice})
         shown = ", ".join(f"{m} {s:.3f}" for m, s in sorted(predicted.items(), key=lambda x: x[1]))
         self._say(f"at step {steps_done}: link {link}, compute {compute:.3f} s/step; "
-                  f"predicted s/step: {shown}; chose {self.choice}")
+                  f"predicted s/step: {shown}; chose {self.choice} (all-reduce buckets of "
+                  f"{self.hooks[self.choice].bucket_bytes >> 10} KiB)")
         self._times = self._times[-1:]
 
     def _check_drift(self, steps_done):

@@ -14,10 +14,19 @@ import tensorflow as tf
 from tfdist.core import transaction
 
 #: Bucket size of the all-reduce exchanges when none is given (0: one fused buffer).
-#: Measured (benchmarks/results/buckets.md): `none` on the UNet, 2 hosts at 100 Mbit/s,
-#: 0.261 s/step with one buffer, 0.247-0.250 with buckets of 128 KiB to 1 MiB (-5%); the
-#: largest of those costs the fewest collectives (and latencies) on bigger clusters.
-DEFAULT_BUCKET_BYTES = 1 << 20
+#: Measured on the UNet (2.1 MB of gradients), 2 workers: at 100 Mbit/s buckets of 128 KiB
+#: to 1 MiB are 5% faster than one buffer (benchmarks/results/buckets.md), but on a free
+#: link each extra all-reduce costs ~1.6 ms, and 1 MiB buckets made the step 4 points
+#: slower (pass-through overhead +9.2% against +5.1% with one buffer, 80 and 40 block
+#: pairs). So the default is PyTorch DDP's 25 MiB: a bucket pays only where its transfer
+#: dwarfs that fixed cost; `compression: auto` sizes buckets from the measured link.
+DEFAULT_BUCKET_BYTES = 25 << 20
+
+
+def bucket_bytes_for(bandwidth_bits, latency, messages, ratio=20):
+    """Buckets whose transfer takes `ratio` times the fixed cost of one more all-reduce
+    (`messages` sequential messages of `latency` seconds) on a link of `bandwidth_bits`."""
+    return int(ratio * latency * messages * bandwidth_bits / 8)
 
 
 def buckets(sizes, bucket_bytes):
