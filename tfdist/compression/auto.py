@@ -33,6 +33,8 @@ import types
 import tensorflow as tf
 
 from tfdist.compression import cost_model
+from tfdist.compression.compressors import compressor_by_name
+from tfdist.compression.exchange import GradientCompression
 from tfdist.core.buckets import bucket_bytes_for
 from tfdist.core.hooks import TrainingHook
 from tfdist.errors import UnsupportedError
@@ -59,6 +61,14 @@ METHODS = {
 COST_SHARE = {"none": 0.0, "fp16": 0.015, "powersgd+EF": 0.029, "topk+EF": 0.059,
               "sign+EF": 0.033}
 PROBE_FLOATS = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)  # 4 kB .. 8 MB all-reduces
+
+
+def _hook(options, seed):
+    """The `GradientCompression` of one of `METHODS`."""
+    options = dict(options)
+    name, error_feedback = options.pop("name"), options.pop("error_feedback", False)
+    compressor = compressor_by_name(name, **options, error_feedback=error_feedback)
+    return GradientCompression(compressor, error_feedback=error_feedback, seed=seed)
 
 
 def eligible(max_quality_loss=1.0):
@@ -97,14 +107,12 @@ class AutoCompression(TrainingHook):
 
     def __init__(self, *, probe_steps=20, check_every=200, drift=0.3, max_quality_loss=1.0,
                  min_gain=0.05, seed=0):
-        from tfdist.compression.factory import build  # the factory builds this hook too
-
         if probe_steps < 4:
             raise ValueError(f"probe_steps must be >= 4. Received: probe_steps={probe_steps}")
         self.probe_steps, self.check_every, self.drift = probe_steps, check_every, drift
         self.min_gain = min_gain
         self.methods = eligible(max_quality_loss)
-        self.hooks = {m: build(**METHODS[m], min_size=1024, seed=seed) for m in self.methods}
+        self.hooks = {m: _hook(METHODS[m], seed) for m in self.methods}
         self.choice, self.decisions, self.active = "probe", [], None
         self._probe_start, self._times = 0, []
 
