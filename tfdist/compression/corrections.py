@@ -12,14 +12,19 @@ as wrappers around any compressor's exchange (`wrappers.py` has the classic ones
 - `EF21` is Richtarik, Sokolov and Fatkhullin 2021 ("EF21: A New, Simpler, Theoretically
   Better, and Practically Faster Error Feedback", arXiv 2106.05203): each replica keeps
   an estimate g_i of its gradient and sends only C(grad_i - g_i); the exchanged gradient
-  is the sum of the estimates, which every replica keeps identically.
+  is the sum of the estimates, which every replica keeps identically. Under a delayed
+  start (`EF21DelayedStart`) the uncompressed steps are EF21 with the identity
+  compressor, so compression starts from estimates equal to the last gradients.
+
+The scaled-sign error feedback of Karimireddy et al. 2019 is `Sign` (||x||_1 / d · sign(x)
+per tensor, or per block with `block_size`) inside the classic `ErrorFeedback`.
 """
 
 import math
 
 import tensorflow as tf
 
-from tfdist.compression.wrappers import Wrapper
+from tfdist.compression.wrappers import DelayedStart, Wrapper
 
 STAGES = 4  # ratio warm-up stages after the start ratio (DGC used 4)
 
@@ -71,6 +76,24 @@ class EF21(Wrapper):
         total = state["ef21_sum"] + change
         return total, own, {"ef21_estimate": state["ef21_estimate"] + own, "ef21_sum": total,
                             **inner}
+
+
+class EF21DelayedStart(DelayedStart):
+    """`DelayedStart` around EF21: before `start_step` the plain float32 all-reduce, which is
+    EF21 with the identity compressor — each replica's estimate becomes its gradient, the
+    kept sum their all-reduced sum — so the first compressed step sends C(grad - last
+    grad) instead of starting the estimates from zero."""
+
+    def for_phase(self, phase):
+        return self.inner.for_phase(phase) if phase else _EF21Identity(self.inner)
+
+
+class _EF21Identity(Wrapper):
+    """EF21 with the identity compressor: the plain all-reduce, estimates = gradients."""
+
+    def exchange(self, buffer, layout, state, comm, seeds):
+        summed = comm.all_reduce([buffer])[0]
+        return summed, buffer, {**state, "ef21_estimate": buffer, "ef21_sum": summed}
 
 
 def ratio_schedule(ratio, start, steps, stages=STAGES):

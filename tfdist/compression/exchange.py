@@ -19,12 +19,14 @@ import tensorflow as tf
 from tfdist.compression.buffers import Layout, pack, unpack
 from tfdist.compression.communicator import Communicator
 from tfdist.compression.compressors import compressor_by_name
-from tfdist.compression.corrections import (EF21, LocalClip, MomentumCorrection, ratio_schedule,
-                                            stage_of)
+from tfdist.compression.corrections import (EF21, EF21DelayedStart, LocalClip, MomentumCorrection,
+                                            ratio_schedule, stage_of)
 from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize
 from tfdist.core import transaction
 from tfdist.core.buckets import DEFAULT_BUCKET_BYTES
 from tfdist.core.hooks import TrainingHook
+from tfdist.config.hyperparameters import (LOCAL_CLIP_NORM, MOMENTUM_CORRECTION,
+                                           RATIO_WARMUP_START, RATIO_WARMUP_STEPS)
 from tfdist.core.variables import underlying
 from tfdist.errors import UnsupportedError
 from tfdist.strategies.kind import capabilities_of
@@ -37,16 +39,27 @@ class GradientCompression(TrainingHook):
         compressor: a `Compressor` (see `tfdist.compression.compressors`).
         error_feedback: True: keep what compression lost and add it to the next gradient
             (Karimireddy et al. 2019, "Error Feedback Fixes SignSGD"); "ef21": send the
-            compressed change of a per-replica estimate (Richtarik et al. 2021).
+            compressed change of a per-replica estimate of the gradient, and exchange the
+            sum of the estimates (Richtarik, Sokolov and Fatkhullin 2021, "EF21",
+            arXiv 2106.05203; before `start_step` the estimates follow the gradients).
         start_step: steps exchanged uncompressed before compression starts.
         min_size: tensors with fewer values go uncompressed.
         seed: seed of the random choices (randomk indices, qsgd rounding, PowerSGD's Q0).
-        momentum_correction: DGC's local velocity momentum (0: off; needs classic error
-            feedback; Lin et al. 2018), with momentum factor masking.
-        local_clip_norm: DGC's local gradient clipping to this norm / sqrt(N) (0: off).
+        momentum_correction: the momentum m of DGC's local velocity u = m u + g, which is
+            accumulated (v += u) and exchanged instead of the gradient, with momentum
+            factor masking (u and v zeroed where values were sent). topk and randomk with
+            error_feedback=True; give the optimizer no momentum of its own (DGC applies
+            plain SGD to the exchanged sum). Lin et al. 2018, "Deep Gradient Compression",
+            arXiv 1712.01887. 0: off.
+        local_clip_norm: DGC's local gradient clipping: each replica clips its gradient
+            (the global L2 norm of the compressed tensors) to this norm / sqrt(N) before
+            accumulating it (0: off).
         ratio_warmup_steps, ratio_warmup_start: DGC's exponential warm-up of a top-k or
             random-k ratio from `ratio_warmup_start` down to the compressor's ratio over
             these steps after `start_step`, in `corrections.STAGES` stages (0: off).
+
+    Raises:
+        ValueError: an option out of its range, or one the compressor does not take.
         bucket_bytes: all-reduce the uncompressed tensors (and the casts') in buckets of
             this size that overlap the backward pass (`tfdist.core.buckets`; 0: one
             fused buffer; None: `DEFAULT_BUCKET_BYTES`).
@@ -61,6 +74,9 @@ class GradientCompression(TrainingHook):
     def __init__(self, compressor, *, error_feedback=False, start_step=0, min_size=1024, seed=0,
                  momentum_correction=0.0, local_clip_norm=0.0, ratio_warmup_steps=0,
                  ratio_warmup_start=0.25, bucket_bytes=None):
+        if error_feedback not in (True, False, "ef21"):
+            raise ValueError("error_feedback must be True, False or 'ef21'. "
+                             f"Received: error_feedback={error_feedback!r}")
         self.compressor, self.error_feedback = compressor, error_feedback
         self.bucket_bytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else int(bucket_bytes)
         self.start_step, self.min_size, self.seed = int(start_step), int(min_size), int(seed)
@@ -68,6 +84,7 @@ class GradientCompression(TrainingHook):
                             "local_clip_norm": float(local_clip_norm or 0.0),
                             "ratio_warmup_steps": int(ratio_warmup_steps or 0),
                             "ratio_warmup_start": float(ratio_warmup_start or 0.25)}
+        self._check_corrections()
         ratio = getattr(compressor, "ratio", None)
         self.schedule = (ratio_schedule(ratio, self.corrections["ratio_warmup_start"],
                                         self.corrections["ratio_warmup_steps"])
@@ -77,9 +94,33 @@ class GradientCompression(TrainingHook):
         self.phased = self.start_step > 0 or len(self.schedule) > 1
         self.state = {}
 
+    def _check_corrections(self):
+        """ValueError for a correction out of range or one this compressor does not take
+        (the config loader says the same of a config file)."""
+        name = self.compressor.name
+        for parameter in (MOMENTUM_CORRECTION, LOCAL_CLIP_NORM, RATIO_WARMUP_STEPS,
+                          RATIO_WARMUP_START):
+            value = self.corrections[parameter.name]
+            parameter.check(value)
+            if value != parameter.default and name not in parameter.compressors:
+                raise ValueError(f"{parameter.name} applies only to "
+                                 f"[{', '.join(parameter.compressors)}]. Received: "
+                                 f"compressor={self.compressor!r}, {parameter.name}={value!r}")
+        if self.corrections["momentum_correction"] and self.error_feedback is not True:
+            raise ValueError("momentum_correction accumulates the velocity in error "
+                             "feedback's residual (Lin et al. 2018): it needs "
+                             f"error_feedback=True. Received: error_feedback="
+                             f"{self.error_feedback!r}")
+        start = self.corrections["ratio_warmup_start"]
+        if self.corrections["ratio_warmup_steps"] and start <= self.compressor.ratio:
+            raise ValueError("the ratio warm-up falls from ratio_warmup_start to the "
+                             f"compressor's ratio ({self.compressor.ratio!r}): the start must "
+                             f"be above it. Received: ratio_warmup_start={start!r}")
+
     def _transform(self, compressor):
         """MinSize(DelayedStart(LocalClip(MomentumCorrection(ErrorFeedback(compressor))))),
-        each part only if asked."""
+        each part only if asked; EF21 in place of ErrorFeedback (and its delayed start
+        keeps EF21's estimates current: `corrections.EF21DelayedStart`)."""
         inner = compressor
         if self.error_feedback == "ef21":
             inner = EF21(inner)
@@ -89,7 +130,9 @@ class GradientCompression(TrainingHook):
             inner = MomentumCorrection(inner, self.corrections["momentum_correction"])
         if self.corrections["local_clip_norm"]:
             inner = LocalClip(inner, self.corrections["local_clip_norm"])
-        inner = DelayedStart(inner, self.start_step) if self.start_step > 0 else inner
+        if self.start_step > 0:
+            delayed = EF21DelayedStart if self.error_feedback == "ef21" else DelayedStart
+            inner = delayed(inner, self.start_step)
         return MinSize(inner, self.min_size)
 
     def phase(self, step):
@@ -125,8 +168,9 @@ class GradientCompression(TrainingHook):
         (saved with a Keras model whose optimizer exchanges through it).
 
         Returns:
-            A dict of name, the compressor's ratio, rank or levels (if it has one),
-            error_feedback, start_step, min_size and seed.
+            A dict of name, the compressor's ratio, rank, levels or block_size (if it
+            has one), the corrections that are on, error_feedback, start_step, min_size
+            and seed.
 
         Raises:
             ValueError: `build` would not make this compressor from those options (a
@@ -134,6 +178,8 @@ class GradientCompression(TrainingHook):
         """
         params = {k: getattr(self.compressor, k) for k in ("ratio", "rank", "levels")
                   if hasattr(self.compressor, k)}
+        if getattr(self.compressor, "block_size", 0):  # sign's scales per block
+            params["block_size"] = self.compressor.block_size
         defaults = {"momentum_correction": 0.0, "local_clip_norm": 0.0, "ratio_warmup_steps": 0,
                     "ratio_warmup_start": 0.25}
         corrections = {k: v for k, v in self.corrections.items() if v != defaults[k]}

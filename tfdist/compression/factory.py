@@ -12,9 +12,11 @@ def build(compression="none", **options):
     (dict) or a hook (returned as is); "auto" gives an `AutoCompression` hook, which
     measures the link and the step and chooses (`tfdist.compression.auto`).
 
-    Options override the config: ratio, rank, levels, error_feedback, start_step,
-    min_size, bucket_bytes, seed, and the corrections momentum_correction, local_clip_norm,
-    ratio_warmup_steps, ratio_warmup_start (`tfdist.compression.corrections`). Unknown names and out-of-range values raise `ConfigError`.
+    Options override the config: ratio, rank, levels, block_size, error_feedback (true,
+    false or "ef21"), start_step, min_size, bucket_bytes, seed, and the corrections
+    momentum_correction, local_clip_norm, ratio_warmup_steps, ratio_warmup_start
+    (`tfdist.compression.corrections`). Unknown names and out-of-range values raise
+    `ConfigError`.
     """
     if isinstance(compression, (GradientCompression, AutoCompression)):
         return compression
@@ -28,7 +30,8 @@ def build(compression="none", **options):
     if spec.name == "auto":
         return AutoCompression(seed=seed)
     compressor = compressor_by_name(spec.name, ratio=spec.ratio, rank=spec.rank,
-                                    levels=spec.levels, error_feedback=spec.error_feedback)
+                                    levels=spec.levels, block_size=spec.block_size,
+                                    error_feedback=spec.error_feedback)
     corrections = {k: getattr(spec, k) for k in ("momentum_correction", "local_clip_norm",
                                                  "ratio_warmup_steps", "ratio_warmup_start")
                    if getattr(spec, k) is not None}

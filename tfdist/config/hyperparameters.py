@@ -18,11 +18,14 @@ class HyperParameter:
     minimum: float
     maximum: float | None = None
     open_minimum: bool = False  # the minimum itself is excluded
+    multiple_of: int = 1  # integers only: the value must be a multiple of this
 
     def describe(self):
         low = f"> {self.minimum}" if self.open_minimum else f">= {self.minimum}"
         kind = "an integer" if self.integer else "a number"
-        return f"{kind} {low}" + (f" and <= {self.maximum}" if self.maximum is not None else "")
+        high = f" and <= {self.maximum}" if self.maximum is not None else ""
+        return f"{kind} {low}{high}" + (f", a multiple of {self.multiple_of}"
+                                         if self.multiple_of > 1 else "")
 
     def valid(self, value):
         if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
@@ -30,6 +33,8 @@ class HyperParameter:
         if isinstance(value, float) and not math.isfinite(value):
             return False
         if self.maximum is not None and value > self.maximum:
+            return False
+        if self.integer and value % self.multiple_of:
             return False
         return value > self.minimum if self.open_minimum else value >= self.minimum
 
@@ -45,16 +50,20 @@ RATIO = HyperParameter("ratio", ("topk", "randomk"), 0.01, integer=False, minimu
                        open_minimum=True)
 RANK = HyperParameter("rank", ("powersgd",), 4, integer=True, minimum=1)
 LEVELS = HyperParameter("levels", ("qsgd",), 15, integer=True, minimum=1, maximum=127)
+# Sign's scales: one per block of this many values of each tensor (0: one per tensor, as in
+# Karimireddy et al. 2019); a multiple of the quantisers' 64-value alignment.
+BLOCK_SIZE = HyperParameter("block_size", ("sign",), 0, integer=True, minimum=0,
+                            maximum=1 << 24, multiple_of=64)
 # The corrections of error-fed compressors (tfdist.compression.corrections): 0 turns each off.
 FED = ("int8", "qsgd", "sign", "topk", "randomk", "powersgd")
-MOMENTUM_CORRECTION = HyperParameter("momentum_correction", FED, 0.0, integer=False, minimum=0,
-                                     maximum=0.999)
+SPARSE = ("topk", "randomk")  # what momentum factor masking needs: values that were not sent
+MOMENTUM_CORRECTION = HyperParameter("momentum_correction", SPARSE, 0.0, integer=False,
+                                     minimum=0, maximum=0.999)
 LOCAL_CLIP_NORM = HyperParameter("local_clip_norm", FED, 0.0, integer=False, minimum=0)
-RATIO_WARMUP_STEPS = HyperParameter("ratio_warmup_steps", ("topk", "randomk"), 0, integer=True,
-                                    minimum=0)
-RATIO_WARMUP_START = HyperParameter("ratio_warmup_start", ("topk", "randomk"), 0.25,
-                                    integer=False, minimum=0, maximum=1, open_minimum=True)
-HYPERPARAMETERS = {p.name: p for p in (RATIO, RANK, LEVELS, MOMENTUM_CORRECTION, LOCAL_CLIP_NORM,
-                                       RATIO_WARMUP_STEPS, RATIO_WARMUP_START)}
+RATIO_WARMUP_STEPS = HyperParameter("ratio_warmup_steps", SPARSE, 0, integer=True, minimum=0)
+RATIO_WARMUP_START = HyperParameter("ratio_warmup_start", SPARSE, 0.25, integer=False, minimum=0,
+                                    maximum=1, open_minimum=True)
+HYPERPARAMETERS = {p.name: p for p in (RATIO, RANK, LEVELS, BLOCK_SIZE, MOMENTUM_CORRECTION,
+                                       LOCAL_CLIP_NORM, RATIO_WARMUP_STEPS, RATIO_WARMUP_START)}
 #: Error feedback: classic (true, Karimireddy et al. 2019) or EF21 (Richtarik et al. 2021).
 EF21_COMPRESSORS = ("int8", "qsgd", "sign", "topk", "randomk")

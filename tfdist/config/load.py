@@ -45,9 +45,21 @@ def _hyperparameter_check(parameter):
     """A config check of one compressor hyper-parameter, from its declaration."""
     check = checks.integer if parameter.integer else checks.number
     if parameter.open_minimum:
-        return functools.partial(check, minimum=parameter.minimum, maximum=parameter.maximum,
-                                 open_minimum=True)
-    return functools.partial(check, minimum=parameter.minimum, maximum=parameter.maximum)
+        check = functools.partial(check, minimum=parameter.minimum, maximum=parameter.maximum,
+                                  open_minimum=True)
+    else:
+        check = functools.partial(check, minimum=parameter.minimum, maximum=parameter.maximum)
+    if parameter.multiple_of == 1:
+        return check
+
+    def multiple(source, path, value):
+        value = check(source, path, value)
+        if value % parameter.multiple_of:
+            raise source.error(path, f"expected {parameter.describe()}. "
+                               f"Received: {checks.path_name(path)}={checks.shown(value)}")
+        return value
+
+    return multiple
 
 
 # Compressor hyper-parameters (tfdist.config.hyperparameters): key -> (compressors
@@ -226,14 +238,25 @@ def _compression(source, path, value):
     if "error_feedback" in value:
         fields["error_feedback"] = _error_feedback(source, path + ("error_feedback",),
                                                    value["error_feedback"], name)
-    if fields.get("momentum_correction") and fields.get("error_feedback") is not True:
-        raise source.error(path + ("momentum_correction",), "momentum correction accumulates "
-                           "the velocity in error feedback's residual (Lin et al. 2018): it "
-                           "needs error_feedback: true")
+    _check_corrections(source, path, fields)
     for key in ("start_step", "min_size", "bucket_bytes"):
         if key in value:
             fields[key] = checks.integer(source, path + (key,), value[key], minimum=0)
     return CompressionConfig(**fields)
+
+
+def _check_corrections(source, path, fields):
+    """DGC's corrections (tfdist.compression.corrections) with what each one needs."""
+    if fields.get("momentum_correction") and fields.get("error_feedback") is not True:
+        raise source.error(path + ("momentum_correction",), "momentum correction accumulates "
+                           "the velocity in error feedback's residual (Lin et al. 2018): it "
+                           "needs error_feedback: true. Received: error_feedback="
+                           f"{fields.get('error_feedback', False)!r}")
+    if fields.get("ratio_warmup_steps") and fields["ratio_warmup_start"] <= fields["ratio"]:
+        raise source.error(path + ("ratio_warmup_start",), "the ratio warm-up falls from "
+                           "ratio_warmup_start to ratio: expected a start above ratio "
+                           f"({fields['ratio']!r}). Received: ratio_warmup_start="
+                           f"{fields['ratio_warmup_start']!r}")
 
 
 def _error_feedback(source, path, value, name):

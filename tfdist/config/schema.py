@@ -58,6 +58,7 @@ class CompressionConfig:
     ratio: float | None = None
     rank: int | None = None
     levels: int | None = None
+    block_size: int | None = None
     momentum_correction: float | None = None
     local_clip_norm: float | None = None
     ratio_warmup_steps: int | None = None
