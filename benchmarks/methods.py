@@ -35,6 +35,10 @@ METHODS = {  # name -> config sections (None: plain tf.distribute)
     "topk+EF21": {"compression": {"name": "topk", "ratio": 0.01, "error_feedback": "ef21",
                                   "min_size": 0}},
     "sign+EF21": {"compression": {"name": "sign", "error_feedback": "ef21", "min_size": 0}},
+    # Zheng et al. 2019's blockwise scales (per-tensor is Karimireddy et al.'s scaled sign)
+    "sign+EF blocks": {"compression": {"name": "sign", "block_size": 64, **EF}},
+    "sign+EF21 blocks": {"compression": {"name": "sign", "block_size": 64,
+                                         "error_feedback": "ef21", "min_size": 0}},
     "topk+EF from 80": {"compression": {"name": "topk", "ratio": 0.01, **EF, "start_step": 80}},
     "sign+EF from 80": {"compression": {"name": "sign", **EF, "start_step": 80}},
     "auto": {"compression": "auto"},

@@ -27,7 +27,8 @@ QUALITY_METHODS = [m for m, spec in METHODS.items() if spec is not None]
 QUICK_METHODS = ["none", "sign+EF", "sign", "topk+EF"]  # topk without EF: the full run
 
 
-def train_one(strategy, method, seed, steps, epochs, warmup=None, **averager_options):
+def train_one(strategy, method, seed, steps, epochs, warmup=None, start_step=None, beta_1=0.9,
+              **averager_options):
     import keras
 
     import data
@@ -37,7 +38,10 @@ def train_one(strategy, method, seed, steps, epochs, warmup=None, **averager_opt
     spec = METHODS[method]
     hooks = []
     if "compression" in spec:
-        hooks.append(tfdist.compression.build(spec["compression"]))
+        section = spec["compression"]
+        if start_step is not None and isinstance(section, dict):  # --start_step: a warm-up
+            section = {**section, "start_step": start_step}
+        hooks.append(tfdist.compression.build(section))
     if "local_sgd" in spec:
         warmup = steps * epochs // 2 if warmup is None else warmup  # post-local SGD
         hooks.append(tfdist.local_sgd.ModelAverager(warmup_steps=warmup, **spec["local_sgd"],
@@ -47,7 +51,7 @@ def train_one(strategy, method, seed, steps, epochs, warmup=None, **averager_opt
     keras.utils.set_random_seed(seed)
     with strategy.scope():
         model = unet(32, 4, 16, 3, 0.1)
-    trainer = tfdist.Trainer(model, keras.optimizers.Adam(0.003),
+    trainer = tfdist.Trainer(model, keras.optimizers.Adam(0.003, beta_1=beta_1),
                              keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                              strategy=strategy, metrics=metrics.segmentation_metrics(4),
                              hooks=hooks)
@@ -55,7 +59,10 @@ def train_one(strategy, method, seed, steps, epochs, warmup=None, **averager_opt
     history = trainer.fit(data.dataset_fn(train, "train"), epochs=epochs, steps_per_epoch=steps,
                           validation_data=data.dataset_fn(train, "validation"),
                           validation_steps=4, verbose=0).history
-    return {"method": method, "seed": seed, "steps": steps * epochs,
+    compression = hooks[0].get_config() if "compression" in spec and spec["compression"] != \
+        "auto" else None
+    return {"method": method, "seed": seed, "steps": steps * epochs, "compression": compression,
+            "adam_beta_1": beta_1,
             "loss": history["loss"][-1], "val_mean_iou": history["val_mean_iou"][-1],
             "loss_curve": history["loss"], "seconds": time.perf_counter() - started}
 
@@ -70,6 +77,10 @@ def main():
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--warmup", type=int, help="local SGD warm-up (default: half the steps)")
     parser.add_argument("--average_optimizer_state", action="store_true")
+    parser.add_argument("--start_step", type=int,
+                        help="compress from this step on (default: each method's own)")
+    parser.add_argument("--beta_1", type=float, default=0.9,
+                        help="Adam's momentum (0 for DGC's momentum correction: its own)")
     args = parser.parse_args()
     import tensorflow as tf
 
@@ -83,11 +94,12 @@ def main():
     for seed in args.seeds:
         for method in methods:
             rows.append(train_one(strategy, method, seed, steps, epochs, args.warmup,
+                                  args.start_step, args.beta_1,
                                   average_optimizer_state=args.average_optimizer_state))
             print(f"quality {method:12s} seed {seed}: loss {rows[-1]['loss']:.4f}, "
                   f"val mean IoU {rows[-1]['val_mean_iou']:.3f} "
                   f"({rows[-1]['seconds']:.0f}s)", flush=True)
-    pathlib.Path(args.out).write_text(json.dumps(rows, indent=1))
+            pathlib.Path(args.out).write_text(json.dumps(rows, indent=1))  # so far
 
 
 if __name__ == "__main__":
