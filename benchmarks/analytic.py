@@ -31,7 +31,8 @@ def bytes_per_worker(method, shapes, workers):
     name = method.split("+")[0]
     if name == "sign":  # min_size 0: every tensor, 1 bit per value + a scale
         padded = sum(-(-n // BLOCK) * BLOCK for n in sizes)
-        return gather(padded // 8 + 4 * len(sizes), workers)
+        scales = padded // 64 if method.endswith("blocks") else len(sizes)  # block_size 64
+        return gather(padded // 8 + 4 * scales, workers)
     if name == "topk":
         return gather(8 * math.ceil(0.01 * total), workers)
     if name == "randomk":
