@@ -6,6 +6,7 @@ Runs in one process on 2 logical CPUs (MirroredStrategy: 2 replicas exchange exa
 method sees the same batches for a given seed.
 
     python benchmarks/quality.py --out results.json [--quick] [--methods none fp16 ...]
+    python benchmarks/quality.py --table results.json [more.json ...] > results.md
 """
 
 import argparse
@@ -67,9 +68,55 @@ def train_one(strategy, method, seed, steps, epochs, warmup=None, start_step=Non
             "loss_curve": history["loss"], "seconds": time.perf_counter() - started}
 
 
+def variant(row):
+    """(method, the step compression started, Adam's beta_1) of a result row."""
+    start = (row.get("compression") or {}).get("start_step", 0)
+    return row["method"], start, row.get("adam_beta_1", 0.9)
+
+
+def table(rows, mean_iou_points=1.0, loss_fraction=0.10):
+    """Markdown: per variant, final validation mean IoU per seed and their mean, the loss,
+    and both against `none` (the issue's target: within `mean_iou_points` points of mean
+    IoU and `loss_fraction` of the final training loss)."""
+    import statistics
+
+    groups = {}
+    for row in rows:
+        groups.setdefault(variant(row), []).append(row)
+    base = {r["seed"]: r for r in groups.get(("none", 0, 0.9), [])}
+    if not base:
+        raise SystemExit("no rows of method none to compare with")
+    base_iou = statistics.mean(r["val_mean_iou"] for r in base.values())
+    base_loss = statistics.mean(r["loss"] for r in base.values())
+    out = ["| method | compressed from step | Adam beta_1 | val mean IoU per seed | mean | "
+           "spread (sd) | Δ vs none, same seeds (points) | final train loss | vs none | "
+           "within target |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for (method, start, beta_1), group in groups.items():
+        group = sorted(group, key=lambda r: r["seed"])
+        ious = [r["val_mean_iou"] for r in group]
+        iou, loss = statistics.mean(ious), statistics.mean(r["loss"] for r in group)
+        spread = statistics.stdev(ious) if len(ious) > 1 else float("nan")
+        same = [base[r["seed"]] for r in group if r["seed"] in base]  # none on these seeds
+        delta = 100 * (iou - statistics.mean(b["val_mean_iou"] for b in same))
+        ratio = loss / statistics.mean(b["loss"] for b in same) - 1
+        ok = delta >= -mean_iou_points and ratio <= loss_fraction
+        out.append(f"| {method} | {start if method != 'none' else '—'} | {beta_1:g} | "
+                   + " / ".join(f"{v:.3f}" for v in ious)
+                   + f" | {iou:.3f} | {spread:.3f} | {delta:+.1f} | {loss:.4f} | "
+                   f"{100 * ratio:+.0f}% | {'yes' if ok else 'no'} |")
+    seeds = sorted({r["seed"] for r in rows})
+    steps = sorted({r["steps"] for r in rows})
+    return "\n".join([f"UNet, 2 replicas (2 logical CPUs), {'/'.join(map(str, steps))} steps "
+                      f"of global batch 32, seeds {seeds}; none: mean IoU {base_iou:.3f}, "
+                      f"loss {base_loss:.4f}.", ""] + out) + "\n"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
+    parser.add_argument("--table", nargs="+", metavar="JSON",
+                        help="print the markdown table of these result files and stop")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--methods", nargs="*", help="default: all (--quick: the main ones)")
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
@@ -82,6 +129,12 @@ def main():
     parser.add_argument("--beta_1", type=float, default=0.9,
                         help="Adam's momentum (0 for DGC's momentum correction: its own)")
     args = parser.parse_args()
+    if args.table:
+        print(table([r for f in args.table for r in json.loads(pathlib.Path(f).read_text())]),
+              end="")
+        return
+    if not args.out:
+        parser.error("--out is required to train")
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)  # one core per replica, as
