@@ -22,11 +22,11 @@ from tfdist.compression.compressors import compressor_by_name
 from tfdist.compression.corrections import (EF21, EF21DelayedStart, LocalClip, MomentumCorrection,
                                             ratio_schedule, stage_of)
 from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize
+from tfdist.config.hyperparameters import (LOCAL_CLIP_NORM, MOMENTUM_CORRECTION,
+                                           RATIO_WARMUP_START, RATIO_WARMUP_STEPS)
 from tfdist.core import transaction
 from tfdist.core.buckets import DEFAULT_BUCKET_BYTES
 from tfdist.core.hooks import TrainingHook
-from tfdist.config.hyperparameters import (LOCAL_CLIP_NORM, MOMENTUM_CORRECTION,
-                                           RATIO_WARMUP_START, RATIO_WARMUP_STEPS)
 from tfdist.core.variables import underlying
 from tfdist.errors import UnsupportedError
 from tfdist.strategies.kind import capabilities_of
@@ -57,12 +57,12 @@ class GradientCompression(TrainingHook):
         ratio_warmup_steps, ratio_warmup_start: DGC's exponential warm-up of a top-k or
             random-k ratio from `ratio_warmup_start` down to the compressor's ratio over
             these steps after `start_step`, in `corrections.STAGES` stages (0: off).
-
-    Raises:
-        ValueError: an option out of its range, or one the compressor does not take.
         bucket_bytes: all-reduce the uncompressed tensors (and the casts') in buckets of
             this size that overlap the backward pass (`tfdist.core.buckets`; 0: one
             fused buffer; None: `DEFAULT_BUCKET_BYTES`).
+
+    Raises:
+        ValueError: an option out of its range, or one the compressor does not take.
 
     Attributes (once built):
         state: {name: tf.Variable} of the transformation's state, per replica.
