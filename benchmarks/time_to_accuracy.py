@@ -7,9 +7,11 @@ and all that runs between steps — averages, phase switches, tracing — valida
 out) at which validation mean IoU first reaches each target, the final mean IoU, the
 wall seconds per step and the bytes this worker received per step on the link.
 
-    sudo python benchmarks/time_to_accuracy.py [--quick] [--methods none topk+EF ...] [--resume]
+    sudo python benchmarks/time_to_accuracy.py [--quick] [--methods none topk+EF ...]
+        [--rates 100 20] [--seeds 0 1] [--resume]
 
-Runs are saved as they finish (time_to_accuracy-partial.json); --resume skips those done.
+Runs are saved as they finish (time_to_accuracy-partial.json); --resume skips those done
+(in the partial file, else in the last results).
 
 Writes benchmarks/results/time_to_accuracy.json (raw) and .md (the table); report.py
 puts both at the head of docs/benchmarks.md.
@@ -143,12 +145,13 @@ def plot(results, path):
 
 def measure(plan, workdir, methods=None, partial=None, done=()):
     """Every (link, method, seed) run of `plan` not in `done` (runs of an earlier call);
-    saved to `partial` as they come."""
+    saved to `partial` as they come. Seed by seed, so that a run cut short still holds
+    every method on every link."""
     results = {"plan": {k: v for k, v in plan.items() if k != "methods"}, "runs": list(done)}
     finished = {(r["method"], r["rate_bits"], r["seed"]) for r in done}
-    for rate in plan["rates"]:
-        for method in methods or plan["methods"]:
-            for seed in plan["seeds"]:
+    for seed in plan["seeds"]:
+        for rate in plan["rates"]:
+            for method in methods or plan["methods"]:
                 if (method, rate, seed) in finished:
                     continue
                 results["runs"].append(run_one(method, rate, seed, plan, workdir))
@@ -165,15 +168,21 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one link, two methods, one seed")
     parser.add_argument("--methods", nargs="+", help="a subset of the plan's methods")
+    parser.add_argument("--rates", nargs="+", type=int, help="link speeds in Mbit/s")
+    parser.add_argument("--seeds", nargs="+", type=int, help="a subset of the plan's seeds")
     parser.add_argument("--resume", action="store_true", help="keep the runs already saved")
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
+    plan = dict(PLANS[mode], **{k: v for k, v in (
+        ("rates", args.rates and tuple(r * MBIT for r in args.rates)),
+        ("seeds", args.seeds and tuple(args.seeds))) if v})
     workdir, started = tempfile.mkdtemp(prefix="tfdist-tta-"), time.monotonic()
     RESULTS.mkdir(parents=True, exist_ok=True)
     partial = RESULTS / "time_to_accuracy-partial.json"
-    done = json.loads(partial.read_text())["runs"] if args.resume and partial.exists() else []
+    saved = next((f for f in (partial, RESULTS / "time_to_accuracy.json") if f.exists()), None)
+    done = json.loads(saved.read_text())["runs"] if args.resume and saved else []
     try:
-        results = measure(PLANS[mode], workdir, args.methods, partial, done)
+        results = measure(plan, workdir, args.methods, partial, done)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results["mode"], results["minutes"] = mode, round((time.monotonic() - started) / 60, 1)
