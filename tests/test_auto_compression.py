@@ -58,15 +58,38 @@ def test_the_config_says_auto_and_nothing_else(write_config):
 
 class SlowLinkAuto(AutoCompression):
     """Auto on 2 logical CPUs, told the link is `bandwidth_bits` (the real one, in-process,
-    is memory): the timed all-reduces are replaced by what that link would take."""
+    is memory): the timed all-reduces are replaced by what that link would take, and every
+    measured step gains what its exchange would take there (plus a `penalty` in seconds
+    per method: a step slower than the cost model predicts)."""
 
-    def __init__(self, bandwidth_bits, **kwargs):
+    def __init__(self, bandwidth_bits, penalty=None, **kwargs):
         super().__init__(**kwargs)
-        self.link = cost_model.Link(bandwidth_bits, 1e-3)
+        self.link, self.penalty = cost_model.Link(bandwidth_bits, 1e-3), penalty or {}
 
     def _time_all_reduces(self):
         sizes = [cost_model.ring(4 * n, self.workers) for n in (1 << 12, 1 << 16, 1 << 20)]
         return [(b, 2, cost_model.exchange_seconds(b, 2, self.link)) for b in sizes]
+
+    def _step_seconds(self, last):
+        sizes = self.active.bytes_per_step()
+        return (super()._step_seconds(last) + self.penalty.get(self.choice, 0.0)
+                + cost_model.exchange_seconds(cost_model.sent_bytes(sizes, self.workers),
+                                              cost_model.messages(sizes, self.workers),
+                                              self.link))
+
+
+class Switched(AutoCompression):
+    """Auto's candidates switched by hand: `schedule` maps a first step to a method."""
+
+    def __init__(self, schedule):
+        super().__init__()
+        self.schedule = schedule
+
+    def phase(self, step):
+        return self.schedule[max(s for s in self.schedule if s <= step)]
+
+    def after_step(self, model, steps_done):
+        pass
 
 
 def train(strategy, hook, steps):
@@ -111,6 +134,28 @@ def test_auto_chooses_from_the_link_and_trains_through_its_choice(strategies, ba
     # buckets sized so one transfer takes 20 x the 2 latencies of one more all-reduce
     assert decision["bucket_bytes"] == max(int(20 * 1e-3 * 2 * bandwidth / 8), 64 << 10)
     assert hook.hooks[expected].bucket_bytes == decision["bucket_bytes"]
+    # a compressing choice was timed before it was kept: faster than the uncompressed probe
+    if expected == "none":
+        assert decision["measured"] == decision["probe_seconds"]
+    else:
+        assert decision["measured"] < 0.95 * decision["probe_seconds"]
+    assert "rejected" not in decision
+
+
+def test_auto_goes_back_to_uncompressed_when_its_choice_measures_slower(strategies):
+    import tfdist
+
+    strategy = strategies("mirrored")
+    hook = SlowLinkAuto(20e6, penalty={"powersgd+EF": 10.0}, probe_steps=6)
+    got, _ = train(strategy, hook, steps=16)
+    decision, = hook.decisions
+    assert decision["choice"] == decision["rejected"] == "powersgd+EF"
+    assert decision["rejected_seconds"] > 10.0 and decision["measured"] == decision["probe_seconds"]
+    assert hook.choice == hook.current_phase == "none"  # the steps after 12 exchange plainly
+    # 6 probe steps, 6 of PowerSGD, 4 uncompressed: the same as hooks switched by hand
+    expected, _ = train(strategy, Switched({0: "none", 6: "powersgd+EF", 12: "none"}), steps=16)
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_auto_on_a_fast_link_trains_exactly_as_none(strategies):

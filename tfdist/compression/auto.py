@@ -17,8 +17,12 @@ answer depends on the link, the model and the step time. So `AutoCompression`:
 4. exchanges with the fastest if it saves more than `min_gain` of the step (else stays
    uncompressed: the model's own error), with all-reduce buckets sized so each transfer
    takes 20 times the fixed cost of one more all-reduce on this link
-   (`tfdist.core.buckets.bucket_bytes_for`), says why in one line on the chief, and every `check_every` steps
-   compares the step time with its prediction: off by more than `drift`, it measures again.
+   (`tfdist.core.buckets.bucket_bytes_for`), and says why in one line on the chief;
+5. times `probe_steps` steps of its choice: unless they are `min_gain` faster than the
+   uncompressed probe's, it goes back to uncompressed (a prediction is checked, never
+   trusted: the model knows neither the runtime's overlap nor a loaded machine);
+6. every `check_every` steps compares the step time with the one it measured: off by
+   more than `drift`, it measures again.
 
 The workers average their measurements with one all-reduce before choosing, so every
 worker makes the same choice from the same numbers (a different choice would pair
@@ -97,7 +101,8 @@ class AutoCompression(TrainingHook):
 
     Attributes:
         choice: the method in use ("probe" while measuring).
-        decisions: one dict per choice: step, link, compute seconds, predictions, choice.
+        decisions: one dict per choice: step, link, compute seconds, predictions, choice,
+            the step time measured with it (and a choice `rejected` by its measurement).
     """
 
     replaces_exchange = True
@@ -114,7 +119,7 @@ class AutoCompression(TrainingHook):
         self.methods = eligible(max_quality_loss)
         self.hooks = {m: _hook(METHODS[m], seed) for m in self.methods}
         self.choice, self.decisions, self.active = "probe", [], None
-        self._probe_start, self._times = 0, []
+        self._since, self._on_trial, self._times = 0, False, []
 
     def get_config(self):
         return None  # the choice is made again from fresh measurements
@@ -134,11 +139,11 @@ class AutoCompression(TrainingHook):
             hook.build(strategy, variables)
 
     def phase(self, step):
-        return self.choice
+        return "none" if self.choice == "probe" else self.choice  # the probe is uncompressed
 
     def enter_phase(self, phase):
         super().enter_phase(phase)
-        self.active = self.hooks["none" if phase == "probe" else phase]
+        self.active = self.hooks[phase]
         self.active.enter_phase(self.active.phase(0))
 
     def exchange(self, grads, variables, step):
@@ -151,12 +156,13 @@ class AutoCompression(TrainingHook):
         return (self.active or self.hooks["none"]).bytes_per_step()
 
     def after_step(self, model, steps_done):
-        self._times.append(time.perf_counter())
-        if self.choice == "probe" and steps_done >= self._probe_start + self.probe_steps:
+        self._times = self._times[-self.check_every:] + [time.perf_counter()]
+        ran = steps_done - self._since
+        if self.choice == "probe" and ran >= self.probe_steps:
             self._decide(steps_done)
-        elif (self.choice != "probe" and self.decisions
-              and steps_done - self.decisions[-1]["step"] >= self.check_every
-              and (steps_done - self.decisions[-1]["step"]) % self.check_every == 0):
+        elif self._on_trial and ran >= self.probe_steps:
+            self._confirm(steps_done)
+        elif self.choice != "probe" and ran >= self.check_every and ran % self.check_every == 0:
             self._check_drift(steps_done)
 
     # --- measuring and choosing ---------------------------------------------------------
@@ -187,20 +193,39 @@ class AutoCompression(TrainingHook):
         self.decisions.append({"step": steps_done, "link": link, "compute_seconds": compute,
                                "bucket_bytes": self.hooks[self.choice].bucket_bytes,
                                "probe_seconds": probe, "predicted": predicted,
-                               "choice": self.choice})
+                               "choice": self.choice,
+                               "measured": probe if self.choice == "none" else None})
         shown = ", ".join(f"{m} {s:.3f}" for m, s in sorted(predicted.items(), key=lambda x: x[1]))
         self._say(f"at step {steps_done}: link {link}, compute {compute:.3f} s/step; "
                   f"predicted s/step: {shown}; chose {self.choice} (all-reduce buckets of "
                   f"{self.hooks[self.choice].bucket_bytes >> 10} KiB)")
-        self._times = self._times[-1:]
+        self._times, self._since = self._times[-1:], steps_done
+        self._on_trial = self.choice != "none"
+
+    def _confirm(self, steps_done):
+        """Keeps the choice if its measured step beats the probe's by `min_gain`."""
+        decision = self.decisions[-1]
+        measured = self._mean_over_workers(self._step_seconds(self.probe_steps - 3))
+        self._on_trial, self._since = False, steps_done
+        if measured < (1 - self.min_gain) * decision["probe_seconds"]:
+            decision["measured"] = measured
+            self._say(f"at step {steps_done}: {self.choice} measured {measured:.3f} s/step "
+                      f"against {decision['probe_seconds']:.3f} uncompressed; keeping it")
+            return
+        decision.update(measured=decision["probe_seconds"], rejected=self.choice,
+                        rejected_seconds=measured)
+        self._say(f"at step {steps_done}: {self.choice} measured {measured:.3f} s/step, not "
+                  f"{100 * self.min_gain:.0f}% under {decision['probe_seconds']:.3f} "
+                  "uncompressed; exchanging uncompressed")
+        self.choice, self._times = "none", self._times[-1:]
 
     def _check_drift(self, steps_done):
         measured = self._mean_over_workers(self._step_seconds(self.check_every // 2))
-        expected = self.decisions[-1]["predicted"][self.choice]
+        expected = self.decisions[-1]["measured"]
         if abs(measured - expected) > self.drift * expected:
             self._say(f"at step {steps_done}: {measured:.3f} s/step against {expected:.3f} "
-                      "predicted; measuring again")
-            self.choice, self._probe_start = "probe", steps_done
+                      "measured before; measuring again")
+            self.choice, self._since = "probe", steps_done
 
     def _time_all_reduces(self):
         """[(bytes sent per worker, messages, seconds)] of all-reduces of growing sizes,
