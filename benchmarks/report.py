@@ -165,7 +165,8 @@ def slow_rows(results):
 
 
 QUALITY_METHODS = ("fp16", "bf16", "int8", "qsgd", "sign+EF", "topk+EF", "randomk+EF",
-                   "powersgd+EF")
+                   "powersgd+EF", "topk+DGC", "topk+EF21", "sign+EF21", "topk+EF from 80",
+                   "sign+EF from 80", "auto")
 
 
 def converged_quality(results):
@@ -257,6 +258,7 @@ def targets(results):
                              f"{100 * (iou - none_iou):+.1f} pts, loss {loss / none_loss - 1:+.0%}",
                              iou >= none_iou - 0.01 and loss <= 1.1 * none_loss,
                              f"full schedule, {runs} runs (seeds × links)"))
+    rows += auto_targets(results)
     quality = {r["method"]: r for r in quality_rows(results)}
     if "local SGD 8" in quality:
         gap = quality["local SGD 8"]["loss_vs_none"]
@@ -273,6 +275,35 @@ def targets(results):
                      "processes (overhead.py)" + ("" if narrow else
                      "; the interval is wider than 2 points: more pairs are needed")))
     return rows
+
+
+def auto_targets(results):
+    """`compression: auto` against the fixed methods, per link of the time-to-accuracy runs:
+    its time to 0.85 within 10% of the best fixed method's, and on the fastest link its
+    step within 3% of none's."""
+    rows = time_to_accuracy.summary(results["time_to_accuracy"]["runs"])
+    out = []
+    for rate in sorted({r["rate_bits"] for r in rows}):
+        here = {r["method"]: r for r in rows if r["rate_bits"] == rate}
+        fixed = {m: r["seconds_to_0.85"] for m, r in here.items()
+                 if m != "auto" and r["seconds_to_0.85"] is not None}
+        if "auto" not in here or not fixed:
+            continue
+        best = min(fixed, key=fixed.get)
+        got = here["auto"]["seconds_to_0.85"]
+        out.append((f"auto at {rate / 1e6:.0f} Mbit/s: time to mean IoU 0.85 within 10% of "
+                    "the best fixed method's",
+                    f"{got:.0f} s against {best}'s {fixed[best]:.0f} s" if got is not None
+                    else f"not reached by every seed; {best}: {fixed[best]:.0f} s",
+                    got is not None and got <= 1.1 * fixed[best],
+                    f"median of {here['auto']['seeds']} seeds"))
+    fastest = max((r["rate_bits"] for r in rows), default=None)
+    here = {r["method"]: r for r in rows if r["rate_bits"] == fastest}
+    if "auto" in here and "none" in here:
+        gap = here["auto"]["seconds_per_step"] / here["none"]["seconds_per_step"] - 1
+        out.append((f"auto at {fastest / 1e6:.0f} Mbit/s: s/step ≤ 3% over none's",
+                    f"{gap:+.1%}", gap <= 0.03, "median s/step over seeds"))
+    return out
 
 
 def plots(results, stem):
@@ -321,12 +352,19 @@ def write_raw(results, stem):
 
 
 def time_to_accuracy_section(results):
-    plan = results["time_to_accuracy"]["plan"]
+    tta = results["time_to_accuracy"]
+    plan, runs = tta["plan"], tta["runs"]
     steps = plan["epochs"] * plan["steps"]
-    return ["## Time to accuracy", "",
+    full = time_to_accuracy.PLANS["full"]
+    planned = len(full["rates"]) * len(full["seeds"]) * len(full["methods"])
+    source = (f"From `benchmarks/time_to_accuracy.py` ({len(runs)} runs"
+              + (f" of the full plan's {planned}: the run was cut short, `--resume` goes on;"
+                 " a method or link missing below is not measured yet" if tta.get("partial") else "")
+              + (f", {tta['minutes']:.0f} minutes" if tta.get("minutes") else "") + "). ")
+    return ["## Time to accuracy", "", source +
             f"Two workers as two hosts (network namespaces joined by a veth link capped by "
             f"`tc tbf` each way), {steps} steps of 32 samples, validation every {plan['steps']} "
-            f"steps on {plan['validation_steps']} batches, seeds {list(plan['seeds'])}. Time = "
+            f"steps on {plan['validation_steps']} batches, seeds {sorted({r['seed'] for r in runs})}. Time = "
             "training seconds until validation mean IoU first reaches the target (every step "
             "and what runs between steps, tracing included; validation excluded), median over "
             "seeds (\"k/n seeds\" when not every seed reached it); s/step = wall time per step "
@@ -413,6 +451,7 @@ def main():
     stem = str(RESULTS / "report")
     if args.from_results:
         results = json.loads(pathlib.Path(f"{stem}.json").read_text())
+        results["time_to_accuracy"] = time_to_accuracy.saved() or results["time_to_accuracy"]
     else:
         if os.geteuid() != 0 or not all(shutil.which(t) for t in ("unshare", "ip", "tc")):
             sys.exit("the benchmarks need root, unshare, ip and tc (network namespaces)")
@@ -423,6 +462,10 @@ def main():
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         results["environment"] = environment(mode, (time.monotonic() - started) / 60)
+        full = time_to_accuracy.saved()  # the headline: the full run, when there is one
+        if full:
+            results["time_to_accuracy_this_run"] = results["time_to_accuracy"]
+            results["time_to_accuracy"] = full
         RESULTS.mkdir(parents=True, exist_ok=True)
         write_raw(results, stem)
     plots(results, stem)

@@ -99,23 +99,49 @@ def summary(rows):
     return out
 
 
+def quality(rows):
+    """{method: (mean final mean IoU, spread, mean final loss, runs)} over every run of a
+    method, whatever its link: the link changes the time, not the arithmetic."""
+    runs = {}
+    for r in rows:
+        runs.setdefault(r["method"], []).append(r)
+    return {m: (statistics.mean(r["final_val_mean_iou"] for r in rs),
+                max(r["final_val_mean_iou"] for r in rs) - min(r["final_val_mean_iou"] for r in rs),
+                statistics.mean(r["final_loss"] for r in rs), len(rs)) for m, rs in runs.items()}
+
+
 def markdown(results):
+    """One row per method: quality at convergence (every run), then per link the median
+    training seconds to each target and the seconds per step."""
     rows = summary(results["runs"])
-    none = {r["rate_bits"]: r for r in rows if r["method"] == "none"}
-    lines = ["| link | method | s to mIoU 0.85 | s to 0.90 | final mIoU (spread) | vs none | "
-             "s/step | kB/step received |", "|---|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r["rate_bits"], r["method"] != "none", r["method"])):
-        cells = []
-        for t in TARGETS:
-            s = r[f"seconds_to_{t}"]
-            cells.append(f"{s:.0f}" if s is not None else f"{r[f'reached_{t}']}/{r['seeds']} seeds")
-        ref = none.get(r["rate_bits"])
-        delta = (f"{100 * (r['final_val_mean_iou'] - ref['final_val_mean_iou']):+.1f} pts"
-                 if ref and r is not ref else "")
-        lines.append(f"| {r['rate_bits'] / MBIT:.0f} Mbit/s | {r['method']} | {cells[0]} | "
-                     f"{cells[1]} | {r['final_val_mean_iou']:.3f} "
-                     f"({r['final_val_mean_iou_spread']:.3f}) | {delta} | "
-                     f"{r['seconds_per_step']:.3f} | {r['bytes_per_step'] / 1e3:.0f} |")
+    rates = sorted({r["rate_bits"] for r in rows}, reverse=True)
+    cell = {(r["method"], r["rate_bits"]): r for r in rows}
+    scores = quality(results["runs"])
+    methods = sorted(scores, key=lambda m: (m != "none", ALL_METHODS.index(m)
+                                            if m in ALL_METHODS else len(ALL_METHODS), m))
+    header = ["method", "final mIoU (spread, runs)", "vs none", "loss vs none", "kB/step"]
+    for rate in rates:
+        header += [f"{rate / MBIT:.0f} Mbit/s: s to {TARGETS[0]}", f"s to {TARGETS[1]}",
+                   "s/step"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    iou0, _, loss0, _ = scores.get("none", (None, None, None, None))
+    for m in methods:
+        iou, spread, loss, n = scores[m]
+        kb = statistics.median(cell[m, r]["bytes_per_step"] for r in rates if (m, r) in cell)
+        cells = [m, f"{iou:.3f} ({spread:.3f}, {n})",
+                 "" if m == "none" or iou0 is None else f"{100 * (iou - iou0):+.1f} pts",
+                 "" if m == "none" or loss0 is None else f"{loss / loss0 - 1:+.0%}",
+                 f"{kb / 1e3:.0f}"]
+        for rate in rates:
+            r = cell.get((m, rate))
+            if r is None:
+                cells += ["not run", "", ""]
+                continue
+            for t in TARGETS:
+                s = r[f"seconds_to_{t}"]
+                cells.append(f"{s:.0f}" if s is not None else f"{r[f'reached_{t}']}/{r['seeds']} seeds")
+            cells.append(f"{r['seconds_per_step']:.3f}")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -164,6 +190,15 @@ def measure(plan, workdir, methods=None, partial=None, done=()):
     return results
 
 
+def saved():
+    """The last full run's results (time_to_accuracy.json, else the partial file of a run
+    cut short, marked `partial`), or None."""
+    for name, partial in (("time_to_accuracy.json", False), ("time_to_accuracy-partial.json", True)):
+        if (RESULTS / name).exists():
+            return {**json.loads((RESULTS / name).read_text()), "partial": partial}
+    return None
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one link, two methods, one seed")
@@ -179,8 +214,7 @@ def main():
     workdir, started = tempfile.mkdtemp(prefix="tfdist-tta-"), time.monotonic()
     RESULTS.mkdir(parents=True, exist_ok=True)
     partial = RESULTS / "time_to_accuracy-partial.json"
-    saved = next((f for f in (partial, RESULTS / "time_to_accuracy.json") if f.exists()), None)
-    done = json.loads(saved.read_text())["runs"] if args.resume and saved else []
+    done = (saved() or {"runs": []})["runs"] if args.resume else []
     try:
         results = measure(plan, workdir, args.methods, partial, done)
     finally:
