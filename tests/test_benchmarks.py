@@ -134,3 +134,22 @@ def test_the_report_names_every_missed_target():
     assert "**MISSED**" in lines["topk+EF: final mean IoU within 1 point of none, loss within 10%"]
     assert text.index("## Time to accuracy") < text.index("## Targets")  # the report's head
     assert text.count("**MISSED**") == 3
+
+
+def test_time_to_accuracy_resumes_and_runs_again_what_was_timed_on_a_shared_cpu(monkeypatch):
+    calls = []
+
+    def fake_run(method, rate, seed, plan, workdir):
+        calls.append((method, rate, seed))
+        return tta_run(method, seed, [0.9], 1.0, rate=rate)
+
+    monkeypatch.setattr(time_to_accuracy, "run_one", fake_run)
+    done = [tta_run("none", 0, [0.9], 9.0), {**tta_run("fp16", 0, [0.9], 9.0),
+                                             "timing_disturbed": True}]
+    plan = {"rates": (10**8,), "seeds": (0, 1), "methods": ["none", "fp16"]}
+    results = time_to_accuracy.measure(plan, "unused", done=done)
+    # seed by seed; the clean run is kept, the disturbed one replaced
+    assert calls == [("fp16", 10**8, 0), ("none", 10**8, 1), ("fp16", 10**8, 1)]
+    kept = {(r["method"], r["seed"]): r for r in results["runs"]}
+    assert len(results["runs"]) == 4 and "timing_disturbed" not in kept["fp16", 0]
+    assert kept["none", 0]["seconds_per_step"] == 0.9
