@@ -383,3 +383,19 @@ def test_parameter_server_killed_stops_the_job_clearly_and_a_relaunch_resumes(wr
     losses = [float(line.split()[1]) for line in lines]
     assert losses[2] < losses[0]  # went on from epoch 1's weights, not from scratch
     assert not backup.exists()
+
+
+def test_compression_auto_decides_alike_on_every_worker(write_config, tmp_path):
+    """Each worker times its own steps and all-reduces; averaged over the workers first,
+    the numbers, and so the choices, are the same on both (a different choice would pair
+    different collectives and hang)."""
+    out = tmp_path / "out"
+    results, run = launch(write_config, out, MWMS, "--loop", "trainer", "--model", "plain",
+                          "--epochs", "3", "--auto", "4")
+    decisions = [results[task]["auto"] for task in ("worker-0", "worker-1")]
+    assert decisions[0] == decisions[1] and decisions[0][0]["step"] == 4
+    assert run.stdout.count("tfdist compression auto at step 4:") == 1  # the chief says it
+    assert f"chose {decisions[0][0]['choice']}" in run.stdout
+    assert decisions[0][0]["measured"] > 0  # a compressing choice was timed by step 8 too
+    for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
+        np.testing.assert_array_equal(a, b)

@@ -8,6 +8,8 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
     --model conv | dict | plain      (plain: no BatchNormalization, no Dropout)
     --backup DIR --kill EPOCH        (worker:1 SIGKILLs itself mid-epoch EPOCH, once)
     --local_sgd PERIOD --warmup W    local SGD; records a weight checksum after each step
+    --auto PROBE_STEPS               compression: auto, probing PROBE_STEPS steps; records
+                                     its decisions
     --accumulate K                   SGD with gradient_accumulation_steps=K
     --pause_after E1,E2              after epoch E the chief writes <out>/paused-E and waits
                                      for <out>/resume-E (for a test to kill a task meanwhile)
@@ -49,6 +51,7 @@ def parse():
     p.add_argument("--kill", type=int)
     p.add_argument("--compression", help="name; exchanged compressed, min_size 1")
     p.add_argument("--ratio", type=float)
+    p.add_argument("--auto", type=int, help="compression: auto with this many probe steps")
     p.add_argument("--rank", type=int)
     p.add_argument("--local_sgd", type=int, help="period")
     p.add_argument("--warmup", type=int, default=0)
@@ -240,6 +243,9 @@ def main():
                                                       strategy=strategy, **options)
     if args.accumulate and args.loop == "fit":  # tfdist's phased accumulation
         optimizer = tfdist.keras.DistributedOptimizer(optimizer, strategy=strategy)
+    if args.auto:
+        auto = tfdist.compression.AutoCompression(probe_steps=args.auto)
+        optimizer = tfdist.keras.DistributedOptimizer(optimizer, auto, strategy=strategy)
     result = {"replicas": strategy.num_replicas_in_sync}
     callbacks = [tfdist.callbacks.SyncReplicaState()] if args.loop == "fit" else []
     hooks = []
@@ -306,6 +312,9 @@ def main():
         result["completed_steps"] = trainer.completed_steps
 
     result["history"] = history.history
+    if args.auto:
+        result["auto"] = [{k: str(v) if k == "link" else v for k, v in d.items()}
+                          for d in auto.decisions]
     result["checksums"] = checksums.sums
     result["keras_fixes"] = dict(getattr(strategy, "keras_fixes", {}))
     np.savez(os.path.join(args.out, f"{name}.npz"), *[w.numpy() for w in model.weights])
