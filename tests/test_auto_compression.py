@@ -8,6 +8,7 @@ import pytest
 from tfdist.compression import cost_model
 from tfdist.compression.auto import QUALITY, AutoCompression, choose, eligible
 from tfdist.config import ConfigError
+from tfdist.core.buckets import DEFAULT_BUCKET_BYTES
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 
@@ -136,7 +137,7 @@ def train(strategy, hook, steps):
     return [v.numpy() for v in model.trainable_variables], model
 
 
-@pytest.mark.parametrize("bandwidth, expected", [(1e12, "none"), (20e6, "powersgd+EF")])
+@pytest.mark.parametrize("bandwidth, expected", [(1e12, "none"), (20e6, "topk+EF")])
 def test_auto_chooses_from_the_link_and_trains_through_its_choice(strategies, bandwidth,
                                                                    expected):
     strategy = strategies("mirrored")
@@ -152,9 +153,12 @@ def test_auto_chooses_from_the_link_and_trains_through_its_choice(strategies, ba
     assert decision["predicted"][expected] >= exchange
     assert choose(decision["predicted"]) == expected
     assert hook.current_phase == expected  # the step after the choice was traced for it
-    # buckets sized so one transfer takes 20 x the 2 latencies of one more all-reduce
-    assert decision["bucket_bytes"] == max(int(20 * 1e-3 * 2 * bandwidth / 8), 64 << 10)
+    # a compressing choice's buckets sized so one transfer takes 20 x the 2 latencies of
+    # one more all-reduce; none keeps the buckets its probe measured
+    sized = max(int(20 * 1e-3 * 2 * bandwidth / 8), 64 << 10)
+    assert decision["bucket_bytes"] == (sized if expected != "none" else DEFAULT_BUCKET_BYTES)
     assert hook.hooks[expected].bucket_bytes == decision["bucket_bytes"]
+    assert decision["link_seconds"] >= 0
     # a compressing choice was timed before it was kept: faster than the uncompressed probe
     if expected == "none":
         assert decision["measured"] == decision["probe_seconds"]
@@ -167,14 +171,14 @@ def test_auto_goes_back_to_uncompressed_when_its_choice_measures_slower(strategi
     import tfdist
 
     strategy = strategies("mirrored")
-    hook = SlowLinkAuto(20e6, penalty={"powersgd+EF": 10.0}, probe_steps=6)
+    hook = SlowLinkAuto(20e6, penalty={"topk+EF": 10.0}, probe_steps=6)
     got, _ = train(strategy, hook, steps=16)
     decision, = hook.decisions
-    assert decision["choice"] == decision["rejected"] == "powersgd+EF"
+    assert decision["choice"] == decision["rejected"] == "topk+EF"
     assert decision["rejected_seconds"] > 10.0 and decision["measured"] == decision["probe_seconds"]
     assert hook.choice == hook.current_phase == "none"  # the steps after 12 exchange plainly
-    # 6 probe steps, 6 of PowerSGD, 4 uncompressed: the same as hooks switched by hand
-    expected, _ = train(strategy, Switched({0: "none", 6: "powersgd+EF", 12: "none"}), steps=16)
+    # 6 probe steps, 6 of top-k, 4 uncompressed: the same as hooks switched by hand
+    expected, _ = train(strategy, Switched({0: "none", 6: "topk+EF", 12: "none"}), steps=16)
     for a, b in zip(got, expected):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 

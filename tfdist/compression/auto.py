@@ -179,7 +179,9 @@ class AutoCompression(TrainingHook):
 
     def _decide(self, steps_done):
         probe = self._mean_over_workers(self._step_seconds(self.probe_steps - 3))
+        began = time.perf_counter()
         samples = self._time_all_reduces()
+        link_seconds = time.perf_counter() - began
         try:
             link = cost_model.fit_link(samples)
         except ValueError as e:  # timings too noisy to fit: stay uncompressed, say so
@@ -193,15 +195,18 @@ class AutoCompression(TrainingHook):
         predicted = {m: compute * (1 + COST_SHARE.get(m, 0.0)) + exchange[m] for m in self.methods}
         self.choice = choose(predicted, self.min_gain)
         bucket = bucket_bytes_for(link.bandwidth_bits, link.latency, 2 * (self.workers - 1))
-        for hook in self.hooks.values():  # the phase changes: the step is traced again
-            hook.bucket_bytes = max(bucket, 64 << 10) if math.isfinite(bucket) else 0
+        if self.choice != "none":  # traced anew for its phase; none keeps the probe's step
+            self.hooks[self.choice].bucket_bytes = (max(bucket, 64 << 10)
+                                                    if math.isfinite(bucket) else 0)
         self.decisions.append({"step": steps_done, "link": link, "compute_seconds": compute,
                                "bucket_bytes": self.hooks[self.choice].bucket_bytes,
                                "probe_seconds": probe, "predicted": predicted,
+                               "link_seconds": link_seconds,
                                "choice": self.choice,
                                "measured": probe if self.choice == "none" else None})
         shown = ", ".join(f"{m} {s:.3f}" for m, s in sorted(predicted.items(), key=lambda x: x[1]))
-        self._say(f"at step {steps_done}: link {link}, compute {compute:.3f} s/step; "
+        self._say(f"at step {steps_done}: link {link} (timed in {link_seconds:.1f} s), "
+                  f"compute {compute:.3f} s/step; "
                   f"predicted s/step: {shown}; chose {self.choice} (all-reduce buckets of "
                   f"{self.hooks[self.choice].bucket_bytes >> 10} KiB)")
         self._times, self._since = self._times[-1:], steps_done
