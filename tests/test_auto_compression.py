@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tfdist.compression import cost_model
-from tfdist.compression.auto import QUALITY, AutoCompression, choose, eligible
+from tfdist.compression.auto import QUALITY, AutoCompression, choose, eligible, worth_timing
 from tfdist.config import ConfigError
 from tfdist.core.buckets import DEFAULT_BUCKET_BYTES
 
@@ -62,6 +62,14 @@ def test_the_quality_table_is_the_time_to_accuracy_measurement():
         assert points == pytest.approx(delta, abs=0.051), method
         ratio = mean(method, "final_loss") / mean("none", "final_loss")
         assert QUALITY["loss"][method] == pytest.approx(ratio, abs=0.0051), method
+
+
+def test_the_link_is_timed_up_to_the_size_expected_to_take_a_quarter_second():
+    # 100 Mbit/s: 2 MB in 0.17 s, so 8 MB would take 0.68 s: not timed
+    assert not worth_timing(1 << 21, 1 << 19, 0.17, timed=4)
+    assert worth_timing(1 << 21, 1 << 19, 0.017, timed=4)  # 1 Gbit/s: 0.07 s
+    assert worth_timing(1 << 14, 1 << 10, 5.0, timed=1)  # a line needs two sizes
+    assert not worth_timing(None, 1 << 21, 0.001, timed=5)  # no size left
 
 
 def test_the_config_says_auto_and_nothing_else(write_config):

@@ -93,6 +93,15 @@ def choose(predicted, min_gain=0.05):
     return best if none is None or predicted[best] < (1 - min_gain) * none else "none"
 
 
+def worth_timing(floats, last_floats, last_seconds, timed, budget=0.25):
+    """Whether to time an all-reduce of `floats` after `timed` sizes, the last of
+    `last_floats` in `last_seconds`: at least two sizes (a line needs two points), then
+    only while it is expected to take under `budget` seconds at the last one's rate."""
+    if not floats:
+        return False
+    return timed < 2 or last_seconds * floats / last_floats <= budget
+
+
 class AutoCompression(TrainingHook):
     """Chooses the gradient exchange from measurements (module docstring).
 
@@ -239,10 +248,11 @@ class AutoCompression(TrainingHook):
 
     def _time_all_reduces(self):
         """[(bytes sent per worker, messages, seconds)] of all-reduces of growing sizes,
-        up to the first that takes over 0.25 s (a slow link is measured quickly); each
-        time is the fastest of 3, averaged over the workers."""
+        while the next size is expected to take under 0.25 s at the rate of the last one
+        (a slow link is measured quickly); each time is the fastest of 3, averaged over the
+        workers (so every worker stops at the same size)."""
         samples = []
-        for floats in PROBE_FLOATS:
+        for floats, following in zip(PROBE_FLOATS, PROBE_FLOATS[1:] + (None,)):
             reduce = tf.function(lambda n=floats: self.strategy.run(
                 lambda: tf.distribute.get_replica_context().all_reduce(
                     "SUM", tf.zeros([n]))))
@@ -256,7 +266,7 @@ class AutoCompression(TrainingHook):
             fastest = self._mean_over_workers(min(seconds))  # every worker stops together
             samples.append((cost_model.ring(4 * floats, self.workers), 2 * (self.workers - 1),
                             fastest))
-            if fastest > 0.25 and len(samples) >= 2:
+            if not worth_timing(following, floats, fastest, len(samples)):
                 break
         return samples
 
