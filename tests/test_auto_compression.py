@@ -191,6 +191,18 @@ def test_auto_goes_back_to_uncompressed_when_its_choice_measures_slower(strategi
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_auto_probes_fewer_steps_where_they_would_take_too_long(strategies, capsys):
+    strategy = strategies("mirrored")
+    hook = SlowLinkAuto(20e6, probe_steps=20, probe_seconds=0.0)  # 6 steps then
+    train(strategy, hook, steps=14)
+    decision, = hook.decisions
+    assert decision["step"] == 6 and decision["measured"] < decision["probe_seconds"]
+    said = capsys.readouterr().out  # its choice was timed over 6 steps too, then kept
+    assert f"at step 12: {decision['choice']} measured" in said and "keeping it" in said
+    with pytest.raises(ValueError, match="probe_seconds must be >= 0"):
+        AutoCompression(probe_seconds=-1)
+
+
 def test_auto_on_a_fast_link_trains_exactly_as_none(strategies):
     import tfdist
 

@@ -6,8 +6,9 @@ Communication Framework for Distributed Machine Learning") and Agarwal et al. 20
 the Utility of Gradient Compression in Distributed Training Systems") measured: the
 answer depends on the link, the model and the step time. So `AutoCompression`:
 
-1. exchanges uncompressed for `probe_steps` steps and times them (wall time per step, as
-   the user sees it);
+1. exchanges uncompressed for `probe_steps` steps, or fewer where they would last over
+   `probe_seconds` (a slow link's uncompressed steps are what the user wants to avoid),
+   and times them (wall time per step, as the user sees it);
 2. times all-reduces of a few sizes on the strategy's own collectives and fits the link
    (bandwidth and latency per message, `cost_model.fit_link`);
 3. predicts each eligible method's step: compute (the probe's step minus its predicted
@@ -18,7 +19,7 @@ answer depends on the link, the model and the step time. So `AutoCompression`:
    uncompressed: the model's own error), with all-reduce buckets sized so each transfer
    takes 20 times the fixed cost of one more all-reduce on this link
    (`tfdist.core.buckets.bucket_bytes_for`), and says why in one line on the chief;
-5. times `probe_steps` steps of its choice: unless they are `min_gain` faster than the
+5. times as many steps of its choice: unless they are `min_gain` faster than the
    uncompressed probe's, it goes back to uncompressed (a prediction is checked, never
    trusted: the model knows neither the runtime's overlap nor a loaded machine);
 6. every `check_every` steps compares the step time with the one it measured: off by
@@ -69,6 +70,7 @@ METHODS = {
 #: the UNet's gradients on this project's 2-core machine).
 COST_SHARE = {"none": 0.0, "fp16": 0.015, "int8": 0.017, "powersgd+EF": 0.029,
               "topk+EF": 0.059, "sign+EF": 0.033}
+SHORTEST_WINDOW = 6  # steps: the first 3 (a new trace) are not timed
 PROBE_FLOATS = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)  # 4 kB .. 8 MB all-reduces
 
 
@@ -106,7 +108,9 @@ class AutoCompression(TrainingHook):
     """Chooses the gradient exchange from measurements (module docstring).
 
     Args:
-        probe_steps: uncompressed steps timed before choosing (and after a drift).
+        probe_steps: uncompressed steps timed before choosing (and after a drift), and
+            steps of the choice timed before keeping it.
+        probe_seconds: fewer steps (6 at least) where `probe_steps` would take longer.
         check_every: steps between two checks of the step time against its prediction.
         drift: relative difference of step time and prediction that triggers a new probe.
         min_gain: predicted share of the step a method must save to replace `none`.
@@ -124,11 +128,14 @@ class AutoCompression(TrainingHook):
     #: What strategy checks read of a compression hook (its name, and that it compresses).
     compressor = types.SimpleNamespace(name="auto", compresses=True)
 
-    def __init__(self, *, probe_steps=20, check_every=200, drift=0.3, max_quality_loss=1.0,
-                 min_gain=0.05, seed=0):
+    def __init__(self, *, probe_steps=20, probe_seconds=5.0, check_every=200, drift=0.3,
+                 max_quality_loss=1.0, min_gain=0.05, seed=0):
         if probe_steps < 4:
             raise ValueError(f"probe_steps must be >= 4. Received: probe_steps={probe_steps}")
+        if not probe_seconds >= 0:
+            raise ValueError(f"probe_seconds must be >= 0. Received: probe_seconds={probe_seconds}")
         self.probe_steps, self.check_every, self.drift = probe_steps, check_every, drift
+        self.probe_seconds, self._window = probe_seconds, probe_steps
         self.min_gain = min_gain
         self.methods = eligible(max_quality_loss)
         self.hooks = {m: _hook(METHODS[m], seed) for m in self.methods}
@@ -172,9 +179,14 @@ class AutoCompression(TrainingHook):
     def after_step(self, model, steps_done):
         self._times = self._times[-self.check_every:] + [time.perf_counter()]
         ran = steps_done - self._since
-        if self.choice == "probe" and ran >= self.probe_steps:
+        measuring = self.choice == "probe" or self._on_trial
+        if measuring and ran == SHORTEST_WINDOW < self.probe_steps:  # every worker at once
+            step = self._mean_over_workers(self._step_seconds(SHORTEST_WINDOW - 3))
+            self._window = min(self.probe_steps,
+                               max(SHORTEST_WINDOW, math.ceil(self.probe_seconds / step)))
+        if self.choice == "probe" and ran >= self._window:
             self._decide(steps_done)
-        elif self._on_trial and ran >= self.probe_steps:
+        elif self._on_trial and ran >= self._window:
             self._confirm(steps_done)
         elif self.choice != "probe" and ran >= self.check_every and ran % self.check_every == 0:
             self._check_drift(steps_done)
@@ -187,7 +199,7 @@ class AutoCompression(TrainingHook):
         return statistics.median(b - a for a, b in zip(times, times[1:]))
 
     def _decide(self, steps_done):
-        probe = self._mean_over_workers(self._step_seconds(self.probe_steps - 3))
+        probe = self._mean_over_workers(self._step_seconds(self._window - 3))
         began = time.perf_counter()
         samples = self._time_all_reduces()
         link_seconds = time.perf_counter() - began
@@ -219,13 +231,13 @@ class AutoCompression(TrainingHook):
                   f"predicted s/step: {shown}; chose {self.choice} (all-reduce buckets of "
                   f"{self.hooks[self.choice].bucket_bytes >> 10} KiB)")
         self._times, self._since = self._times[-1:], steps_done
-        self._on_trial = self.choice != "none"
+        self._on_trial, self._window = self.choice != "none", self.probe_steps
 
     def _confirm(self, steps_done):
         """Keeps the choice if its measured step beats the probe's by `min_gain`."""
         decision = self.decisions[-1]
-        measured = self._mean_over_workers(self._step_seconds(self.probe_steps - 3))
-        self._on_trial, self._since = False, steps_done
+        measured = self._mean_over_workers(self._step_seconds(self._window - 3))
+        self._on_trial, self._since, self._window = False, steps_done, self.probe_steps
         if measured < (1 - self.min_gain) * decision["probe_seconds"]:
             decision["measured"] = measured
             self._say(f"at step {steps_done}: {self.choice} measured {measured:.3f} s/step "
