@@ -8,8 +8,8 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
     --model conv | dict | plain      (plain: no BatchNormalization, no Dropout)
     --backup DIR --kill EPOCH        (worker:1 SIGKILLs itself mid-epoch EPOCH, once)
     --local_sgd PERIOD --warmup W    local SGD; records a weight checksum after each step
-    --auto PROBE_STEPS               compression: auto, probing PROBE_STEPS steps; records
-                                     its decisions
+    --auto PROBE_STEPS               compression: auto, probing PROBE_STEPS steps (6 if more:
+                                     probe_seconds 0); records its decisions
     --accumulate K                   SGD with gradient_accumulation_steps=K
     --pause_after E1,E2              after epoch E the chief writes <out>/paused-E and waits
                                      for <out>/resume-E (for a test to kill a task meanwhile)
@@ -244,7 +244,7 @@ def main():
     if args.accumulate and args.loop == "fit":  # tfdist's phased accumulation
         optimizer = tfdist.keras.DistributedOptimizer(optimizer, strategy=strategy)
     if args.auto:
-        auto = tfdist.compression.AutoCompression(probe_steps=args.auto)
+        auto = tfdist.compression.AutoCompression(probe_steps=args.auto, probe_seconds=0)
         optimizer = tfdist.keras.DistributedOptimizer(optimizer, auto, strategy=strategy)
     result = {"replicas": strategy.num_replicas_in_sync}
     callbacks = [tfdist.callbacks.SyncReplicaState()] if args.loop == "fit" else []
