@@ -231,3 +231,47 @@ def test_model_checkpoint_on_the_chief_writes_the_file(strategies, tmp_path):
         callbacks=[tfdist.callbacks.ModelCheckpoint(str(path), save_weights_only=True)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model-1.weights.h5",
                                                           "model-2.weights.h5"]
+
+
+def test_metrics_made_outside_the_scope_count_every_replica_and_logs_read_at_once(strategies):
+    """A metric created outside `strategy.scope()` is re-created in it (its state must live on
+    every replica); every step's logs, read with one all-reduce, equal what each metric's
+    own cross-replica read gives, and the epoch's accuracy (learning rate 0: a fixed model)
+    is NumPy's over all the samples."""
+    import keras
+    import tensorflow as tf
+
+    import tfdist
+    from tfdist.core.variables import underlying
+
+    strategy = strategies("mirrored")
+    outside = [keras.metrics.MeanIoU(3, sparse_y_pred=False, name="iou"),
+               keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    trainer = tfdist.Trainer(model, keras.optimizers.SGD(0.0), loss, strategy=strategy,
+                             metrics=outside)
+    assert all(strategy.extended.variable_created_in_scope(underlying(v))
+               for m in trainer.metrics for v in m.variables)
+    seen = []
+
+    class Compare(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(({k: float(v) for k, v in logs.items()},
+                         {k: float(v) for k, v in trainer._results().items()}))
+
+    x = np.random.default_rng(0).random((64, 4)).astype("float32")
+    y = np.random.default_rng(1).integers(0, 3, 64)
+    history = trainer.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=1,
+                          verbose=0, callbacks=[Compare()])
+    assert len(seen) == 4
+    for at_once, one_by_one in seen:
+        assert at_once == pytest.approx(one_by_one, rel=1e-6)
+    expected = np.mean(np.argmax(model.predict(x, verbose=0), -1) == y)
+    assert history.history["accuracy"][-1] == pytest.approx(expected, rel=1e-6)
+
+    unbuildable = keras.metrics.MeanMetricWrapper(lambda y, p: tf.cast(y, "float32"))
+    with pytest.raises(ValueError, match="created outside the strategy's scope and cannot be "
+                                         "re-created from its config"):
+        tfdist.Trainer(model, "sgd", loss, strategy=strategy, metrics=[unbuildable])

@@ -1,4 +1,5 @@
-"""Keras metrics updated from functions a `ClusterCoordinator` schedules on the workers.
+"""Keras metrics updated from functions a `ClusterCoordinator` schedules on the workers,
+and read across replicas with one all-reduce.
 
 Under ParameterServerStrategy, a metric's variables live on a parameter server and every
 worker updates them concurrently. Keras 3 implements `assign_add` as `assign(read + delta)`,
@@ -30,3 +31,36 @@ def update_metric(metric, *args, **kwargs):
     increments = metric.stateless_update_state(zeros, *args, **kwargs)
     for variable, increment in zip(metric.variables, increments):
         underlying(variable).assign_add(increment)
+
+
+def can_read_at_once(metrics):
+    """Whether `read_at_once` can read `metrics`: their states aggregate by sum or mean."""
+    return all(getattr(v, "aggregation", None) in ("sum", "mean")
+               for m in metrics for v in m.variables)
+
+
+def read_at_once(metrics):
+    """{name: result} of `metrics` over every replica, read in replica context with one
+    all-reduce of all their states (the same on every replica).
+
+    A metric's state lives on each replica (Keras' on-read variables); reading its result
+    in cross-replica context all-reduces each state variable on its own: 5 collectives a
+    step for a loss, a mean IoU and a pixel accuracy, against plain tf.distribute's one.
+    """
+    states = [v for m in metrics for v in m.variables]
+    if not states:
+        return {}
+    local = [tf.convert_to_tensor(v.value) for v in states]
+    flat = tf.concat([tf.reshape(tf.cast(x, tf.float64), [-1]) for x in local], 0)
+    context = tf.distribute.get_replica_context()
+    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, flat)
+    sizes = [x.shape.num_elements() for x in local]
+    values, results = [], {}
+    for part, x, v in zip(tf.split(summed, sizes), local, states):
+        if v.aggregation == "mean":
+            part = part / context.num_replicas_in_sync
+        values.append(tf.cast(tf.reshape(part, tf.shape(x)), x.dtype))
+    for m in metrics:
+        count = len(m.variables)
+        results[m.name], values = m.stateless_result(values[:count]), values[count:]
+    return results

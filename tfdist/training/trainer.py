@@ -13,7 +13,7 @@ from tfdist.keras.callbacks.training_hooks import TrainingHooks
 from tfdist.strategies.kind import capabilities_of
 from tfdist.strategies.task import is_chief
 from tfdist.training.data import distribute
-from tfdist.training.metrics import update_metric
+from tfdist.training.metrics import can_read_at_once, read_at_once, update_metric
 
 
 class Trainer:
@@ -36,10 +36,14 @@ class Trainer:
             used as it is (with `hooks` added to its own).
         loss: a Keras loss (instance or name) or a function ``loss(y_true, y_pred)``.
         strategy: defaults to the strategy in scope.
-        metrics: Keras metrics (instances or names).
+        metrics: Keras metrics (instances or names). One created outside the strategy's
+            scope is re-created inside it from its config (`Trainer.metrics` holds it),
+            so that it sums over every replica and worker. Each step reads them all with
+            one all-reduce.
         hooks: `TrainingHook`s around the gradient exchange and at step end.
 
     Attributes:
+        metrics: the metrics, as used (see `metrics`).
         completed_steps: training steps finished so far (exact under every strategy).
         variables: what the optimizer updates (the trainable variables; the shards of a
             sharded one).
@@ -66,7 +70,9 @@ class Trainer:
             self.variables = trained_variables(model)
             self.optimizer.build(self.variables)  # builds the hooks too
             self.loss_tracker = keras.metrics.Mean(name="loss")
-            self.metrics = [_as_metric(m) for m in metrics or []]
+            shared = self.strategy.num_replicas_in_sync > 1 or self.coordinator is not None
+            self.metrics = [_in_scope(_as_metric(m), self.strategy) if shared else _as_metric(m)
+                            for m in metrics or []]
         model.optimizer = self.optimizer
         self.completed_steps = 0
         self.driver = HookDriver(model, self.optimizer)
@@ -106,11 +112,10 @@ class Trainer:
             committed = self.optimizer.apply(grads, self.variables)
             self._take_back_if_refused(committed, state, before)
             self._update_metrics(scaled * strategy.num_replicas_in_sync, y, y_pred, sample_weight)
-            return committed
+            return self._replica_results()
 
         def step_fn(data):
-            strategy.run(replica_step, args=(data,))
-            return self._results()
+            return self._step_results(strategy.run(replica_step, args=(data,)))
 
         return self._compile(step_fn)
 
@@ -136,10 +141,10 @@ class Trainer:
             y_pred = model(x, training=False)
             loss = self._scaled_loss(y, y_pred, sample_weight) * strategy.num_replicas_in_sync
             self._update_metrics(loss, y, y_pred, sample_weight)
+            return self._replica_results()
 
         def step_fn(data):
-            strategy.run(replica_step, args=(data,))
-            return self._results()
+            return self._step_results(strategy.run(replica_step, args=(data,)))
 
         return self._compile(step_fn)
 
@@ -263,6 +268,22 @@ class Trainer:
     def _results(self):
         return {m.name: m.result() for m in [self.loss_tracker, *self.metrics]}
 
+    def _replica_results(self):
+        """(replica context) The step's logs from one all-reduce of every metric's state,
+        where that is possible (`tfdist.training.metrics.read_at_once`); else None."""
+        tracked = [self.loss_tracker, *self.metrics]
+        if self.coordinator is None and can_read_at_once(tracked):
+            return read_at_once(tracked)
+        return None
+
+    def _step_results(self, per_replica):
+        """(cross-replica context) The step's logs: the first replica's copy of what every
+        replica read at once, else each metric read on its own."""
+        if per_replica is None:
+            return self._results()
+        first = self.strategy.experimental_local_results
+        return tf.nest.map_structure(lambda value: first(value)[0], per_replica)
+
     def _logs(self):
         return {name: float(value) for name, value in self._results().items()}
 
@@ -317,6 +338,22 @@ def _as_loss(loss):
     if callable(loss):
         return _FunctionLoss(loss)
     raise ValueError(f"expected a Keras loss, its name, or a function. Received: loss={loss!r}")
+
+
+def _in_scope(metric, strategy):
+    """`metric`, or, if its state was created outside `strategy`'s scope, a new one from its
+    config made in it (under the caller's scope): with several replicas or workers, a metric
+    created outside lives on one device of one worker, so its replicas race on it and
+    each worker logs its own share."""
+    if all(strategy.extended.variable_created_in_scope(underlying(v)) for v in metric.variables):
+        return metric
+    try:
+        return type(metric).from_config(metric.get_config())
+    except Exception as e:  # noqa: BLE001 - any failure means the same to the user
+        raise ValueError(
+            f"the metric {metric.name!r} was created outside the strategy's scope and cannot "
+            "be re-created from its config; create it under strategy.scope(). "
+            f"Received: {metric!r} ({e})") from e
 
 
 def _as_metric(metric):
