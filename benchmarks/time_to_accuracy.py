@@ -101,14 +101,19 @@ def summary(rows):
 
 
 def quality(rows):
-    """{method: (mean final mean IoU, spread, mean final loss, runs)} over every run of a
-    method, whatever its link: the link changes the time, not the arithmetic."""
-    runs = {}
+    """{method: (mean final mean IoU, spread, mean final loss, seeds)}: per seed the mean
+    over its links (the link changes the time, not the arithmetic, except for auto, whose
+    choice follows the link), then the mean over seeds, so each seed weighs the same."""
+    per_seed = {}
     for r in rows:
-        runs.setdefault(r["method"], []).append(r)
-    return {m: (statistics.mean(r["final_val_mean_iou"] for r in rs),
-                max(r["final_val_mean_iou"] for r in rs) - min(r["final_val_mean_iou"] for r in rs),
-                statistics.mean(r["final_loss"] for r in rs), len(rs)) for m, rs in runs.items()}
+        per_seed.setdefault(r["method"], {}).setdefault(r["seed"], []).append(r)
+    out = {}
+    for method, seeds in per_seed.items():
+        ious = [statistics.mean(r["final_val_mean_iou"] for r in rs) for rs in seeds.values()]
+        losses = [statistics.mean(r["final_loss"] for r in rs) for rs in seeds.values()]
+        out[method] = (statistics.mean(ious), max(ious) - min(ious), statistics.mean(losses),
+                       len(seeds))
+    return out
 
 
 def markdown(results):
@@ -120,7 +125,7 @@ def markdown(results):
     scores = quality(results["runs"])
     methods = sorted(scores, key=lambda m: (m != "none", ALL_METHODS.index(m)
                                             if m in ALL_METHODS else len(ALL_METHODS), m))
-    header = ["method", "final mIoU (spread, runs)", "vs none", "loss vs none", "kB/step"]
+    header = ["method", "final mIoU (spread, seeds)", "vs none", "loss vs none", "kB/step"]
     for rate in rates:
         header += [f"{rate / MBIT:.0f} Mbit/s: s to {TARGETS[0]}", f"s to {TARGETS[1]}",
                    "s/step"]
