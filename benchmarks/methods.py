@@ -12,6 +12,7 @@ from netns import ROOT, TRAIN
 
 PLAIN = ROOT / "benchmarks" / "plain_tf_distribute.py"
 EF = {"error_feedback": True, "min_size": 0}
+FROZEN = {"freeze_variance": True}
 # One intra-op thread per task: each worker gets one core of this 2-core machine, as each
 # emulated host would. TensorFlow's default pools (one thread per core, in every process)
 # oversubscribe the cores and made single runs differ by 10-40%.
@@ -44,6 +45,13 @@ METHODS = {  # name -> config sections (None: plain tf.distribute)
                                                "ratio_warmup_steps": 120}},
     "topk+EF from 80": {"compression": {"name": "topk", "ratio": 0.01, **EF, "start_step": 80}},
     "sign+EF from 80": {"compression": {"name": "sign", **EF, "start_step": 80}},
+    # 1-bit Adam's second moment, frozen after the warm-up (Tang et al. 2021)
+    "topk+EF from 80, frozen v": {"compression": {"name": "topk", "ratio": 0.01, **EF,
+                                                  "start_step": 80, **FROZEN}},
+    "sign+EF from 80, frozen v": {"compression": {"name": "sign", **EF, "start_step": 80,
+                                                  **FROZEN}},
+    "powersgd+EF from 80, frozen v": {"compression": {"name": "powersgd", "rank": 4, **EF,
+                                                      "start_step": 80, **FROZEN}},
     "auto": {"compression": "auto"},
     "local SGD 2": {"local_sgd": {"period": 2}},
     "local SGD 8": {"local_sgd": {"period": 8}},

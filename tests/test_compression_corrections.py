@@ -392,6 +392,10 @@ BAD = [
     ({"name": "sign", "block_size": 100}, "block_size", "a multiple of 64"),
     ({"name": "sign", "block_size": -64}, "block_size", "between 0 and 16777216"),
     ({"name": "topk", "block_size": 64}, "block_size", "applies only to"),
+    ({"name": "topk", "error_feedback": True, "freeze_variance": True}, "freeze_variance",
+     "needs a warm-up that learns it, start_step > 0"),
+    ({"name": "topk", "start_step": 5, "freeze_variance": "yes"}, "freeze_variance",
+     "true or false"),
 ]
 
 
@@ -464,13 +468,13 @@ def sgd_with_dgc_reference(w0):
     return w
 
 
-def train_regression(strategy, loop):
+def train_regression(strategy, loop, base=None, options=DGC):
     x, y = regression_data()
     with strategy.scope():
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(1, use_bias=False)])
-        optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(LR), "topk",
-                                                      strategy=strategy, **DGC)
+        optimizer = tfdist.keras.DistributedOptimizer(base or keras.optimizers.SGD(LR), "topk",
+                                                      strategy=strategy, **options)
     w0 = model.weights[0].numpy()
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
     if loop == "fit":
@@ -508,6 +512,98 @@ def test_dgc_trains_like_the_numpy_reference_in_every_loop(strategies, loop):
     for replica in replicas_of(strategy, tfdist.core.variables.underlying(kernel)):
         np.testing.assert_allclose(replica.ravel(), want, rtol=2e-4, atol=2e-5)
     assert np.linalg.norm(want - w0.ravel()) > 0.1  # it trained
+
+
+# --- 1-bit Adam's frozen variance (Tang et al. 2021) --------------------------------
+
+ONE_BIT = dict(ratio=0.1, error_feedback=True, min_size=1, start_step=3, freeze_variance=True)
+ADAM = dict(learning_rate=0.02, beta_1=0.9, beta_2=0.999, epsilon=1e-7)
+
+
+def adam_with_error_feedback_reference(w0, freeze=True):
+    """Adam on the sum of the replicas' gradients, uncompressed for start_step steps, then
+    top-k with error feedback; with `freeze`, v (and its bias correction) stays as it was
+    at start_step (1-bit Adam), else Adam goes on as usual."""
+    x, y = regression_data()
+    lr, b1, b2, eps = (ADAM[k] for k in ("learning_rate", "beta_1", "beta_2", "epsilon"))
+    start = ONE_BIT["start_step"]
+    w = w0.astype(np.float64).ravel()
+    m, v, e = np.zeros(D), np.zeros(D), np.zeros((2, D))
+    for step in range(TRAIN_STEPS):
+        total = np.zeros(D)
+        for i in range(2):
+            xb = x[step * BATCH + i * BATCH // 2:step * BATCH + (i + 1) * BATCH // 2]
+            yb = y[step * BATCH + i * BATCH // 2:step * BATCH + (i + 1) * BATCH // 2, 0]
+            g = 2 * xb.T @ (xb @ w - yb) / len(xb) / 2
+            if step >= start:
+                sent = topk(g + e[i], ONE_BIT["ratio"])
+                e[i], g = g + e[i] - sent, sent
+            total += g
+        t = step + 1
+        m = m + (total - m) * (1 - b1)
+        frozen = freeze and step >= start
+        if not frozen:
+            v = v + (total ** 2 - v) * (1 - b2)
+        w = w - lr * np.sqrt(1 - b2 ** (start if frozen else t)) / (1 - b1 ** t) * m / (
+            np.sqrt(v) + eps)
+    return w, v
+
+
+@pytest.mark.parametrize("loop", ["fit", "trainer", "own"])
+def test_frozen_variance_trains_like_one_bit_adam_in_every_loop(strategies, loop):
+    strategy = strategies("mirrored")
+    w0, kernel = train_regression(strategy, loop, keras.optimizers.Adam(**ADAM), ONE_BIT)
+    want, want_v = adam_with_error_feedback_reference(w0)
+    for replica in replicas_of(strategy, tfdist.core.variables.underlying(kernel)):
+        np.testing.assert_allclose(replica.ravel(), want, rtol=2e-4, atol=2e-5)
+    live, live_v = adam_with_error_feedback_reference(w0, freeze=False)
+    assert np.abs(live - want).max() > 1e-3  # freezing made a difference the test sees
+    assert not np.allclose(live_v, want_v, rtol=1e-3)
+
+
+def test_frozen_variance_keeps_the_optimizers_second_moment_and_is_saved(strategies):
+    strategy = strategies("mirrored")
+    x, y = regression_data()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(1, use_bias=False)])
+        optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.AdamW(**ADAM), "topk",
+                                                      strategy=strategy, **ONE_BIT)
+    trainer = tfdist.Trainer(model, optimizer, "mse", strategy=strategy)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    trainer.fit(data.take(ONE_BIT["start_step"]), verbose=0)
+    v_at_start = replicas_of(strategy, optimizer._velocities[0])
+    trainer.fit(data.skip(ONE_BIT["start_step"]), verbose=0)
+    assert int(optimizer.iterations.numpy()) == TRAIN_STEPS
+    assert not np.allclose(v_at_start[0], 0)  # learned in the warm-up
+    np.testing.assert_array_equal(replicas_of(strategy, optimizer._velocities[0]), v_at_start)
+    hook = tfdist.core.optimizer.pipeline_of(optimizer).exchange_owner
+    assert build(**hook.get_config()).freeze_variance and hook.get_config()["freeze_variance"]
+
+
+@pytest.mark.parametrize("base, message", [
+    (lambda: keras.optimizers.SGD(0.1), "needs keras.optimizers.Adam or AdamW.*Received: SGD"),
+    (lambda: keras.optimizers.Adam(amsgrad=True), "with amsgrad=True"),
+])
+def test_frozen_variance_refuses_an_optimizer_without_adams_variance(strategies, base, message):
+    strategy = strategies("mirrored")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(1, use_bias=False)])
+        optimizer = tfdist.keras.DistributedOptimizer(base(), "topk", strategy=strategy,
+                                                      **ONE_BIT)
+        with pytest.raises(tfdist.errors.UnsupportedError, match=message):
+            optimizer.build(model.trainable_variables)
+
+
+def test_frozen_variance_needs_a_warm_up():
+    with pytest.raises(ValueError, match="start_step > 0"):
+        GradientCompression(TopK(0.01), error_feedback=True, freeze_variance=True)
+    hook = build(config_from_dict({"compression": {
+        "name": "topk", "error_feedback": True, "start_step": 80, "freeze_variance": True}})
+        .compression)
+    assert hook.freeze_variance and hook.start_step == 80
+    assert hook.frozen_variance_step() is None  # the uncompressed warm-up: v still learns
+    hook.enter_phase(hook.phase(80))
+    assert hook.frozen_variance_step() == 80
 
 
 def test_pack_is_the_flat_buffer_the_references_use():

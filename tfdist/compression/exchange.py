@@ -60,6 +60,10 @@ class GradientCompression(TrainingHook):
         bucket_bytes: all-reduce the uncompressed tensors (and the casts') in buckets of
             this size that overlap the backward pass (`tfdist.core.buckets`; 0: one
             fused buffer; None: `DEFAULT_BUCKET_BYTES`).
+        freeze_variance: from `start_step` on, an Adam or AdamW optimizer keeps its second
+            moment as it was then (1-bit Adam, Tang et al. 2021, arXiv 2102.02888:
+            error feedback does not mix with Adam's variance; `corrections.
+            frozen_variance_adam`). Needs start_step > 0: the warm-up that learns it.
 
     Raises:
         ValueError: an option out of its range, or one the compressor does not take.
@@ -73,7 +77,7 @@ class GradientCompression(TrainingHook):
 
     def __init__(self, compressor, *, error_feedback=False, start_step=0, min_size=1024, seed=0,
                  momentum_correction=0.0, local_clip_norm=0.0, ratio_warmup_steps=0,
-                 ratio_warmup_start=0.25, bucket_bytes=None):
+                 ratio_warmup_start=0.25, bucket_bytes=None, freeze_variance=False):
         if error_feedback not in (True, False, "ef21"):
             raise ValueError("error_feedback must be True, False or 'ef21'. "
                              f"Received: error_feedback={error_feedback!r}")
@@ -85,6 +89,12 @@ class GradientCompression(TrainingHook):
                             "ratio_warmup_steps": int(ratio_warmup_steps or 0),
                             "ratio_warmup_start": float(ratio_warmup_start or 0.25)}
         self._check_corrections()
+        self.freeze_variance = bool(freeze_variance)
+        if self.freeze_variance and self.start_step <= 0:
+            raise ValueError("freeze_variance keeps Adam's second moment as it was at "
+                             "start_step (1-bit Adam, Tang et al. 2021): it needs a warm-up "
+                             f"that learns it, start_step > 0. Received: start_step="
+                             f"{self.start_step}")
         ratio = getattr(compressor, "ratio", None)
         self.schedule = (ratio_schedule(ratio, self.corrections["ratio_warmup_start"],
                                         self.corrections["ratio_warmup_steps"])
@@ -155,6 +165,11 @@ class GradientCompression(TrainingHook):
         phase = self.phase(0) if self.current_phase is None else self.current_phase
         return phase[1] if isinstance(phase, tuple) else len(self.schedule) - 1
 
+    def frozen_variance_step(self):
+        """The optimizer step Adam's second moment stays at, in the phase traced (None:
+        not frozen)."""
+        return self.start_step if self.freeze_variance and self.compressing else None
+
     @property
     def residual(self):
         return self.state.get("residual")
@@ -185,6 +200,8 @@ class GradientCompression(TrainingHook):
         corrections = {k: v for k, v in self.corrections.items() if v != defaults[k]}
         if self.bucket_bytes != DEFAULT_BUCKET_BYTES:
             corrections["bucket_bytes"] = self.bucket_bytes
+        if self.freeze_variance:
+            corrections["freeze_variance"] = True
         error_feedback = "ef21" if self.error_feedback == "ef21" else bool(self.error_feedback)
         config = {"name": self.compressor.name, **params, **corrections,
                   "error_feedback": error_feedback, "start_step": self.start_step,

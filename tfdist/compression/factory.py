@@ -13,7 +13,8 @@ def build(compression="none", **options):
     measures the link and the step and chooses (`tfdist.compression.auto`).
 
     Options override the config: ratio, rank, levels, block_size, error_feedback (true,
-    false or "ef21"), start_step, min_size, bucket_bytes, seed, and the corrections
+    false or "ef21"), start_step, min_size, bucket_bytes, seed, freeze_variance (1-bit
+    Adam: Adam's second moment frozen from start_step on), and the corrections
     momentum_correction, local_clip_norm, ratio_warmup_steps, ratio_warmup_start
     (`tfdist.compression.corrections`). Unknown names and out-of-range values raise
     `ConfigError`.
@@ -37,7 +38,8 @@ def build(compression="none", **options):
                    if getattr(spec, k) is not None}
     return GradientCompression(compressor, error_feedback=spec.error_feedback,
                                start_step=spec.start_step, min_size=spec.min_size, seed=seed,
-                               bucket_bytes=spec.bucket_bytes, **corrections)
+                               bucket_bytes=spec.bucket_bytes,
+                               freeze_variance=spec.freeze_variance, **corrections)
 
 
 def _as_dict(compression, options):

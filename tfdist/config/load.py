@@ -67,7 +67,7 @@ def _hyperparameter_check(parameter):
 COMPRESSOR_PARAMS = {name: (p.compressors, p.default, _hyperparameter_check(p))
                      for name, p in HYPERPARAMETERS.items()}
 COMPRESSION_KEYS = ("name", *COMPRESSOR_PARAMS, "error_feedback", "start_step", "min_size",
-                    "bucket_bytes")
+                    "bucket_bytes", "freeze_variance")
 LOCAL_SGD_KEYS = ("period", "warmup_steps", "average_non_trainable", "average_optimizer_state")
 
 
@@ -242,6 +242,14 @@ def _compression(source, path, value):
     for key in ("start_step", "min_size", "bucket_bytes"):
         if key in value:
             fields[key] = checks.integer(source, path + (key,), value[key], minimum=0)
+    if "freeze_variance" in value:
+        fields["freeze_variance"] = checks.boolean(source, path + ("freeze_variance",),
+                                                   value["freeze_variance"])
+        if fields["freeze_variance"] and not fields.get("start_step"):
+            raise source.error(path + ("freeze_variance",), "freeze_variance keeps Adam's "
+                               "second moment as it was at start_step (1-bit Adam, Tang et al. "
+                               "2021): it needs a warm-up that learns it, start_step > 0. "
+                               f"Received: start_step={fields.get('start_step', 0)}")
     return CompressionConfig(**fields)
 
 

@@ -67,6 +67,7 @@ class CompressionConfig:
     start_step: int = 0
     min_size: int = 1024
     bucket_bytes: int | None = None  # None: tfdist.core.buckets.DEFAULT_BUCKET_BYTES
+    freeze_variance: bool = False  # Adam's second moment frozen from start_step (1-bit Adam)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,6 +46,8 @@ class TrainingHook:
     phased = False
     #: The phase the step is traced for (set by `enter_phase`; None before a driver ran).
     current_phase = None
+    #: True when the hook freezes Adam's second moment in some phase (`frozen_variance_step`).
+    freeze_variance = False
     #: A codec that compresses each gradient pushed to parameter servers, or None.
     push_codec = None
 
@@ -88,6 +90,11 @@ class TrainingHook:
 
     def get_config(self):
         """Options that rebuild this hook when a model is loaded, or None (not saved)."""
+        return None
+
+    def frozen_variance_step(self):
+        """The optimizer step at which Adam's second moment stays in the phase traced
+        (1-bit Adam; `tfdist.compression.corrections.frozen_variance_adam`), or None."""
         return None
 
 
@@ -158,6 +165,12 @@ class GradientPipeline:
     def on_step_end(self, step):
         for hook in self.hooks:
             hook.on_step_end(step)
+
+    def frozen_variance_step(self):
+        """The step Adam's second moment stays at in the phase traced, if a hook freezes it
+        (`GradientCompression(freeze_variance=True)`), else None."""
+        return next((s for h in self.hooks if (s := h.frozen_variance_step()) is not None),
+                    None)
 
     def push_codec(self):
         """The codec of the gradient push to parameter servers, if a hook has one."""

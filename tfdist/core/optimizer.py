@@ -29,6 +29,7 @@ key `SAVED_KEY` (`tfdist.keras.saving` loads it back).
 import keras
 import tensorflow as tf
 
+from tfdist.compression.corrections import frozen_variance_adam
 from tfdist.core import transaction
 from tfdist.core.hooks import GradientPipeline, TrainingHook
 from tfdist.core.replica_state import SyncReplicaState
@@ -107,6 +108,7 @@ def with_hook(optimizer, hook, strategy):
                     mine.assign(theirs)
         return copy
     if hook not in pipeline.hooks:
+        check_update_rule(optimizer, [hook])
         pipeline.hooks = [h for h in pipeline.hooks if type(h) is not type(hook)]
         pipeline.add(hook)
         if optimizer.built:
@@ -300,8 +302,33 @@ def _update_ema(self):
 
 def _build(self, variables):
     """Keras' build, then the pipeline's hooks get the same variables (same scope)."""
+    check_update_rule(self, self._tfdist_pipeline.hooks)
     _base(self).build(self, variables)
     self._tfdist_pipeline.build(tf.distribute.get_strategy(), variables)
+
+
+def check_update_rule(optimizer, hooks):
+    """UnsupportedError if a hook freezes Adam's second moment and `optimizer` has none."""
+    freezing = [type(h).__name__ for h in hooks if h.freeze_variance]
+    if freezing and (not isinstance(optimizer, keras.optimizers.Adam) or optimizer.amsgrad):
+        raise UnsupportedError(
+            f"{freezing[0]} freezes Adam's second moment after start_step (freeze_variance, "
+            "1-bit Adam): it needs keras.optimizers.Adam or AdamW without amsgrad. Received: "
+            f"{type(optimizer).__name__}" + (" with amsgrad=True" if getattr(
+                optimizer, "amsgrad", False) else ""))
+
+
+def _frozen_variance_update(self, gradient, variable, learning_rate, frozen_step):
+    """Adam's `update_step` with the second moment frozen at `frozen_step` (1-bit Adam)."""
+    index = self._get_variable_index(variable)
+    m, v = self._momentums[index], self._velocities[index]
+    dtype = variable.dtype
+    new_m, change = frozen_variance_adam(
+        gradient, m, v, tf.cast(learning_rate, dtype), tf.cast(self.iterations + 1, dtype),
+        tf.cast(frozen_step, dtype), tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype),
+        tf.cast(self.epsilon, dtype))
+    m.assign(new_m)
+    variable.assign_add(change)
 
 
 def _update_step(self, grads, trainable_variables, learning_rate):
@@ -326,6 +353,7 @@ def _update_variables(self, distribution, grads_and_vars, learning_rate, committ
     each gradient is encoded here, on the worker, and decoded inside the update, which
     runs on the variable's parameter server: the encoded payload is what crosses."""
     push = self._tfdist_pipeline.push_codec()
+    frozen_step = self._tfdist_pipeline.frozen_variance_step()
 
     def update(variable, *payload_rate_committed, meta=None):
         *payload, rate, commit = payload_rate_committed
@@ -335,7 +363,11 @@ def _update_variables(self, distribution, grads_and_vars, learning_rate, committ
             if self.weight_decay is not None and self._use_weight_decay(variable):
                 decay = tf.cast(self.weight_decay, variable.dtype) * tf.cast(rate, variable.dtype)
                 variable.assign_sub(variable * decay)
-            self.update_step(tf.cast(grad, variable.dtype), variable, rate)
+            if frozen_step is None:
+                self.update_step(tf.cast(grad, variable.dtype), variable, rate)
+            else:
+                _frozen_variance_update(self, tf.cast(grad, variable.dtype), variable, rate,
+                                        frozen_step)
             return tf.constant(True)
 
         return tf.cond(commit, apply, lambda: tf.constant(False))
