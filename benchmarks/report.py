@@ -166,7 +166,8 @@ def slow_rows(results):
 
 QUALITY_METHODS = ("fp16", "bf16", "int8", "qsgd", "sign+EF", "topk+EF", "randomk+EF",
                    "powersgd+EF", "topk+DGC", "topk+EF21", "sign+EF21", "topk+EF from 80",
-                   "sign+EF from 80", "auto")
+                   "sign+EF from 80", "topk+EF from 80, frozen v", "sign+EF from 80, frozen v",
+                   "powersgd+EF from 80, frozen v", "auto")
 
 
 def converged_quality(results):
@@ -357,7 +358,7 @@ def time_to_accuracy_section(results):
     source = (f"From `benchmarks/time_to_accuracy.py` ({len(runs)} runs"
               + (f" of the full plan's {planned}: the run was cut short, `--resume` goes on;"
                  " a method or link missing below is not measured yet" if tta.get("partial") else "")
-              + (f", {tta['minutes']:.0f} minutes" if tta.get("minutes") else "") + "). ")
+              + f", {sum(r.get('wall_seconds', 0) for r in runs) / 60:.0f} minutes of runs). ")
     return ["## Time to accuracy", "", source +
             f"Two workers as two hosts (network namespaces joined by a veth link capped by "
             f"`tc tbf` each way), {steps} steps of 32 samples, validation every {plan['steps']} "

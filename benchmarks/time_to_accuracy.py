@@ -33,7 +33,8 @@ TARGETS = (0.85, 0.90)
 MBIT = 1_000_000
 ALL_METHODS = ["none", "fp16", "bf16", "int8", "qsgd", "sign+EF", "topk+EF", "randomk+EF",
                "powersgd+EF", "local SGD 8", "topk+DGC", "topk+EF21", "sign+EF21",
-               "topk+EF from 80", "sign+EF from 80", "auto"]
+               "topk+EF from 80", "sign+EF from 80", "topk+EF from 80, frozen v",
+               "sign+EF from 80, frozen v", "powersgd+EF from 80, frozen v", "auto"]
 PLANS = {
     # The demo's schedule (480 steps of 32 samples) in epochs of 40 steps, 8 validation steps.
     # the fastest link first: its runs alone give every method's quality at convergence
