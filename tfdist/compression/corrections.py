@@ -16,13 +16,14 @@ as wrappers around any compressor's exchange (`wrappers.py` has the classic ones
   start (`EF21DelayedStart`) the uncompressed steps are EF21 with the identity
   compressor, so compression starts from estimates equal to the last gradients.
 
-- `frozen_variance_adam` is 1-bit Adam's (Tang et al. 2021, "1-bit Adam: Communication
-  Efficient Large-Scale Training with Adam's Convergence Speed", arXiv 2102.02888): error
-  feedback does not mix with Adam's second moment, which is not linear in the gradient —
-  the burst error feedback releases on a coordinate after many small steps inflates v
-  there and damps its steps for ~1/(1 - beta_2) steps. After a warm-up (`start_step`) v is
-  frozen, and Adam becomes momentum SGD with a fixed per-coordinate scale, for which error
-  feedback is sound.
+- `freeze_variance` (an option of `GradientCompression`; the update rule is
+  `tfdist.core.optimizer.frozen_variance_adam`) is 1-bit Adam's (Tang et al. 2021, "1-bit
+  Adam: Communication Efficient Large-Scale Training with Adam's Convergence Speed", arXiv
+  2102.02888): error feedback does not mix with Adam's second moment, which is not linear
+  in the gradient — the burst error feedback releases on a coordinate after many small
+  steps inflates v there and damps its steps for ~1/(1 - beta_2) steps. After a warm-up
+  (`start_step`) v is frozen, and Adam becomes momentum SGD with a fixed per-coordinate
+  scale, for which error feedback is sound.
 
 The scaled-sign error feedback of Karimireddy et al. 2019 is `Sign` (||x||_1 / d · sign(x)
 per tensor, or per block with `block_size`) inside the classic `ErrorFeedback`.
@@ -116,13 +117,3 @@ def ratio_schedule(ratio, start, steps, stages=STAGES):
 def stage_of(schedule, step):
     """Index of the stage of `schedule` that optimizer step `step` is in."""
     return max((i for i, (first, _) in enumerate(schedule) if step >= first), default=0)
-
-
-def frozen_variance_adam(gradient, m, v, learning_rate, step, frozen_step, beta_1, beta_2,
-                         epsilon):
-    """One Adam step with the second moment `v` frozen at optimizer step `frozen_step`
-    (1-bit Adam): returns (new first moment, the change of the variable). `step` counts
-    from 1 (Keras' `iterations + 1`); v's bias correction stays the one of `frozen_step`."""
-    m = m + (gradient - m) * (1 - beta_1)
-    alpha = (learning_rate * tf.sqrt(1 - beta_2 ** frozen_step) / (1 - beta_1 ** step))
-    return m, -alpha * m / (tf.sqrt(v) + epsilon)

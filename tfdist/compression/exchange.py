@@ -62,8 +62,9 @@ class GradientCompression(TrainingHook):
             fused buffer; None: `DEFAULT_BUCKET_BYTES`).
         freeze_variance: from `start_step` on, an Adam or AdamW optimizer keeps its second
             moment as it was then (1-bit Adam, Tang et al. 2021, arXiv 2102.02888:
-            error feedback does not mix with Adam's variance; `corrections.
-            frozen_variance_adam`). Needs start_step > 0: the warm-up that learns it.
+            error feedback does not mix with Adam's variance;
+            `tfdist.core.optimizer.frozen_variance_adam`). Needs start_step > 0: the
+            warm-up that learns it.
 
     Raises:
         ValueError: an option out of its range, or one the compressor does not take.

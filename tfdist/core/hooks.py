@@ -94,7 +94,7 @@ class TrainingHook:
 
     def frozen_variance_step(self):
         """The optimizer step at which Adam's second moment stays in the phase traced
-        (1-bit Adam; `tfdist.compression.corrections.frozen_variance_adam`), or None."""
+        (1-bit Adam; `tfdist.core.optimizer.frozen_variance_adam`), or None."""
         return None
 
 

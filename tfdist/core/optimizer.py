@@ -29,7 +29,6 @@ key `SAVED_KEY` (`tfdist.keras.saving` loads it back).
 import keras
 import tensorflow as tf
 
-from tfdist.compression.corrections import frozen_variance_adam
 from tfdist.core import transaction
 from tfdist.core.hooks import GradientPipeline, TrainingHook
 from tfdist.core.replica_state import SyncReplicaState
@@ -316,6 +315,16 @@ def check_update_rule(optimizer, hooks):
             "1-bit Adam): it needs keras.optimizers.Adam or AdamW without amsgrad. Received: "
             f"{type(optimizer).__name__}" + (" with amsgrad=True" if getattr(
                 optimizer, "amsgrad", False) else ""))
+
+
+def frozen_variance_adam(gradient, m, v, learning_rate, step, frozen_step, beta_1, beta_2,
+                         epsilon):
+    """One Adam step with the second moment `v` frozen at optimizer step `frozen_step`
+    (1-bit Adam): returns (new first moment, the change of the variable). `step` counts
+    from 1 (Keras' `iterations + 1`); v's bias correction stays the one of `frozen_step`."""
+    m = m + (gradient - m) * (1 - beta_1)
+    alpha = (learning_rate * tf.sqrt(1 - beta_2 ** frozen_step) / (1 - beta_1 ** step))
+    return m, -alpha * m / (tf.sqrt(v) + epsilon)
 
 
 def _frozen_variance_update(self, gradient, variable, learning_rate, frozen_step):
