@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.compression import (QSGD, Cast, Compressor, GradientCompression, Int8, PowerSGD,
-                                RandomK, Sign, TopK, build)
+from tfdist.compression import (QSGD, Cast, Compressor, GradientCompression, Int4, Int8,
+                                PowerSGD, RandomK, Sign, TopK, build)
 from tfdist.compression.buffers import pack, unpack
 from tfdist.config import ConfigError
 from tfdist.core import transaction
@@ -74,7 +74,7 @@ def test_padding_decodes_to_zero_so_error_feedback_keeps_it_zero():
 
 
 @pytest.mark.parametrize("compressor", [Compressor(), Cast("float16"), Cast("bfloat16"), Int8(),
-                                        QSGD(15), Sign(), TopK(0.1), RandomK(0.1)])
+                                        Int4(), QSGD(15), Sign(), TopK(0.1), RandomK(0.1)])
 def test_payload_bytes_are_what_is_sent(compressor):
     _, _, nbytes, layout = roundtrip(compressor, tensors())
     assert compressor.payload_bytes(layout) == nbytes
@@ -89,6 +89,16 @@ def test_casts_and_int8_stay_within_their_precision():
     x, y, _, _ = roundtrip(Int8(), xs)
     bound = np.concatenate([np.full(t.size, np.abs(t).max() / 127 / 2) for t in xs])
     assert np.all(np.abs(y - x) <= bound * 1.0001)  # per-tensor scale: half a step
+
+
+def test_int4_is_numpys_rounding_to_seven_levels_packed_two_per_byte():
+    xs = tensors()
+    x, y, nbytes, _ = roundtrip(Int4(), xs)
+    scales = [np.abs(t).max() / 7 for t in xs]
+    expected = np.concatenate([np.round(t.ravel() / s) * s for t, s in zip(xs, scales)])
+    np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-7)
+    assert len(np.unique(np.round(y[:xs[0].size] / scales[0]))) <= 15
+    assert nbytes <= x.size // 2 + len(xs) * (Int4.align // 2 + 4)  # half a byte per value
 
 
 def test_sign_is_the_sign_times_the_mean_magnitude_per_tensor():

@@ -5,8 +5,8 @@
     model.compile(tfdist.keras.DistributedOptimizer(optimizer, compression="fp16"), ...)
 """
 
-from tfdist.compression.compressors import (QSGD, Cast, Compressor, Int8, PowerSGD, RandomK,
-                                            Sign, TopK)
+from tfdist.compression.compressors import (QSGD, Cast, Compressor, Int4, Int8, PowerSGD,
+                                            RandomK, Sign, TopK)
 from tfdist.compression.auto import AutoCompression
 from tfdist.compression.communicator import Communicator
 from tfdist.compression.exchange import GradientCompression
@@ -14,5 +14,5 @@ from tfdist.compression.factory import build, compressor_by_name
 from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize
 
 __all__ = ["AutoCompression", "Cast", "Communicator", "Compressor", "DelayedStart", "ErrorFeedback",
-           "GradientCompression", "Int8", "MinSize", "PowerSGD", "QSGD", "RandomK", "Sign", "TopK",
-           "build", "compressor_by_name"]
+           "GradientCompression", "Int4", "Int8", "MinSize", "PowerSGD", "QSGD", "RandomK", "Sign",
+           "TopK", "build", "compressor_by_name"]

@@ -10,7 +10,7 @@ replica's share as sent, new state)``; by `collective`:
 
 - ``"sum"``: payloads are added by an all-reduce, then decoded once (none, fp16, bf16,
   randomk — whose indices come from a seed all replicas share, so only values travel);
-- ``"gather"``: payloads are all-gathered, each decoded, then summed (int8, qsgd, sign,
+- ``"gather"``: payloads are all-gathered, each decoded, then summed (int8, int4, qsgd, sign,
   topk — whose payloads cannot be added as they are);
 - PowerSGD overrides `exchange` (two all-reduces, and its Q matrices as state).
 
@@ -124,6 +124,34 @@ class Int8(Compressor):
 
     def payload_bytes(self, layout):
         return layout.size + 4 * layout.num_segments
+
+
+class Int4(Int8):
+    """4-bit linear quantisation (two values per byte) with one float32 scale per tensor
+    (max |x| / 7): Streaming DiLoCo's 4-bit outer gradients (Douillard et al. 2025, arXiv
+    2501.18512), here with integer levels -7..7."""
+
+    name = "int4"
+    LEVELS = 7
+
+    def encode(self, x, layout, seeds):
+        blocks = layout.blocks(x)
+        scale = tensor_max(tf.abs(blocks), layout) / self.LEVELS
+        scale = tf.where(scale > 0, scale, tf.ones_like(scale))
+        q = tf.clip_by_value(tf.round(blocks / per_block(scale, layout)), -self.LEVELS,
+                             self.LEVELS)
+        nibbles = tf.reshape(tf.cast(q + self.LEVELS + 1, tf.uint8), [-1, 2])  # 1..15
+        return nibbles[:, 0] + nibbles[:, 1] * 16, scale  # align is even
+
+    def decode(self, payload, layout, seeds):
+        packed, scale = payload
+        nibbles = tf.stack([tf.bitwise.bitwise_and(packed, 15),
+                            tf.bitwise.right_shift(packed, 4)], axis=1)
+        q = tf.cast(tf.reshape(nibbles, [-1]), tf.float32) - (self.LEVELS + 1)
+        return _flat(layout.blocks(q) * per_block(scale, layout))
+
+    def payload_bytes(self, layout):
+        return layout.size // 2 + 4 * layout.num_segments
 
 
 class QSGD(Compressor):
@@ -319,7 +347,7 @@ def _num_replicas():
 
 def compressor_by_name(name, *, ratio=None, rank=None, levels=None, block_size=None,
                        error_feedback=False):
-    """The `Compressor` called `name` (none, fp16, bf16, int8, qsgd, sign, topk, randomk,
+    """The `Compressor` called `name` (none, fp16, bf16, int8, int4, qsgd, sign, topk, randomk,
     powersgd) with its hyper-parameter (None: the declared default)."""
     ratio = RATIO.default if ratio is None else ratio
     return {
@@ -327,6 +355,7 @@ def compressor_by_name(name, *, ratio=None, rank=None, levels=None, block_size=N
         "fp16": lambda: Cast("float16"),
         "bf16": lambda: Cast("bfloat16"),
         "int8": Int8,
+        "int4": Int4,
         "qsgd": lambda: QSGD(LEVELS.default if levels is None else levels),
         "sign": lambda: Sign(BLOCK_SIZE.default if block_size is None else block_size),
         "topk": lambda: TopK(ratio),

@@ -4,7 +4,7 @@ constructors and by the config loader (`tfdist.config.load`). No TensorFlow here
 import dataclasses
 import math
 
-NAMES = ("none", "fp16", "bf16", "int8", "qsgd", "sign", "topk", "randomk", "powersgd")
+NAMES = ("none", "fp16", "bf16", "int8", "int4", "qsgd", "sign", "topk", "randomk", "powersgd")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,7 @@ LEVELS = HyperParameter("levels", ("qsgd",), 15, integer=True, minimum=1, maximu
 BLOCK_SIZE = HyperParameter("block_size", ("sign",), 0, integer=True, minimum=0,
                             maximum=1 << 24, multiple_of=64)
 # The corrections of error-fed compressors (tfdist.compression.corrections): 0 turns each off.
-FED = ("int8", "qsgd", "sign", "topk", "randomk", "powersgd")
+FED = ("int8", "int4", "qsgd", "sign", "topk", "randomk", "powersgd")
 SPARSE = ("topk", "randomk")  # what momentum factor masking needs: values that were not sent
 MOMENTUM_CORRECTION = HyperParameter("momentum_correction", SPARSE, 0.0, integer=False,
                                      minimum=0, maximum=0.999)
@@ -66,4 +66,4 @@ RATIO_WARMUP_START = HyperParameter("ratio_warmup_start", SPARSE, 0.25, integer=
 HYPERPARAMETERS = {p.name: p for p in (RATIO, RANK, LEVELS, BLOCK_SIZE, MOMENTUM_CORRECTION,
                                        LOCAL_CLIP_NORM, RATIO_WARMUP_STEPS, RATIO_WARMUP_START)}
 #: Error feedback: classic (true, Karimireddy et al. 2019) or EF21 (Richtarik et al. 2021).
-EF21_COMPRESSORS = ("int8", "qsgd", "sign", "topk", "randomk")
+EF21_COMPRESSORS = ("int8", "int4", "qsgd", "sign", "topk", "randomk")

@@ -97,6 +97,11 @@ class TrainingHook:
         (1-bit Adam; `tfdist.core.optimizer.frozen_variance_adam`), or None."""
         return None
 
+    def saveables(self):
+        """Keras objects (e.g. an optimizer) whose state a checkpoint of the optimizer
+        must hold (`BackupAndRestore` resumes them); available after `build`."""
+        return []
+
 
 def all_reduce_sum(grads, bucket_bytes=None):
     """The exchange Keras 3 performs: a SUM all-reduce over the replicas in sync (which
@@ -171,6 +176,10 @@ class GradientPipeline:
         (`GradientCompression(freeze_variance=True)`), else None."""
         return next((s for h in self.hooks if (s := h.frozen_variance_step()) is not None),
                     None)
+
+    def saveables(self):
+        """Every hook's `saveables()`, in order."""
+        return [s for hook in self.hooks for s in hook.saveables()]
 
     def push_codec(self):
         """The codec of the gradient push to parameter servers, if a hook has one."""

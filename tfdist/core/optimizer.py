@@ -113,6 +113,7 @@ def with_hook(optimizer, hook, strategy):
         if optimizer.built:
             with strategy.scope():
                 hook.build(strategy, list(optimizer._trainable_variables))
+            keep_hook_state(optimizer)
     return optimizer
 
 
@@ -304,6 +305,13 @@ def _build(self, variables):
     check_update_rule(self, self._tfdist_pipeline.hooks)
     _base(self).build(self, variables)
     self._tfdist_pipeline.build(tf.distribute.get_strategy(), variables)
+    keep_hook_state(self)
+
+
+def keep_hook_state(optimizer):
+    """The hooks' `saveables()` as an attribute Keras' saving walks, so the optimizer's
+    checkpoint (`save_weights`, `BackupAndRestore`) holds their state."""
+    optimizer.tfdist_hook_state = optimizer._tfdist_pipeline.saveables()
 
 
 def check_update_rule(optimizer, hooks):

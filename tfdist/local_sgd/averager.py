@@ -1,60 +1,97 @@
-"""Local SGD: replicas train on their own and average their models every `period` steps.
+"""Local SGD and DiLoCo: replicas train on their own and synchronise every `period` steps.
 
 Stich 2019, "Local SGD Converges Fast and Communicates Little"; post-local SGD: Lin et
 al. 2020, "Don't Use Large Mini-Batches, Use Local SGD" — `warmup_steps` of ordinary
 synchronous training first. PyTorch's `PeriodicModelAverager` is the model.
 
-Between averages there is no gradient exchange at all: each replica applies its own
-gradient (the exchange hook returns it, scaled back from Keras' 1/replicas loss share),
-so replicas — and workers — really hold different weights. Every `period` steps, and
-before anything reads the model (validation, checkpoints, the end of an epoch or of
-training), the weights are set to their mean over all replicas: one all-reduce of the
-model instead of `period` all-reduces of the gradients. The average may itself be
-compressed: then the replicas exchange their compressed *change* since the last average
-(which compresses like a gradient; the weights themselves would not) and all add the same
-decoded mean to the same anchor, so they end identical.
+Between synchronisations there is no gradient exchange at all: each replica applies its
+own gradient (the exchange hook returns it, scaled back from Keras' 1/replicas loss
+share), so replicas — and workers — really hold different weights. Every `period` steps,
+and before anything reads the model (validation, checkpoints, the end of an epoch or of
+training), they synchronise:
+
+- plain local SGD: the weights become their mean over all replicas and workers — one
+  all-reduce of the model instead of `period` all-reduces of the gradients;
+- DiLoCo (Douillard et al. 2023, arXiv 2311.08105; `outer`): the mean change since the
+  last synchronisation is a pseudo-gradient that an outer optimizer (Nesterov momentum)
+  applies to the last synchronised weights, the *anchors*;
+- Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512): `fragments` synchronise at
+  staggered steps, and with `overlap_steps` τ a fragment's exchange runs in a background
+  thread beside the next τ steps, its result merged then (`overlap_mix`).
+
+The exchange may be compressed: the replicas then send their compressed *change* since
+the anchors (which compresses like a gradient; the weights themselves would not) and all
+add the same decoded mean to the same anchors, so they end identical.
 """
 
+import keras
 import tensorflow as tf
 
 from tfdist.compression.factory import build
 from tfdist.core.hooks import TrainingHook, all_reduce_sum
+from tfdist.core.overlap import Background
 from tfdist.core.variables import per_replica_state, underlying
 from tfdist.errors import UnsupportedError
+from tfdist.local_sgd import fragments as fragmenting
+from tfdist.local_sgd.outer import is_plain_average, outer_optimizer
 from tfdist.strategies.capabilities import names_with
 from tfdist.strategies.kind import capabilities_of
 
 
 class ModelAverager(TrainingHook):
-    """Periodic model averaging, as a `TrainingHook`: the same object in `model.fit`,
+    """Local SGD and DiLoCo, as a `TrainingHook`: the same object in `model.fit`,
     `tfdist.Trainer` and your own loop (`tfdist.function`).
 
     Args:
-        period: local steps between two averages (1: as synchronous as plain SGD).
-        warmup_steps: synchronous steps (gradients all-reduced) before local SGD starts.
+        period: local steps between two synchronisations (1: as synchronous as plain SGD).
+        warmup_steps: synchronous steps (gradients all-reduced) before local steps start.
         average_non_trainable: also average per-replica Keras state (BatchNormalization
-            statistics) at each average, not only at the end of each epoch.
+            statistics) at each synchronisation, not only at the end of each epoch.
         average_optimizer_state: also average the optimizer's slots (momenta).
-        compression: compress the averaging exchange — a compressor name, a
-            `compression:` section or a `GradientCompression` hook.
+        compression: compress the exchange — a compressor name, a `compression:`
+            section or a `GradientCompression` hook.
+        outer: DiLoCo's outer optimizer (`tfdist.local_sgd.outer`): None — plain
+            averaging —, a name ("nesterov": the paper's, learning rate 0.7, momentum 0.9),
+            a mapping {name, **options of that Keras optimizer} or a Keras optimizer.
+        fragments: synchronise the model in this many parts at staggered steps, each
+            once per period (Streaming DiLoCo).
+        overlap_steps: a fragment's exchange runs beside this many inner steps and is
+            applied after them (0: at once).
+        overlap_mix: after an overlapped exchange a fragment's weights become
+            `overlap_mix` × its local weights + (1 - `overlap_mix`) × the synchronised
+            ones (Streaming DiLoCo's α; 0 drops the τ local steps).
     """
 
     replaces_exchange = True
 
     def __init__(self, period, warmup_steps=0, average_non_trainable=False,
-                 average_optimizer_state=False, compression=None):
+                 average_optimizer_state=False, compression=None, outer=None, fragments=1,
+                 overlap_steps=0, overlap_mix=0.5):
         if int(period) < 1 or int(warmup_steps) < 0:
             raise ValueError("period must be >= 1 and warmup_steps >= 0. Received: "
                              f"period={period}, warmup_steps={warmup_steps}")
+        if not 1 <= int(fragments) <= int(period) or not 0 <= int(overlap_steps) < int(period):
+            raise ValueError("fragments must be in [1, period] and overlap_steps in [0, "
+                             f"period). Received: period={period}, fragments={fragments}, "
+                             f"overlap_steps={overlap_steps}")
+        if not 0 <= float(overlap_mix) <= 1:
+            raise ValueError(f"overlap_mix must be in [0, 1]. Received: {overlap_mix}")
         self.period, self.warmup_steps = int(period), int(warmup_steps)
         self.average_non_trainable = average_non_trainable
         self.average_optimizer_state = average_optimizer_state
         self.compression = _compression_hook(compression)
+        self.outer = None if is_plain_average(outer) else outer
+        if self.outer is not None:
+            outer_optimizer(self.outer)  # an unknown name or option fails here, not in build
+        self.fragments, self.overlap_steps = int(fragments), int(overlap_steps)
+        self.overlap_mix = float(overlap_mix)
         self.phased = self.warmup_steps > 0
-        self.in_sync = True  # every replica holds the same weights
-        self.averages = 0    # averages done (the step counter of a compressed average)
-        self.strategy, self.anchors, self._functions = None, None, {}
+        self._differ = set()  # the fragments whose replicas may hold different weights
+        self.averages = 0    # synchronisations done (the step counter of a compressed one)
+        self.strategy, self.anchors, self.outer_optimizer, self._functions = None, None, None, {}
         self._last_steps_done = None
+        self._in_flight = {}  # fragment -> the local step to apply its exchange at
+        self._background = None
 
     @classmethod
     def from_config(cls, config, **overrides):
@@ -63,7 +100,9 @@ class ModelAverager(TrainingHook):
 
     def __repr__(self):
         return (f"ModelAverager(period={self.period}, warmup_steps={self.warmup_steps}, "
-                f"compression={self.compression.compressor.name if self.compression else None})")
+                f"compression={self.compression.compressor.name if self.compression else None}"
+                f", outer={self.outer!r}, fragments={self.fragments}, "
+                f"overlap_steps={self.overlap_steps})")
 
     # --- the training step ------------------------------------------------------------
 
@@ -75,13 +114,35 @@ class ModelAverager(TrainingHook):
                 f"{type(strategy).__name__} variables are stored once. Received: "
                 f"strategy={type(strategy).__name__}")
         self.strategy, self.anchored = strategy, False
-        self.model_bytes = 4 * sum(int(v.shape.num_elements()) for v in variables)
+        sizes = [int(v.shape.num_elements()) for v in variables]
+        self.model_bytes = 4 * sum(sizes)
+        self.groups = fragmenting.split(sizes, self.fragments)
+        self.weights = [underlying(v) for v in variables]
+        local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
+        if self.compression is not None or self.outer is not None:
+            self.anchor_variables = [keras.Variable(tf.zeros(v.shape), dtype="float32",
+                                                    trainable=False, aggregation="none",
+                                                    name="tfdist_anchor") for v in variables]
+            self.anchors = [underlying(a) for a in self.anchor_variables]
+        if self.outer is not None:
+            self.outer_optimizer = outer_optimizer(self.outer)
+            self.outer_optimizer.build(self.anchor_variables)
         if self.compression is not None:
-            local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
-            self.anchors = [tf.Variable(tf.zeros(v.shape, tf.float32), name="tfdist_anchor",
-                                        **local) for v in variables]
-            self.weights = [underlying(v) for v in variables]
-            self.compression.build(strategy, self.anchors)
+            self.exchanges = [self.compression if i == 0 else build(self.compression.get_config())
+                              for i in range(len(self.groups))]
+            for hook, group in zip(self.exchanges, self.groups):
+                hook.build(strategy, [self.anchors[i] for i in group])
+        if self.overlap_steps:  # what a fragment sent and received, between two steps
+            self._background = Background()
+            self.sent = [tf.Variable(tf.zeros(v.shape), name="tfdist_sent", **local)
+                         for v in variables]
+            self.received = [tf.Variable(tf.zeros(v.shape), name="tfdist_received", **local)
+                             for v in variables]
+
+    def saveables(self):
+        """The outer optimizer (its momentum and step): `BackupAndRestore` resumes it. The
+        anchors are the weights right after a synchronisation, which a backup follows."""
+        return [self.outer_optimizer] if self.outer_optimizer is not None else []
 
     def phase(self, step):
         """Synchronous (True) during the warm-up."""
@@ -93,7 +154,7 @@ class ModelAverager(TrainingHook):
             self._anchor()  # the replicas are in sync here: the last step was synchronous
 
     def _anchor(self):
-        """Anchors := the (identical) weights of every replica, where local SGD starts."""
+        """Anchors := the (identical) weights of every replica, where local steps start."""
         def copy():
             for anchor, weight in zip(self.anchors, self.weights):
                 anchor.assign(tf.cast(weight.read_value(), tf.float32))
@@ -109,44 +170,86 @@ class ModelAverager(TrainingHook):
         return [tf.convert_to_tensor(g) * replicas for g in grads]  # this replica's own mean
 
     def bytes_per_step(self, step=None):
-        """Like `GradientCompression.bytes_per_step`: after the warm-up, one average of
-        the trainable weights (compressed or not) every `period` steps."""
+        """Like `GradientCompression.bytes_per_step`: after the warm-up, one synchronisation
+        of the trainable weights (compressed or not) every `period` steps."""
         dense = {"payload": self.model_bytes, "dense": self.model_bytes, "gathered": 0}
         if step is not None and step < self.warmup_steps:
             return dense
-        sent = self.compression.bytes_per_step() if self.compression is not None else dense
+        sent = dense if self.compression is None else {
+            k: sum(h.bytes_per_step()[k] for h in self.exchanges) for k in ("payload", "gathered")}
         return {"payload": sent["payload"] / self.period, "dense": self.model_bytes,
                 "gathered": sent["gathered"] / self.period}
 
     # --- between steps ----------------------------------------------------------------
 
     def after_step(self, model, steps_done):
-        """Averages when `period` local steps have passed since the warm-up. (Called
-        again with the same count — micro-batches of an accumulated step — it waits.)"""
+        """Synchronises the fragments that are due `period` local steps after the warm-up,
+        and applies the overlapped exchanges that have run beside `overlap_steps` steps.
+        (Called again with the same count — micro-batches of an accumulated step — it
+        waits.)"""
         if steps_done == self._last_steps_done:
             return
         self._last_steps_done = steps_done
         if steps_done <= self.warmup_steps:
-            self.in_sync = True  # the steps so far were synchronous
-            return
-        self.in_sync = False
-        if (steps_done - self.warmup_steps) % self.period == 0:
-            self.average(model)
+            return  # the steps so far were synchronous
+        local = steps_done - self.warmup_steps
+        self._differ = set(range(len(self.groups)))  # a local step changed every fragment
+        for fragment, apply_at in list(self._in_flight.items()):
+            if local == apply_at:
+                self._finish(model, fragment)
+        for fragment in fragmenting.due(local, len(self.groups), self.period):
+            self._start(model, fragment, local)
+
+    @property
+    def in_sync(self):
+        """Whether every replica holds the same weights."""
+        return not self._differ
 
     def before_read(self, model):
         if not self.in_sync:
             self.average(model)
 
     def average(self, model):
-        """Sets every replica's weights (and the chosen state) to the mean over replicas
-        and workers. Call it on every worker at the same point: it runs collectives."""
-        variables = self.variables_of(model)
-        key = tuple(id(v) for group in variables for v in group)
-        if key not in self._functions:
-            self._functions[key] = self._average_function(variables)
-        self._functions[key](tf.constant(self.averages, tf.int64))
+        """Synchronises every replica's weights (and the chosen state) over replicas and
+        workers now, after any exchange in flight: one model. Call it on every worker at
+        the same point: it runs collectives."""
+        for fragment in list(self._in_flight):
+            self._finish(model, fragment, mix=0.0)
+        self._run(model, "sync", sorted(self._differ), state=True, last=bool(self._differ))
+        self._differ = set()
+
+    def _start(self, model, fragment, local):
+        """A fragment's synchronisation: at once, or (`overlap_steps`) its exchange begins
+        in the background on what the replicas hold now."""
+        last = fragment == len(self.groups) - 1
+        if not self.overlap_steps:
+            self._run(model, "sync", [fragment], state=last, last=last)
+            self._differ.discard(fragment)
+            return
+        self._run(model, "send", [fragment])
+        exchange = self._compiled(model, "exchange", [fragment])
+        with self._background.dispatch():  # called here, in program order: the same
+            exchange(tf.constant(self.averages, tf.int64))  # collective keys everywhere
         self.averages += 1
-        self.in_sync = True
+        self._in_flight[fragment] = local + self.overlap_steps
+
+    def _finish(self, model, fragment, mix=None):
+        """Applies a fragment's exchange once it has arrived."""
+        self._background.wait()  # raises what failed in the background
+        del self._in_flight[fragment]
+        last = fragment == len(self.groups) - 1
+        mix = self.overlap_mix if mix is None else mix
+        self._run(model, "apply", [fragment], last=last, mix=mix)
+        if mix == 0:
+            self._differ.discard(fragment)
+
+    def _run(self, model, kind, fragments, state=False, last=False, mix=0.0):
+        function = self._compiled(model, kind, fragments, state, last, mix)
+        if kind == "sync":
+            function(tf.constant(self.averages, tf.int64))
+            self.averages += 1
+        else:
+            function()
 
     def variables_of(self, model):
         """(trainable weights, other state to average), as tf.Variables."""
@@ -161,37 +264,104 @@ class ModelAverager(TrainingHook):
                       and isinstance(underlying(v), tf.distribute.DistributedValues)]
         return weights, state
 
-    def _average_function(self, variables):
-        weights, state = variables
-        if self.strategy.num_replicas_in_sync < 2:
-            return lambda step: None
-        if self.compression is not None and len(weights) != len(self.anchors):
-            raise ValueError(f"the model has {len(weights)} trainable weights but the averager "
-                             f"was built for {len(self.anchors)}; use one averager per model")
+    def _compiled(self, model, kind, fragments, state=False, last=False, mix=0.0):
+        """The compiled function of one `kind` of work (sync, send, exchange, apply) on
+        some fragments, traced once per model and arguments."""
+        weights, extra = self.variables_of(model)
+        key = (tuple(id(v) for v in weights + extra), kind, tuple(fragments), state, last, mix)
+        if key not in self._functions:
+            if self.anchors is not None and len(weights) != len(self.anchors):
+                raise ValueError(f"the model has {len(weights)} trainable weights but the "
+                                 f"averager was built for {len(self.anchors)}; use one "
+                                 "averager per model")
+            ids = [i for f in fragments for i in self.groups[f]]
+            plan = _Plan(self, weights, extra if state else [], ids, fragments, last, mix)
+            self._functions[key] = plan.function(kind)
+        return self._functions[key]
 
-        def replica_fn(step):
-            context = tf.distribute.get_replica_context()
-            if self.compression is None:
-                plain = weights + state
-            else:
-                plain = state
-                self._compressed_average(context, weights, step)
-            if plain:
-                means = context.all_reduce(tf.distribute.ReduceOp.MEAN,
-                                           [v.read_value() for v in plain])
-                for variable, mean in zip(plain, means):
-                    variable.assign(mean)
 
-        return tf.function(lambda step: self.strategy.run(replica_fn, args=(step,)))
+class _Plan:
+    """The replica-context work of synchronising some fragments of one model."""
 
-    def _compressed_average(self, context, weights, step):
-        """anchor + mean of the compressed changes since the anchor, on every replica."""
-        changes = [tf.cast(w.read_value(), tf.float32) - a for w, a in zip(weights, self.anchors)]
-        summed = self.compression.exchange(changes, self.anchors, step)
-        for weight, anchor, change in zip(weights, self.anchors, summed):
-            mean = anchor + change / context.num_replicas_in_sync
-            anchor.assign(mean)
-            weight.assign(tf.cast(mean, weight.dtype))
+    def __init__(self, averager, weights, state, ids, fragments, last, mix):
+        self.averager, self.weights, self.state = averager, weights, state
+        self.ids, self.fragments, self.last, self.mix = ids, fragments, last, mix
+
+    def function(self, kind):
+        strategy = self.averager.strategy
+        if strategy.num_replicas_in_sync < 2:
+            return (lambda step: None) if kind in ("sync", "exchange") else (lambda: None)
+        if kind in ("sync", "exchange"):
+            body = self.sync if kind == "sync" else self.exchange
+            return tf.function(lambda step: strategy.run(body, args=(step,)))
+        body = self.send if kind == "send" else self.apply
+        return tf.function(lambda: strategy.run(body))
+
+    def sync(self, step):
+        """send, exchange and apply at once (no overlap)."""
+        self.apply(self.reduce(self.outgoing(), step))
+
+    def send(self):
+        for i, value in zip(self.ids, self.outgoing()):
+            self.averager.sent[i].assign(value)
+
+    def exchange(self, step):
+        means = self.reduce([self.averager.sent[i].read_value() for i in self.ids], step)
+        for i, mean in zip(self.ids, means):
+            self.averager.received[i].assign(mean)
+
+    def outgoing(self):
+        """What the replica contributes: its weights (plain averaging), or its change
+        since the anchors."""
+        a = self.averager
+        if a.anchors is None:
+            return [self.weights[i].read_value() for i in self.ids]
+        return [tf.cast(self.weights[i].read_value(), tf.float32) - a.anchors[i]
+                for i in self.ids]
+
+    def reduce(self, values, step):
+        """The mean over replicas and workers of `values`, and of the state (plain)."""
+        a, context = self.averager, tf.distribute.get_replica_context()
+        plain = values if a.compression is None else []
+        means = context.all_reduce(tf.distribute.ReduceOp.MEAN, plain + [
+            v.read_value() for v in self.state]) if plain or self.state else []
+        for variable, mean in zip(self.state, means[len(plain):]):
+            variable.assign(mean)
+        if a.compression is None:
+            return means[:len(plain)]
+        summed, start = [], 0
+        for fragment in self.fragments:
+            count = len(a.groups[fragment])
+            summed += a.exchanges[fragment].exchange(
+                values[start:start + count], [a.anchors[i] for i in a.groups[fragment]], step)
+            start += count
+        return [s / context.num_replicas_in_sync for s in summed]
+
+    def apply(self, means=None):
+        """Anchors (if any) := the anchors moved by the mean change (outer optimizer or
+        plain sum); weights := the anchors — or the mean — mixed with the local weights."""
+        a = self.averager
+        if means is None:
+            means = [a.received[i].read_value() for i in self.ids]
+        if a.anchors is None:
+            targets = means
+        elif a.outer_optimizer is None:
+            for i, mean in zip(self.ids, means):
+                a.anchors[i].assign_add(mean)
+            targets = [a.anchors[i].read_value() for i in self.ids]
+        else:
+            outer = a.outer_optimizer
+            rate = outer.learning_rate
+            for i, mean in zip(self.ids, means):  # the pseudo-gradient: anchor - mean weight
+                outer.update_step(-mean, a.anchor_variables[i], rate)
+            if self.last:
+                outer.iterations.assign_add(1)
+            targets = [a.anchors[i].read_value() for i in self.ids]
+        for i, target in zip(self.ids, targets):
+            weight = self.weights[i]
+            target = tf.cast(target, weight.dtype)
+            weight.assign(target if self.mix == 0 else
+                          self.mix * weight.read_value() + (1 - self.mix) * target)
 
 
 def _compression_hook(compression):
@@ -204,3 +374,10 @@ def _compression_hook(compression):
         raise ValueError("a compressed model average has no delayed start; warm up with "
                          f"warmup_steps instead. Received: start_step={hook.start_step}")
     return hook
+
+
+def DiLoCo(period, outer="nesterov", **options):  # noqa: N802 (a configuration, like a class)
+    """DiLoCo (Douillard et al. 2023): `ModelAverager` with the paper's outer Nesterov
+    momentum by default; `fragments`, `overlap_steps` and `compression` make it Streaming
+    DiLoCo (Douillard et al. 2025)."""
+    return ModelAverager(period, outer=outer, **options)

@@ -15,14 +15,13 @@ class LocalSGD(TrainingHooks):
     averager works in `tfdist.Trainer` and your own loop as a hook. A plain Keras
     optimizer is replaced, at the start of training, by a copy routed through tfdist
     that takes over its state (the model's `optimizer` attribute then points to it).
-    Arguments as `ModelAverager`; `from_config` takes the config's `local_sgd:` section.
+    Arguments as `ModelAverager` (`outer`, `fragments`, `overlap_steps`: DiLoCo and
+    Streaming DiLoCo); `from_config` takes the config's `local_sgd:` section.
     """
 
-    def __init__(self, period, warmup_steps=0, average_non_trainable=False,
-                 average_optimizer_state=False, compression=None):
+    def __init__(self, period, warmup_steps=0, **options):
         super().__init__()
-        self.averager = ModelAverager(period, warmup_steps, average_non_trainable,
-                                      average_optimizer_state, compression)
+        self.averager = ModelAverager(period, warmup_steps, **options)
 
     @classmethod
     def from_config(cls, config, **overrides):
