@@ -15,7 +15,7 @@ from tfdist.core.variables import underlying
 from tfdist.local_sgd import DiLoCo, ModelAverager
 from tfdist.local_sgd import fragments as fragmenting
 
-pytestmark = pytest.mark.usefixtures("two_cpus")
+pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
 
 FEATURES, OUTPUTS, HALF = 3, 2, 4  # each replica takes HALF examples of a global batch
 INNER_RATE = 0.05
@@ -227,3 +227,74 @@ def test_the_outer_optimizer_is_built_from_a_name_a_mapping_or_an_instance():
     assert is_plain_average(None) and is_plain_average({"name": "sgd", "learning_rate": 1})
     assert DiLoCo(8).outer == "nesterov" and ModelAverager(8).outer is None
     assert not is_plain_average({"name": "sgd", "learning_rate": 1, "momentum": 0.9})
+
+
+# --- every loop, and backups -------------------------------------------------------------
+
+STREAMING = dict(period=4, outer="nesterov", fragments=2, overlap_steps=1)
+
+
+def test_the_same_hook_in_the_trainer_and_your_own_loop_gives_fits_weights(strategies):
+    strategy = strategies("mirrored")
+    steps = 12
+    fitted, _, _ = train(strategy, steps, **STREAMING)
+    x, y = data(steps)
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(2 * HALF)
+
+    model = linear_model(strategy)
+    trainer = tfdist.Trainer(model, keras.optimizers.SGD(INNER_RATE),
+                             keras.losses.MeanSquaredError(), strategy=strategy,
+                             hooks=[ModelAverager(**STREAMING)])
+    trainer.fit(batches, epochs=1, verbose=0)
+    trained = replicas_of(model)
+
+    model = linear_model(strategy)
+    with strategy.scope():
+        optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(INNER_RATE),
+                                                      hooks=[ModelAverager(**STREAMING)])
+        optimizer.build(model.trainable_variables)
+
+    def replica_step(inputs):
+        features, labels = inputs
+        with tf.GradientTape() as tape:
+            per_example = tf.reduce_mean(tf.square(model(features) - labels), axis=-1)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=2 * HALF)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables))
+
+    step = tfdist.function(lambda inputs: strategy.run(replica_step, args=(inputs,)),
+                           model=model, optimizer=optimizer)
+    for batch in strategy.experimental_distribute_dataset(batches):
+        step(batch)
+    step.before_read()
+    own = replicas_of(model)
+    for replicas in (trained, own):
+        for replica in replicas:
+            for got, want in zip(replica, replicas_of(fitted)[0]):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_backup_resumes_the_outer_momentum_exactly(strategies, tmp_path):
+    from faults import Interrupt
+
+    strategy = strategies("mirrored")
+    x, y = data(4)
+
+    def run(callbacks, averager):
+        model = linear_model(strategy)
+        model.fit(x, y, batch_size=2 * HALF, epochs=4, shuffle=False, verbose=0,
+                  callbacks=[tfdist.callbacks.LocalSGD(**averager), *callbacks])
+        return model
+
+    options = dict(period=2, outer="nesterov")
+    clean = run([], options)
+    momentum = [m.numpy() for m in clean.optimizer.tfdist_hook_state[0].momentums]
+    assert max(np.abs(m).max() for m in momentum) > 1e-3  # a state worth resuming
+    backup = str(tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        run([tfdist.callbacks.BackupAndRestore(backup), Interrupt(epoch=2)], options)
+    resumed = run([tfdist.callbacks.BackupAndRestore(backup)], options)
+    for got, want in zip(replicas_of(resumed)[0], replicas_of(clean)[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    restored = resumed.optimizer.tfdist_hook_state[0]
+    assert restored.iterations.numpy() == clean.optimizer.tfdist_hook_state[0].iterations.numpy()

@@ -410,3 +410,39 @@ def test_keras_loads_a_registered_name_first_else_the_keras_class_which_ignores_
     finally:
         registry[SAVED_NAME] = saving.Loader
     assert type(plain) is keras.optimizers.SGD and plain.learning_rate == 0.5
+
+
+def test_a_background_dispatch_returns_at_once_runs_in_order_and_reports_failures():
+    """tfdist/core/overlap.py: TensorFlow's asynchronous eager executor, scoped to a block."""
+    from tfdist.core.overlap import Background
+
+    background, counter = Background(), tf.Variable(0)
+    waited = tf.function(lambda: [counter.assign_add(1), tf.timestamp()][1])
+    with background.dispatch():
+        for _ in range(5):
+            waited()
+    background.wait()
+    assert int(counter.numpy()) == 5, "tfdist/core/overlap.py: dispatched work was lost"
+    failing = tf.function(lambda x: tf.debugging.check_numerics(x, "in the background"))
+    with background.dispatch():
+        failing(tf.constant(np.nan))  # fails when it runs, not when it is called
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        background.wait()
+    with background.dispatch():
+        counter.assign_add(1)
+    background.wait()  # usable again after a failure
+    assert int(counter.numpy()) == 6
+
+
+def test_diloco_outer_optimizers_take_the_options_tfdist_offers():
+    """tfdist/config/hyperparameters.py OUTER_OPTIMIZERS against Keras' signatures, and
+    the update rule (`update_step`) tfdist/local_sgd/averager.py calls."""
+    from tfdist.config.hyperparameters import OUTER_OPTIMIZERS
+
+    for name, options in OUTER_OPTIMIZERS.items():
+        cls = type(keras.optimizers.get("sgd" if name == "nesterov" else name))
+        accepted = inspect.signature(cls.__init__).parameters
+        missing = [o for o in options if o not in accepted]
+        assert not missing, f"{KERAS}: {cls.__name__} no longer takes {missing}"
+        assert list(inspect.signature(cls.update_step).parameters) == [
+            "self", "gradient", "variable", "learning_rate"], cls

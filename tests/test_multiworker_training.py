@@ -104,6 +104,38 @@ def test_local_sgd_workers_diverge_between_averages_and_end_identical(write_conf
     assert results["worker-0"]["history"]["loss"][-1] < results["worker-0"]["history"]["loss"][0]
 
 
+@pytest.mark.parametrize("loop", ["fit", "trainer"])
+def test_streaming_diloco_workers_end_identical_and_learn(write_config, tmp_path, loop):
+    """Outer Nesterov, 2 fragments, int4 exchanges overlapped with one step: the workers
+    differ between synchronisations and end with identical weights."""
+    out = tmp_path / "out"
+    results, _ = launch(write_config, out, MWMS, "--loop", loop, "--model", "plain",
+                        "--epochs", "2", "--local_sgd", "4", "--warmup", "1",
+                        "--diloco", "2,1")
+    a, b = (results[t]["checksums"] for t in ("worker-0", "worker-1"))
+    assert len(a) == len(b) == 8 and a[0] == b[0] and a[1:] != b[1:]
+    for x, y in zip(weights(out, "worker-0"), weights(out, "worker-1")):
+        np.testing.assert_array_equal(x, y)
+    losses = results["worker-0"]["history"]["loss"]
+    assert losses[-1] < losses[0]
+
+
+def test_killed_worker_resumes_diloco_with_its_outer_momentum(write_config, tmp_path):
+    """DiLoCo's outer optimizer state is in the backup: a job whose worker:1 is SIGKILLed
+    mid-epoch 2 and restarted ends with the weights of an uninterrupted job."""
+    diloco = ("--loop", "fit", "--model", "plain", "--epochs", "4", "--local_sgd", "4",
+              "--diloco", "1,0")
+    out, backup = tmp_path / "out", tmp_path / "backup"
+    launch(write_config, out, MWMS, *diloco, "--backup", str(backup), "--kill", "2",
+           launcher_args=("--max-restarts", "1"))
+    assert (out / "killed").exists()
+    clean = tmp_path / "clean"
+    launch(write_config, clean, MWMS, *diloco)
+    for task in ("worker-0", "worker-1"):
+        for resumed, uninterrupted in zip(weights(out, task), weights(clean, "worker-0")):
+            np.testing.assert_allclose(resumed, uninterrupted, rtol=1e-4, atol=1e-6)
+
+
 def test_accumulation_on_two_workers_equals_one_device_on_the_whole_batch(write_config,
                                                                           tmp_path):
     """2 workers x 2 micro-batches of 16 = one step on a batch of 64, exchanged once."""

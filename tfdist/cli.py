@@ -149,7 +149,12 @@ def describe(config):
     if config.compression:
         parts.append(f"compression {config.compression.name}")
     if config.local_sgd:
-        parts.append(f"local SGD every {config.local_sgd.period} steps")
+        local = config.local_sgd
+        kind = f"DiLoCo (outer {local.outer['name']})" if local.outer else "local SGD"
+        parts.append(f"{kind} every {local.period} steps" + (
+            f", {local.fragments} fragments" if local.fragments > 1 else "") + (
+            f", overlapped {local.overlap_steps} steps" if local.overlap_steps else "") + (
+            f", {local.compression.name}" if local.compression else ""))
     return "; ".join(parts)
 
 

@@ -117,6 +117,13 @@ class Progress(keras.callbacks.Callback):
         return self.train_seconds(self.skip) / steps if steps > 0 else None
 
 
+def json_ready(section):
+    """A config section as plain JSON values (nested sections and mappings as dicts)."""
+    plain = lambda v: (dict(vars(v)) if hasattr(v, "__dataclass_fields__")  # noqa: E731
+                       else dict(v) if hasattr(v, "keys") else v)
+    return {key: plain(value) for key, value in vars(section).items()}
+
+
 def _bytes(history):
     """Gradient bytes per step per worker and compression ratio (CommStats), if known."""
     if "comm_bytes_per_worker" not in history:
@@ -183,7 +190,7 @@ def main(argv):
                                                        model.trainable_variables],
                                      "compression": (config.compression.name
                                                      if config.compression else None),
-                                     "local_sgd": (vars(config.local_sgd)
+                                     "local_sgd": (json_ready(config.local_sgd)
                                                    if config.local_sgd else None),
                                      "bytes_exchanged": _bytes(history.history),
                                  })

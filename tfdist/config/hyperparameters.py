@@ -67,3 +67,17 @@ HYPERPARAMETERS = {p.name: p for p in (RATIO, RANK, LEVELS, BLOCK_SIZE, MOMENTUM
                                        LOCAL_CLIP_NORM, RATIO_WARMUP_STEPS, RATIO_WARMUP_START)}
 #: Error feedback: classic (true, Karimireddy et al. 2019) or EF21 (Richtarik et al. 2021).
 EF21_COMPRESSORS = ("int8", "int4", "qsgd", "sign", "topk", "randomk")
+
+#: DiLoCo's outer optimizers (`local_sgd: outer:`), by Keras name, with the options of each
+#: that its `update_step` reads — the outer step calls it directly, so Keras' gradient
+#: clipping and weight decay (applied around it) would not apply and are not offered.
+#: "nesterov" is SGD with nesterov=True, the paper's (tests/test_keras_seams.py checks
+#: these names against Keras' signatures).
+OUTER_OPTIMIZERS = {
+    "nesterov": ("learning_rate", "momentum"),
+    "sgd": ("learning_rate", "momentum", "nesterov"),
+    "adam": ("learning_rate", "beta_1", "beta_2", "epsilon", "amsgrad"),
+    "rmsprop": ("learning_rate", "rho", "momentum", "epsilon", "centered"),
+    "adagrad": ("learning_rate", "initial_accumulator_value", "epsilon"),
+    "lion": ("learning_rate", "beta_1", "beta_2"),
+}

@@ -11,7 +11,7 @@ from tfdist.config import checks, limits
 from tfdist.config.errors import clip
 from tfdist.config.schema import (COMPRESSORS, JOB_TYPES, STRATEGIES, ClusterConfig,
                                   CompressionConfig, Config, LocalSGDConfig, StrategyConfig)
-from tfdist.config.hyperparameters import EF21_COMPRESSORS, HYPERPARAMETERS
+from tfdist.config.hyperparameters import EF21_COMPRESSORS, HYPERPARAMETERS, OUTER_OPTIMIZERS
 from tfdist.config.yaml_source import Source, read_yaml
 from tfdist.strategies.capabilities import CAPABILITIES, capabilities, names_with
 
@@ -68,7 +68,8 @@ COMPRESSOR_PARAMS = {name: (p.compressors, p.default, _hyperparameter_check(p))
                      for name, p in HYPERPARAMETERS.items()}
 COMPRESSION_KEYS = ("name", *COMPRESSOR_PARAMS, "error_feedback", "start_step", "min_size",
                     "bucket_bytes", "freeze_variance")
-LOCAL_SGD_KEYS = ("period", "warmup_steps", "average_non_trainable", "average_optimizer_state")
+LOCAL_SGD_KEYS = ("period", "warmup_steps", "average_non_trainable", "average_optimizer_state",
+                  "outer", "fragments", "overlap_steps", "overlap_mix", "compression")
 
 
 def load_config(path):
@@ -283,14 +284,56 @@ def _local_sgd(source, path, value):
     checks.mapping(source, path, value, LOCAL_SGD_KEYS)
     if "period" not in value:
         raise source.error(path, "missing key 'period' (local steps between model averages)")
-    fields = {"period": checks.integer(source, path + ("period",), value["period"], minimum=1)}
+    period = checks.integer(source, path + ("period",), value["period"], minimum=1)
+    fields = {"period": period}
     if "warmup_steps" in value:
         fields["warmup_steps"] = checks.integer(source, path + ("warmup_steps",),
                                                 value["warmup_steps"], minimum=0)
     for key in ("average_non_trainable", "average_optimizer_state"):
         if key in value:
             fields[key] = checks.boolean(source, path + (key,), value[key])
+    if value.get("outer") is not None:
+        fields["outer"] = _outer(source, path + ("outer",), value["outer"])
+    if "fragments" in value:
+        fields["fragments"] = checks.integer(source, path + ("fragments",), value["fragments"],
+                                             minimum=1, maximum=period)
+    if "overlap_steps" in value:
+        fields["overlap_steps"] = checks.integer(source, path + ("overlap_steps",),
+                                                 value["overlap_steps"], minimum=0,
+                                                 maximum=period - 1)
+    if "overlap_mix" in value:
+        fields["overlap_mix"] = checks.number(source, path + ("overlap_mix",),
+                                              value["overlap_mix"], minimum=0, maximum=1)
+    if value.get("compression") is not None:
+        compression = _compression(source, path + ("compression",), value["compression"])
+        if compression.name == "auto":
+            raise source.error(path + ("compression", "name"), "auto chooses a gradient "
+                               "compression; name the method of the synchronisation "
+                               "(e.g. int4, int8, fp16)")
+        fields["compression"] = compression
     return LocalSGDConfig(**fields)
+
+
+def _outer(source, path, value):
+    """DiLoCo's outer optimizer: a name of `OUTER_OPTIMIZERS` or {name, **its options}."""
+    if isinstance(value, str):
+        value = {"name": value}
+    if not isinstance(value, dict):
+        raise checks.type_error(source, path, "an optimizer name or a mapping with name:", value)
+    if "name" not in value:
+        raise source.error(path, f"missing key 'name'; valid values are "
+                           f"[{', '.join(OUTER_OPTIMIZERS)}]")
+    name = checks.string(source, path + ("name",), value["name"], tuple(OUTER_OPTIMIZERS))
+    checks.mapping(source, path, value, ("name", *OUTER_OPTIMIZERS[name]))
+    options = {}
+    for key, option in value.items():
+        if key == "name":
+            continue
+        if key in ("nesterov", "amsgrad", "centered"):
+            options[key] = checks.boolean(source, path + (key,), option)
+        else:
+            options[key] = checks.number(source, path + (key,), option, minimum=0)
+    return types.MappingProxyType({"name": name, **options})
 
 
 def _check_together(config, source):
@@ -303,6 +346,10 @@ def _check_together(config, source):
     if config.cluster is not None and config.cluster.ps and name not in with_ps:
         raise source.error(("cluster", "ps"), f"ps tasks need strategy name: {_either(with_ps)}. "
                            f"Received: strategy={name}")
+    if config.local_sgd is not None and config.local_sgd.compression and config.compression:
+        raise source.error(("local_sgd", "compression"), "the synchronisation's compression "
+                           "is given twice: here and in the top-level compression: section "
+                           "(which, with local_sgd, compresses the same); keep one")
     if config.local_sgd is not None and getattr(config.compression, "name", None) == "auto":
         raise source.error(("compression", "name"), "with local_sgd: the compression section "
                            "compresses the model averages, which auto does not choose for; "

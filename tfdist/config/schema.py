@@ -72,12 +72,19 @@ class CompressionConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LocalSGDConfig:
-    """Periodic model averaging (post-local SGD, Lin et al. 2020)."""
+    """Periodic model averaging (post-local SGD, Lin et al. 2020), or DiLoCo with `outer`
+    (Douillard et al. 2023) and Streaming DiLoCo with `fragments` and `overlap_steps`
+    (Douillard et al. 2025); `compression` compresses the synchronisation."""
 
     period: int
     warmup_steps: int = 0
     average_non_trainable: bool = False
     average_optimizer_state: bool = False
+    outer: Mapping[str, Any] | None = None  # {name, **options}; None: plain averaging
+    fragments: int = 1
+    overlap_steps: int = 0
+    overlap_mix: float = 0.5
+    compression: CompressionConfig | None = None
 
 
 @dataclasses.dataclass(frozen=True)

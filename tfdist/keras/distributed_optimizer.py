@@ -69,7 +69,8 @@ def optimizer_from_config(optimizer, config, strategy=None, *, start_step=None,
     if config.local_sgd is not None:
         overrides = {k: v for k, v in (("warmup_steps", warmup_steps), ("period", period))
                      if v is not None}
-        averager = ModelAverager.from_config(config.local_sgd, compression=config.compression,
+        compression = config.local_sgd.compression or config.compression
+        averager = ModelAverager.from_config(config.local_sgd, compression=compression,
                                              **overrides)
         return DistributedOptimizer(optimizer, strategy=strategy, hooks=[averager])
     compression = config.compression or "none"

@@ -7,6 +7,8 @@ in the paper. Plain local SGD is outer SGD with learning rate 1 and no momentum.
 
 import keras
 
+from tfdist.config.hyperparameters import OUTER_OPTIMIZERS
+
 #: The paper's outer optimizer, the default of `outer: {name: nesterov}`.
 NESTEROV = {"learning_rate": 0.7, "momentum": 0.9}
 
@@ -25,22 +27,42 @@ def is_plain_average(spec):
 
 
 def outer_optimizer(spec):
-    """A new Keras optimizer from `spec`: a name ("nesterov" — the paper's —, "sgd",
-    "adam", ...), a mapping {name, **options} (options of the Keras class), or a Keras
-    optimizer (copied from its config). Call it under the strategy's scope.
+    """A new Keras optimizer from `spec`: a name of `OUTER_OPTIMIZERS` ("nesterov" — the
+    paper's —, "sgd", "adam", ...), a mapping {name, **options} with that optimizer's
+    options, or a Keras optimizer of one of those classes (copied from its config). Call
+    it under the strategy's scope.
 
     Raises:
-        ValueError: an unknown name or an option the class does not take.
+        ValueError: an unknown name or option, or (an instance) clipping or weight decay,
+            which Keras applies around the update rule the outer step calls.
     """
     if isinstance(spec, keras.optimizers.Optimizer):
-        return type(spec).from_config(spec.get_config())
+        return _copy(spec)
     if isinstance(spec, str):
         spec = {"name": spec}
+    name = spec.get("name")
+    if name not in OUTER_OPTIMIZERS:
+        raise ValueError(f"outer optimizer name must be one of [{', '.join(OUTER_OPTIMIZERS)}]. "
+                         f"Received: {name!r}")
     options = {k: v for k, v in spec.items() if k != "name"}
-    name = spec["name"]
+    unknown = sorted(set(options) - set(OUTER_OPTIMIZERS[name]))
+    if unknown:
+        raise ValueError(f"outer optimizer {name} takes [{', '.join(OUTER_OPTIMIZERS[name])}]. "
+                         f"Received: {unknown[0]!r}")
     if name == "nesterov":
         return keras.optimizers.SGD(**{**NESTEROV, **options, "nesterov": True})
-    try:
-        return keras.optimizers.get({"class_name": name, "config": options})
-    except (ValueError, TypeError) as error:
-        raise ValueError(f"outer optimizer {spec!r}: {error}") from None
+    return keras.optimizers.get({"class_name": name, "config": options})
+
+
+def _copy(optimizer):
+    names = {type(keras.optimizers.get(n)): n for n in OUTER_OPTIMIZERS if n != "nesterov"}
+    config = optimizer.get_config()
+    if type(optimizer) not in names:
+        raise ValueError(f"an outer optimizer must be one of [{', '.join(names.values())}]. "
+                         f"Received: {type(optimizer).__name__}")
+    around = [k for k in ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay")
+              if config.get(k)]
+    if around:
+        raise ValueError(f"the outer step runs the optimizer's update rule only; {around[0]} "
+                         f"would not apply. Received: {around[0]}={config[around[0]]!r}")
+    return type(optimizer).from_config(config)
