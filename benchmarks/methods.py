@@ -13,6 +13,7 @@ from netns import ROOT, TRAIN
 PLAIN = ROOT / "benchmarks" / "plain_tf_distribute.py"
 EF = {"error_feedback": True, "min_size": 0}
 FROZEN = {"freeze_variance": True}
+NESTEROV = {"name": "nesterov", "learning_rate": 0.7, "momentum": 0.9}  # DiLoCo's outer step
 # One intra-op thread per task: each worker gets one core of this 2-core machine, as each
 # emulated host would. TensorFlow's default pools (one thread per core, in every process)
 # oversubscribe the cores and made single runs differ by 10-40%.
@@ -56,6 +57,13 @@ METHODS = {  # name -> config sections (None: plain tf.distribute)
     "local SGD 2": {"local_sgd": {"period": 2}},
     "local SGD 8": {"local_sgd": {"period": 8}},
     "local SGD 32": {"local_sgd": {"period": 32}},
+    # issue 17: DiLoCo (Douillard et al. 2023) and Streaming DiLoCo (2025), after one epoch
+    # of synchronous steps, against plain local SGD at the same period and warm-up
+    "local SGD 32, warm-up 80": {"local_sgd": {"period": 32, "warmup_steps": 80}},
+    "DiLoCo 32": {"local_sgd": {"period": 32, "warmup_steps": 80, "outer": NESTEROV}},
+    "Streaming DiLoCo 32": {"local_sgd": {
+        "period": 32, "warmup_steps": 80, "outer": NESTEROV, "fragments": 4,
+        "overlap_steps": 2, "overlap_mix": 0.5, "compression": {"name": "int4", "min_size": 0}}},
 }
 
 
@@ -70,7 +78,7 @@ def job_config(method, workers, warmup=0, hosts=None, port=23456):
              "validation_steps: 2}"]  # 16 per worker
     for section, value in (METHODS[method] or {}).items():
         if section == "local_sgd":
-            value = {**value, "warmup_steps": warmup}
+            value = {"warmup_steps": warmup, **value}  # a method's own warm-up wins
         lines.append(f"{section}: {json.dumps(value)}")
     return "\n".join(lines) + "\n"
 

@@ -26,6 +26,7 @@ import tempfile
 import time
 
 import slow_network
+from methods import METHODS
 from netns import ROOT
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -34,7 +35,8 @@ MBIT = 1_000_000
 ALL_METHODS = ["none", "fp16", "bf16", "int8", "qsgd", "sign+EF", "topk+EF", "randomk+EF",
                "powersgd+EF", "local SGD 8", "topk+DGC", "topk+EF21", "sign+EF21",
                "topk+EF from 80", "sign+EF from 80", "topk+EF from 80, frozen v",
-               "sign+EF from 80, frozen v", "powersgd+EF from 80, frozen v", "auto"]
+               "sign+EF from 80, frozen v", "powersgd+EF from 80, frozen v", "auto",
+               "local SGD 32, warm-up 80", "DiLoCo 32", "Streaming DiLoCo 32"]
 PLANS = {
     # The demo's schedule (480 steps of 32 samples) in epochs of 40 steps, 8 validation steps.
     # the fastest link first: its runs alone give every method's quality at convergence
@@ -53,10 +55,17 @@ def time_to(epochs, target):
 
 def bytes_per_step(timeline, skip=10):
     """Bytes received per step after the first `skip` steps, from (seconds, loss, bytes)."""
-    first, last = timeline[skip - 1][2], timeline[-1][2]
-    if first is None or last is None or len(timeline) <= skip:
+    if len(timeline) <= skip or timeline[skip - 1][2] is None or timeline[-1][2] is None:
         return None
-    return (last - first) / (len(timeline) - skip)
+    return (timeline[-1][2] - timeline[skip - 1][2]) / (len(timeline) - skip)
+
+
+def peak_bytes_per_step(timeline, skip=10):
+    """The most bytes received in one step after the first `skip` steps."""
+    received = [b for _, _, b in timeline[skip - 1:]]
+    if len(received) < 2 or None in received:
+        return None
+    return max(b - a for a, b in zip(received, received[1:]))
 
 
 def run_one(method, rate, seed, plan, workdir):
@@ -70,10 +79,21 @@ def run_one(method, rate, seed, plan, workdir):
     return {"method": method, "rate_bits": rate, "seed": seed, "epochs": epochs,
             "seconds_per_step": metrics["seconds_per_step"],
             "bytes_per_step": bytes_per_step(metrics["timeline"]),
+            # after a local-SGD method's synchronous warm-up (+10 steps): what it sends then
+            "local_bytes_per_step": bytes_per_step(metrics["timeline"], local_warmup(method,
+                                                                                 warmup) + 10),
+            "peak_bytes_per_step": peak_bytes_per_step(metrics["timeline"],
+                                                       local_warmup(method, warmup) + 10),
             "final_val_mean_iou": epochs[-1]["val_mean_iou"], "final_loss": epochs[-1]["loss"],
             "train_seconds": epochs[-1]["train_seconds"],
             "wall_seconds": metrics["wall_time_seconds"],
             **{f"seconds_to_{t}": time_to(epochs, t) for t in TARGETS}}
+
+
+def local_warmup(method, default):
+    """The synchronous steps a local-SGD method starts with (0 for the others)."""
+    local = (METHODS[method] or {}).get("local_sgd")
+    return 0 if local is None else local.get("warmup_steps", default)
 
 
 def summary(rows):
@@ -154,7 +174,77 @@ def markdown(results):
     if any(r["timing_disturbed"] for r in rows):
         lines += ["", "\\* timed while another benchmark shared the 2 cores: the quality "
                   "stands (the arithmetic does not depend on timing), the times are upper bounds."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + diloco_markdown(results["runs"])) + "\n"
+
+
+DILOCO = ("local SGD 32, warm-up 80", "DiLoCo 32", "Streaming DiLoCo 32")
+FAST, SLOW = 1000 * MBIT, 20 * MBIT
+
+
+def diloco_criteria(runs):
+    """Issue 17's targets from the runs: {name: (measured text, met)}; empty without
+    DiLoCo runs. Medians over seeds per link; quality as in `quality`."""
+    have = {(r["method"], r["rate_bits"]) for r in runs}
+    if ("DiLoCo 32", FAST) not in have or ("none", FAST) not in have:
+        return {}
+    med = lambda m, rate, key: statistics.median(  # noqa: E731
+        r[key] for r in runs if (r["method"], r["rate_bits"]) == (m, rate)
+        and r.get(key) is not None)
+    scores = quality(runs)
+    out = {}
+    none_iou = scores["none"][0]
+    d_iou = scores["DiLoCo 32"][0]
+    out["DiLoCo 32: final mean IoU within 1 point of synchronous"] = (
+        f"{100 * (d_iou - none_iou):+.1f} pts", d_iou - none_iou >= -0.01)
+    if "local SGD 32, warm-up 80" in scores:
+        gain = d_iou - scores["local SGD 32, warm-up 80"][0]
+        out["DiLoCo 32: at least 2 points above plain local SGD 32"] = (
+            f"{100 * gain:+.1f} pts", gain >= 0.02)
+    fewer = med("none", FAST, "bytes_per_step") / med("DiLoCo 32", FAST, "local_bytes_per_step")
+    out["DiLoCo 32: >= 30x fewer bytes per step than synchronous (after the warm-up)"] = (
+        f"{fewer:.0f}x", fewer >= 30)
+    if ("Streaming DiLoCo 32", FAST) in have:
+        peak = (med("Streaming DiLoCo 32", FAST, "peak_bytes_per_step")
+                / med("DiLoCo 32", FAST, "peak_bytes_per_step"))
+        out["Streaming (4 fragments): peak bytes of a step <= 1/4 of DiLoCo's"] = (
+            f"{peak:.3f}", peak <= 0.25)
+    if ("Streaming DiLoCo 32", SLOW) in have:
+        slow = (med("Streaming DiLoCo 32", SLOW, "seconds_per_step")
+                / med("Streaming DiLoCo 32", FAST, "seconds_per_step"))
+        out["Streaming: s/step at 20 Mbit/s within 10% of 1 Gbit/s"] = (
+            f"{slow - 1:+.0%}", slow <= 1.10)
+        compressors = [m for m, rate in have if rate == SLOW and m not in DILOCO
+                       and m not in ("none", "local SGD 8")]
+        best = min(compressors, key=lambda m: med(m, SLOW, "seconds_to_0.85") or 1e9)
+        times = {m: med(m, SLOW, "seconds_to_0.85") for m in ("Streaming DiLoCo 32", "none", best)}
+        out[f"Streaming: s to 0.85 at 20 Mbit/s against none and the best compressor ({best})"] = (
+            ", ".join(f"{m} {t:.0f}" for m, t in times.items()),
+            times["Streaming DiLoCo 32"] < min(times["none"], times[best]))
+    return out
+
+
+def diloco_markdown(runs):
+    """The DiLoCo section of the report: the methods' bytes and issue 17's targets."""
+    criteria = diloco_criteria(runs)
+    if not criteria:
+        return []
+    lines = ["", "### DiLoCo (issue 17)", "",
+             "Period 32 after 80 synchronous steps, 2 seeds; bytes received per step by one "
+             "worker after the warm-up (mean) and in the busiest step, at 1 Gbit/s.", "",
+             "| method | kB/step after warm-up | peak kB in a step |", "|---|---|---|"]
+    for m in ("none", *DILOCO):
+        mine = [r for r in runs if (r["method"], r["rate_bits"]) == (m, FAST)]
+        if not mine:
+            continue
+        after = statistics.median(r.get("local_bytes_per_step") or r["bytes_per_step"]
+                                  for r in mine)
+        peaks = [r["peak_bytes_per_step"] for r in mine if r.get("peak_bytes_per_step")]
+        peak = f"{statistics.median(peaks) / 1e3:.1f}" if peaks else "—"
+        lines.append(f"| {m} | {after / 1e3:.1f} | {peak} |")
+    lines += ["", "| target | measured | met |", "|---|---|---|"]
+    lines += [f"| {name} | {text} | {'yes' if met else 'no'} |"
+              for name, (text, met) in criteria.items()]
+    return lines
 
 
 def plot(results, path):

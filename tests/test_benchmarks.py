@@ -78,6 +78,34 @@ def test_time_to_accuracy_is_the_first_validation_at_the_target_median_over_seed
     assert speedups["none"] == 1.0 and speedups["topk+EF"] == pytest.approx(21.0 / 2.5)
 
 
+def test_diloco_targets_are_judged_from_the_runs():
+    fast, slow = time_to_accuracy.FAST, time_to_accuracy.SLOW
+
+    def run(method, seed, iou, rate, seconds, after=None, peak=None):
+        row = tta_run(method, seed, [0.5, iou], seconds, rate=rate)
+        return {**row, "bytes_per_step": 2e6 if method == "none" else 1e6,
+                "local_bytes_per_step": after, "peak_bytes_per_step": peak}
+
+    runs = [run("none", s, 0.92, fast, 10) for s in (0, 1)]
+    runs += [run("none", 0, 0.92, slow, 100), run("topk+EF", 0, 0.9, slow, 30)]
+    runs += [run("local SGD 32, warm-up 80", s, 0.89, fast, 10, 6e4, 2e6) for s in (0, 1)]
+    runs += [run("DiLoCo 32", s, 0.915, fast, 10, 5e4, 2e6) for s in (0, 1)]
+    runs += [run("Streaming DiLoCo 32", s, 0.915, fast, 10, 1e4, 1.2e5) for s in (0, 1)]
+    runs += [run("Streaming DiLoCo 32", s, 0.915, slow, 10.5) for s in (0, 1)]
+    got = time_to_accuracy.diloco_criteria(runs)
+    values = {name.split(":")[1].strip()[:12]: v for name, v in got.items()}
+    assert values["final mean I"] == ("-0.5 pts", True)
+    assert values["at least 2 p"] == ("+2.5 pts", True)
+    assert values[">= 30x fewer"] == ("40x", True)  # 2e6 / 5e4
+    assert values["peak bytes o"] == ("0.060", True)
+    assert values["s/step at 20"] == ("+5%", True)
+    assert got[next(n for n in got if "best compressor (topk+EF)" in n)] == (
+        "Streaming DiLoCo 32 21, none 200, topk+EF 60", True)
+    table = "\n".join(time_to_accuracy.diloco_markdown(runs))
+    assert "| DiLoCo 32 | 50.0 | 2000.0 |" in table and "| none | 2000.0 | — |" in table
+    assert time_to_accuracy.diloco_criteria(runs[:4]) == {}  # no DiLoCo runs: no section
+
+
 def test_projection_pays_for_bytes_only_when_the_network_is_slow():
     shapes = [(3, 3, 64, 64)] * 10
     args = dict(shapes=shapes, workers=8, compute=0.1)
