@@ -60,6 +60,16 @@ def bytes_per_step(timeline, skip=10):
     return (timeline[-1][2] - timeline[skip - 1][2]) / (len(timeline) - skip)
 
 
+def seconds_per_step_after(timeline, skip, steps_per_epoch):
+    """Mean wall seconds of the steps after the first `skip`, everything between two steps
+    of an epoch included (averages, exchanges), the first step of each epoch (which follows
+    validation) excluded: a local-SGD method's step after its synchronous warm-up."""
+    times = [t for t, _, _ in timeline]
+    spans = [times[k] - times[k - 1] for k in range(max(skip, 1), len(times))
+             if k % steps_per_epoch]
+    return sum(spans) / len(spans) if spans else None
+
+
 def peak_bytes_per_step(timeline, skip=10):
     """The most bytes received in one step after the first `skip` steps."""
     received = [b for _, _, b in timeline[skip - 1:]]
@@ -84,6 +94,8 @@ def run_one(method, rate, seed, plan, workdir):
                                                                                  warmup) + 10),
             "peak_bytes_per_step": peak_bytes_per_step(metrics["timeline"],
                                                        local_warmup(method, warmup) + 10),
+            "local_seconds_per_step": seconds_per_step_after(
+                metrics["timeline"], local_warmup(method, warmup) + 10, plan["steps"]),
             "final_val_mean_iou": epochs[-1]["val_mean_iou"], "final_loss": epochs[-1]["loss"],
             "train_seconds": epochs[-1]["train_seconds"],
             "wall_seconds": metrics["wall_time_seconds"],
@@ -209,9 +221,11 @@ def diloco_criteria(runs):
         out["Streaming (4 fragments): peak bytes of a step <= 1/4 of DiLoCo's"] = (
             f"{peak:.3f}", peak <= 0.25)
     if ("Streaming DiLoCo 32", SLOW) in have:
-        slow = (med("Streaming DiLoCo 32", SLOW, "seconds_per_step")
-                / med("Streaming DiLoCo 32", FAST, "seconds_per_step"))
-        out["Streaming: s/step at 20 Mbit/s within 10% of 1 Gbit/s"] = (
+        step = ("local_seconds_per_step" if all(  # after the warm-up, where recorded
+            r.get("local_seconds_per_step") for r in runs
+            if r["method"] == "Streaming DiLoCo 32") else "seconds_per_step")
+        slow = (med("Streaming DiLoCo 32", SLOW, step) / med("Streaming DiLoCo 32", FAST, step))
+        out["Streaming: s/step after the warm-up at 20 Mbit/s within 10% of 1 Gbit/s"] = (
             f"{slow - 1:+.0%}", slow <= 1.10)
         compressors = [m for m, rate in have if rate == SLOW and m not in DILOCO
                        and m not in ("none", "local SGD 8")]
