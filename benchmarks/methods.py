@@ -61,6 +61,10 @@ METHODS = {  # name -> config sections (None: plain tf.distribute)
     # of synchronous steps, against plain local SGD at the same period and warm-up
     "local SGD 32, warm-up 80": {"local_sgd": {"period": 32, "warmup_steps": 80}},
     "DiLoCo 32": {"local_sgd": {"period": 32, "warmup_steps": 80, "outer": NESTEROV}},
+    **{name: {"local_sgd": {"period": period, "warmup_steps": 80, **outer}}
+       for period in (8, 16, 64, 128)  # diloco_periods.py: where the outer step starts to matter
+       for name, outer in ((f"local SGD {period}, warm-up 80", {}),
+                           (f"DiLoCo {period}", {"outer": NESTEROV}))},
     "Streaming DiLoCo 32": {"local_sgd": {
         "period": 32, "warmup_steps": 80, "outer": NESTEROV, "fragments": 4,
         "overlap_steps": 2, "overlap_mix": 0.5, "compression": {"name": "int4", "min_size": 0}}},
