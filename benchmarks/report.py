@@ -146,6 +146,19 @@ def overhead(results):
     return math.exp(mean), (math.exp(mean - half), math.exp(mean + half)), n
 
 
+def saved_overhead():
+    """The longest pass-through measurement with tfdist's default exchange (one fused
+    buffer for the UNet): `overhead_issue16.json`'s, or None."""
+    path = RESULTS / "overhead_issue16.json"
+    return json.loads(path.read_text())["one_buffer"] if path.exists() else None
+
+
+def most_pairs(*measurements):
+    """Of the overhead measurements given (None: absent), the one with the most pairs."""
+    return max((m for m in measurements if m), default=None,
+               key=lambda m: len(m["block_median_seconds"]["tfdist"]))
+
+
 def t_quantile(p, df):
     """Student's t quantile: from the table at 0.975 for df <= 5, else the Cornish-Fisher
     expansion of the normal's (within 1% for df > 5)."""
@@ -268,7 +281,7 @@ def targets(results):
                  f"{pairs} pairs)" if interval else f"{ratio - 1:+.1%} ({pairs} pair)")
         narrow = interval is not None and interval[1] - interval[0] < 0.02
         rows.append(("tfdist pass-through adds ≤ 3% step time over plain tf.distribute",
-                     shown, ratio <= 1.03,
+                     shown, ratio <= 1.03 and narrow,
                      "geometric mean of alternating blocks of steps in the same 2 worker "
                      "processes (overhead.py)" + ("" if narrow else
                      "; the interval is wider than 2 points: more pairs are needed")))
@@ -450,6 +463,7 @@ def main():
     if args.from_results:
         results = json.loads(pathlib.Path(f"{stem}.json").read_text())
         results["time_to_accuracy"] = time_to_accuracy.saved() or results["time_to_accuracy"]
+        results["overhead"] = most_pairs(results.get("overhead"), saved_overhead())
     else:
         if os.geteuid() != 0 or not all(shutil.which(t) for t in ("unshare", "ip", "tc")):
             sys.exit("the benchmarks need root, unshare, ip and tc (network namespaces)")

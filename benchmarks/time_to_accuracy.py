@@ -229,7 +229,8 @@ def diloco_criteria(runs):
             f"{100 * gain:+.1f} pts", gain >= 0.02)
     synchronous = med("none", FAST, "bytes_per_step")
     everything = synchronous / med("DiLoCo 32", FAST, "local_bytes_per_step")
-    if all(r.get("training_bytes_per_step") for r in runs if r["method"] == "DiLoCo 32"):
+    if all(r.get("training_bytes_per_step") for r in runs
+           if (r["method"], r["rate_bits"]) == ("DiLoCo 32", FAST)):
         fewer = synchronous / med("DiLoCo 32", FAST, "training_bytes_per_step")
         out["DiLoCo 32: >= 30x fewer bytes per training step than synchronous (after the "
             "warm-up)"] = (f"{fewer:.0f}x ({everything:.0f}x counting the averages "
@@ -350,7 +351,11 @@ def main():
     parser.add_argument("--rates", nargs="+", type=int, help="link speeds in Mbit/s")
     parser.add_argument("--seeds", nargs="+", type=int, help="a subset of the plan's seeds")
     parser.add_argument("--resume", action="store_true", help="keep the runs already saved")
+    parser.add_argument("--from-results", action="store_true",
+                        help="only rewrite the .md and .png from the saved .json")
     args = parser.parse_args()
+    if args.from_results:
+        return write_report(json.loads((RESULTS / "time_to_accuracy.json").read_text()))
     mode = "quick" if args.quick else "full"
     plan = dict(PLANS[mode], **{k: v for k, v in (
         ("rates", args.rates and tuple(r * MBIT for r in args.rates)),
@@ -365,9 +370,14 @@ def main():
         shutil.rmtree(workdir, ignore_errors=True)
     results["mode"], results["minutes"] = mode, round((time.monotonic() - started) / 60, 1)
     (RESULTS / "time_to_accuracy.json").write_text(json.dumps(results, indent=1))
+    (RESULTS / "time_to_accuracy-partial.json").unlink(missing_ok=True)
+    write_report(results)
+
+
+def write_report(results):
+    """time_to_accuracy.md and .png from `results`; prints the table."""
     (RESULTS / "time_to_accuracy.md").write_text(markdown(results))
     plot(results, RESULTS / "time_to_accuracy.png")
-    (RESULTS / "time_to_accuracy-partial.json").unlink(missing_ok=True)
     print(markdown(results))
 
 
