@@ -43,8 +43,8 @@ def table(runs):
 def markdown(runs):
     """Final mean IoU (mean over seeds) and loss per period, and DiLoCo's gain."""
     lines = ["| period | averages after warm-up | local SGD final mIoU | DiLoCo final mIoU "
-             "| DiLoCo − local SGD | local SGD final loss | DiLoCo final loss |",
-             "|---|---|---|---|---|---|---|"]
+             "| DiLoCo − local SGD | local SGD final loss | DiLoCo final loss | loss, DiLoCo "
+             "vs local SGD |", "|---|---|---|---|---|---|---|---|"]
     loss = lambda m: statistics.mean(  # noqa: E731
         r["final_loss"] for r in runs if r["method"] == m and r["rate_bits"] == FAST)
     for period, got in table(runs).items():
@@ -52,7 +52,8 @@ def markdown(runs):
         seeds = ", ".join(f"{v:.3f}" for v in got[names(period)[1]])
         lines.append(f"| {period} | {400 // period} | {plain:.3f} | {diloco:.3f} ({seeds}) "
                      f"| {100 * (diloco - plain):+.1f} pts | {loss(names(period)[0]):.4f} "
-                     f"| {loss(names(period)[1]):.4f} |")
+                     f"| {loss(names(period)[1]):.4f} "
+                     f"| {loss(names(period)[1]) / loss(names(period)[0]) - 1:+.0%} |")
     return "\n".join(lines) + "\n"
 
 

@@ -384,6 +384,18 @@ def time_to_accuracy_section(results):
             "![time to accuracy](../benchmarks/results/report_time_to_accuracy.png)"]
 
 
+def diloco_periods_section():
+    """DiLoCo against plain local SGD by period (diloco_periods.py), when it was run."""
+    path = RESULTS / "diloco_periods.md"
+    if not path.exists():
+        return []
+    return ["", "### DiLoCo's outer optimizer by period", "",
+            "`benchmarks/diloco_periods.py`: both after 80 synchronous steps, 2 seeds, the full "
+            "schedule at 1 Gbit/s; final validation mean IoU (mean, then per seed) and final "
+            "training loss (mean of seeds).", "", path.read_text().strip(), "",
+            "![DiLoCo by period](../benchmarks/results/diloco_periods.png)"]
+
+
 def markdown(results):
     env = results["environment"]
     out = ["# Benchmarks", "",
@@ -394,7 +406,7 @@ def markdown(results):
            + (f", {env['minutes']:.0f} minutes" if env.get("minutes") else "") + ". The UNet example "
            "(32×32 synthetic shapes, 4 classes, 0.54 M parameters, global batch 32).", "",
            "Raw results: `benchmarks/results/report.json`, `report.csv`.", "",
-           *time_to_accuracy_section(results), "",
+           *time_to_accuracy_section(results), *diloco_periods_section(), "",
            "## Targets", "", "| target | measured | met | note |", "|---|---|---|---|"]
     for name, got, met, note in targets(results):
         out.append(f"| {name} | {got} | {'yes' if met else '**MISSED**'} | {note if not met else ''} |")

@@ -206,3 +206,16 @@ def test_the_report_takes_the_overhead_measured_over_the_most_pairs():
                                                 "plain tf.distribute": [0.1] * n}}
     assert report.most_pairs(pairs(4), None, pairs(40)) == pairs(40)
     assert report.most_pairs(None, None) is None
+
+
+def test_diloco_periods_table_compares_each_period_on_the_same_seeds():
+    import diloco_periods
+
+    run = lambda method, iou, loss: {"method": method, "rate_bits": time_to_accuracy.FAST,  # noqa: E731
+                                     "final_val_mean_iou": iou, "final_loss": loss}
+    runs = [run("local SGD 16, warm-up 80", 0.90, 0.050), run("local SGD 16, warm-up 80", 0.92, 0.030),
+            run("DiLoCo 16", 0.93, 0.030), run("DiLoCo 16", 0.95, 0.030),
+            run("DiLoCo 64", 0.99, 0.010)]  # no plain run at 64: left out
+    rows = [line for line in diloco_periods.markdown(runs).splitlines() if line.startswith("| 16 ")]
+    assert rows == ["| 16 | 25 | 0.910 | 0.940 (0.930, 0.950) | +3.0 pts | 0.0400 | 0.0300 | -25% |"]
+    assert "| 64 " not in diloco_periods.markdown(runs)
