@@ -4,11 +4,11 @@ process carrying the test's token, nothing in the TMPDIR the launcher was given)
 
 Cases: a stdout nobody reads while a signal arrives (SIGTERM, SIGINT, SIGHUP); a stdout
 closed after one line; an ASCII locale with non-ASCII output; 120 MB without a newline;
-a parameter_server restart whose failed task left a child; grandchildren that call
-setsid (with and without the launch's tag) on failure and on success; a signal during
-setup; a SIGKILLed launcher cleaned up by the next launch; out-of-range options; an
-open-files limit that is too low (and one that can be raised); a command line too big
-to start.
+a progress bar redrawn a million times on one line; a parameter_server restart whose
+failed task left a child; grandchildren that call setsid (with and without the launch's
+tag) on failure and on success; a signal during setup; a SIGKILLed launcher cleaned up
+by the next launch; out-of-range options; an open-files limit that is too low (and one
+that can be raised); a command line too big to start.
 """
 
 import os
@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -238,6 +239,50 @@ def test_a_huge_line_is_cut_into_pieces_in_bounded_memory(tmp_path, write_config
     assert_nothing_left(launch_env, token)
 
 
+def test_a_bar_redrawn_a_million_times_is_a_few_lines_in_bounded_memory(tmp_path,
+                                                                        write_config,
+                                                                        launch_env, token):
+    """A progress bar redrawn 10^6 times on one line (32 MB of \\b, \\r and states) ends
+    as its final state, the launcher's memory stays far below the output's size."""
+    config = write_config("strategy: mirrored\n")
+    proc = subprocess.Popen(cli(config, command=task("""
+        for k in range(1000):
+            os.write(1, b"".join(b"\\b" * 16 + b"\\r" + b"%7d/1000000" % (k * 1000 + i)
+                                 for i in range(1, 1001)))
+        os.write(1, b"\\n")
+    """, tmp_path)), env=launch_env, cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE)
+    peak = [0]
+
+    def watch():
+        while proc.poll() is None:
+            try:
+                with open(f"/proc/{proc.pid}/status") as f:
+                    peak[0] = max(peak[0], int(f.read().split("VmHWM:")[1].split()[0]))
+            except (OSError, IndexError):
+                pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    watcher.join()
+
+    assert proc.returncode == 0, err
+    lines = out.decode().splitlines()
+    assert lines[-1] == "[main] 1000000/1000000"
+    assert all(re.fullmatch(r"\[main\] +\d+/1000000", line) for line in lines), lines
+    assert len(lines) < 20
+    assert 0 < peak[0] < 150 * 1024, f"launcher peak RSS {peak[0]} kB"
+    assert_quiet(err.decode())
+    assert_nothing_left(launch_env, token)
+
+
 # --- 2. processes and temporary directories left behind -------------------------------------
 
 # Server tasks (worker, ps) run the user's command instead of a TF server: the launcher's
@@ -375,9 +420,10 @@ def test_after_a_sigkilled_launcher_the_next_launch_cleans_up(tmp_path, write_co
 
     assert result.returncode == 0, result.stderr  # ...is cleaned by the next launch
     lines = result.stderr.splitlines()
-    assert len(lines) == 1 and re.fullmatch(
+    assert len(lines) == 2 and re.fullmatch(
         r"\[tfdist\] cleaned up after launchers that were killed: removed 1 stale "
         r"directory and [1-9]\d* leftover process(es)?", lines[0]), result.stderr
+    assert lines[1].startswith("[tfdist] job succeeded: 2 tasks (worker:0 0, worker:1 0)")
     assert_gone([grandchild])
     assert_nothing_left(launch_env, token)
 
@@ -430,7 +476,8 @@ def test_a_low_soft_open_files_limit_is_raised_to_what_the_job_needs(tmp_path, w
                             capture_output=True, text=True, timeout=TIMEOUT,
                             preexec_fn=_open_files_limit(48, 4096))
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
+    assert re.fullmatch(r"\[tfdist\] job succeeded: 40 tasks \((worker:\d+ 0, ){39}worker:39 0\), "
+                        r"0 restarts, \d+\.\d s\n", result.stderr), result.stderr
     assert_nothing_left(launch_env, token)
 
 

@@ -17,6 +17,7 @@ from tfdist.cluster.tf_config import tf_config_json
 from tfdist.errors import TfdistError
 from tfdist.launch import reaper
 from tfdist.launch.output import Sink
+from tfdist.launch.summary import summary
 from tfdist.launch.task_process import TaskProcess, exit_code
 from tfdist.strategies.capabilities import capabilities
 
@@ -58,11 +59,18 @@ class Launcher:
     failed task. A task that only waits for the launcher's stdout to take its output is
     not hung.
 
-    Output: the tasks' bytes reach `out` unchanged (no decoding), prefixed by task, each
-    line at most 64 KiB (longer ones are cut into prefixed pieces), through a bounded
-    queue and a writer thread per destination (`tfdist.launch.output`). A stdout that
-    does not read (a paused pager) holds up the tasks' output, never the supervisor:
-    signals and failures are handled as usual and, at the end, output gets
+    Output: the tasks' bytes reach `out` prefixed by task, each line at most 64 KiB
+    (longer ones are cut into prefixed pieces), through a bounded queue and a writer
+    thread per destination (`tfdist.launch.output`). Progress bars that redraw with
+    ``\\r`` become periodic lines and cursor/erase sequences are dropped (colours too,
+    unless `out` is a terminal; `tfdist.launch.rendering`); other bytes pass unchanged.
+    TF's reports that a peer has gone (logged when one worker finishes before another,
+    "The tasks have crashed") are printed if a task failed (restarted or not), else
+    replaced by a one-line note (`tfdist.launch.shutdown_reports`). At the end, one line
+    on `err` sums the job up: how each task ended, restarts, wall time
+    (`tfdist.launch.summary`). A stdout that does not read (a paused pager) holds up the
+    tasks' output, never the supervisor: signals and failures are handled as usual and,
+    at the end, output gets
     `DRAIN_SECONDS` to drain before it is dropped. A stdout that is closed (``| head``)
     is reported once on stderr; the tasks go on, their output discarded.
 
@@ -120,6 +128,7 @@ class Launcher:
         strategy = config.strategy.name if config.strategy else None
         self.restart_whole_job = capabilities(strategy).restart == "job"
         self.restarts = 0  # job restarts (the per-task count is on each task)
+        self._failed = None  # the task whose failure ended the job
         self.tmpdir = None
         self.tasks = []
         self._popen_pids = set()
@@ -133,9 +142,10 @@ class Launcher:
         Raises:
             LaunchError, ClusterError: the job cannot start (nothing is left behind).
         """
+        started = time.monotonic()
         self._err_sink = Sink(self.err, "stderr")
         self._out_sink = Sink(self.out, "stdout", notice=self.log)
-        handlers, subreaper, nofile, not_adopted = {}, None, None, set()
+        handlers, subreaper, nofile, not_adopted, code = {}, None, None, set(), None
         self._setting_up = True
         try:
             handlers = self._install_signal_handlers()
@@ -152,11 +162,11 @@ class Launcher:
             self._check_signal()
             for task in self.tasks:
                 self._start(task)
-            return self._supervise()
+            code = self._supervise()
         except _Stopped as stopped:
             self._setting_up = False
             self._signal = stopped.signum
-            return self._stopped_by_signal()
+            code = self._stopped_by_signal()
         finally:
             self._setting_up = False
             self.stop_all()
@@ -166,20 +176,37 @@ class Launcher:
             reaper.restore_subreaper(subreaper)
             if nofile is not None:
                 _set_open_files_limit(nofile)
-            self._close_output()
+            self._close_output(code, time.monotonic() - started)
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+        return code
 
-    def _close_output(self):
+    def _close_output(self, code, seconds):
         """Every task has exited: lets the output drain for at most DRAIN_SECONDS (a
-        reader that does not read loses the rest), then stops the writers."""
+        reader that does not read loses the rest), prints the summary of a job that ran
+        (`code` not None), then stops the writers."""
         deadline = time.monotonic() + DRAIN_SECONDS
+        restarts = self.restarts + sum(task.restarts for task in self.tasks)
         for task in self.tasks:
             task.wait_output(max(0.0, deadline - time.monotonic()))
+        self._release_reports(keep=code != 0 or restarts > 0)
         self._out_sink.close(max(0.1, deadline - time.monotonic()))
         for task in self.tasks:  # a pump that was waiting for room reaches its end now
             task.wait_output(0.5)
+        if code is not None and any(task.proc for task in self.tasks):
+            self.log(summary(self.tasks, seconds=seconds, failed=self._failed,
+                             signum=self._signal, restarts=restarts))
         self._err_sink.close(max(0.5, deadline - time.monotonic()))
+
+    def _release_reports(self, keep):
+        """Prints (`keep`: a task failed) or drops TF's peer-gone reports held so far
+        (every task exited 0), saying in one line what was dropped."""
+        for task in self.tasks:
+            dropped = task.release_reports(keep)
+            if dropped:
+                self.log(f"{task.name}: not shown: TF's {dropped}-line report that a peer "
+                         "had stopped (logged when workers finish at different times; "
+                         "every task succeeded)")
 
     def _check_signal(self):
         if self._signal is not None:
@@ -287,8 +314,10 @@ class Launcher:
                           f"exited with code {exit_code(code)}" if code else
                           "exited while the job was still running")
                 task.wait_output()
+                self._release_reports(keep=True)
                 if not self._restart_after_failure(task, reason):
                     self.log(f"{task.name} {reason}; stopping the other tasks")
+                    self._failed = task
                     return exit_code(code) or 1
                 if self.restart_whole_job:
                     finished.clear()
@@ -336,6 +365,8 @@ class Launcher:
     def stop_all(self):
         """SIGTERM to every task's process group, SIGKILL after the grace period."""
         for task in self.tasks:
+            if task.poll() is None and task.proc is not None:
+                task.stopped = True
             task.signal_group(signal.SIGTERM)
         deadline = time.monotonic() + self.grace_seconds
         while time.monotonic() < deadline and any(t.poll() is None for t in self.tasks if t.proc):

@@ -41,6 +41,7 @@ class Sink:
     def __init__(self, stream, name, *, notice=None, max_bytes=MAX_QUEUED_BYTES):
         self.name, self._stream, self._notice, self._max = name, stream, notice, max_bytes
         self._fd = _fileno(stream)
+        self.is_terminal = self._fd is not None and _isatty(self._fd)
         self._chunk = _FILE_CHUNK
         if self._fd is not None:
             try:
@@ -162,33 +163,8 @@ def _fileno(stream):
     return fd
 
 
-class LineCutter:
-    """Turns a task's raw output into prefixed lines, each at most `max_line` bytes long.
-
-    A longer line (a progress bar without a newline) is cut into prefixed pieces, so
-    memory stays bounded whatever the task writes. Bytes are not decoded.
-    """
-
-    def __init__(self, prefix, max_line):
-        self.prefix, self.max_line = prefix, max_line
-        self._pending = b""
-
-    def feed(self, data):
-        """Returns the complete (or cut) lines in `data`, prefixed, as one bytes object."""
-        *lines, rest = (self._pending + data).split(b"\n")
-        pieces = []
-        for line in lines:
-            while len(line) > self.max_line:
-                pieces.append(line[:self.max_line])
-                line = line[self.max_line:]
-            pieces.append(line)
-        while len(rest) > self.max_line:
-            pieces.append(rest[:self.max_line])
-            rest = rest[self.max_line:]
-        self._pending = rest
-        return b"".join(self.prefix + p + b"\n" for p in pieces)
-
-    def flush(self):
-        """The unterminated rest, at the end of the output."""
-        rest, self._pending = self._pending, b""
-        return self.prefix + rest + b"\n" if rest else b""
+def _isatty(fd):
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False

@@ -3,15 +3,18 @@
 import ctypes
 import functools
 import os
+import select
 import signal
 import subprocess
 import threading
 import time
 
-from tfdist.launch.output import LineCutter
+from tfdist.launch.rendering import LineRenderer
+from tfdist.launch.shutdown_reports import ShutdownReports
 
 MAX_LINE = 64 * 1024  # bytes of a task's line; a longer one is cut into pieces
 READ_SIZE = 64 * 1024
+_TICK_MS = 1000  # how often a quiet task's progress bar is looked at
 _PR_SET_PDEATHSIG = 1
 try:
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -30,10 +33,13 @@ def _child_setup(launcher_pid):
 
 
 class TaskProcess:
-    """A task's process; its output goes to `sink` as ``[job:i] line``, bytes unchanged.
+    """A task's process; its output goes to `sink` as ``[job:i] line``.
 
-    Output is read in bounded chunks and a line longer than `MAX_LINE` bytes is cut into
-    prefixed pieces, so no output can make the launcher's memory grow.
+    Output is read in bounded chunks and rendered into lines by
+    `tfdist.launch.rendering.LineRenderer` (progress bars become periodic lines; a line
+    longer than `MAX_LINE` bytes is cut into prefixed pieces, so no output can make the
+    launcher's memory grow). TF's reports that a peer has gone are held in `reports`
+    (`tfdist.launch.shutdown_reports`) until the launcher knows whether the job failed.
 
     Args:
         name: the task name, e.g. ``worker:1``.
@@ -53,6 +59,8 @@ class TaskProcess:
         self._cpu_ticks = 0
         self.hung = False
         self.group_killed = False  # the leader exited and its group was killed
+        self.stopped = False  # the launcher told it to stop while it ran
+        self.reports = ShutdownReports()
         self._waiting_for_output_room = False
 
     def start(self):
@@ -68,33 +76,53 @@ class TaskProcess:
                                         name=f"output of {self.name}", daemon=True)
         self._reader.start()
         self.last_progress, self._cpu_ticks, self.hung = time.monotonic(), 0, False
-        self.group_killed = False
+        self.group_killed = self.stopped = False
 
     def _pump(self, stream):
-        cutter = LineCutter(f"[{self.name}] ".encode(), MAX_LINE)
+        renderer = LineRenderer(MAX_LINE, keep_colour=self._sink.is_terminal)
         fd = stream.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
         try:
             while True:
                 try:
+                    if not poller.poll(_TICK_MS):
+                        self._emit(renderer.tick(time.monotonic()))
+                        continue
                     data = os.read(fd, READ_SIZE)
                 except OSError:
                     break
                 if not data:
                     break
                 self.last_progress = time.monotonic()
-                self._emit(cutter.feed(data))
-            self._emit(cutter.flush())
+                self._emit(renderer.feed(data, self.last_progress))
+            self._emit(renderer.flush())
         finally:
             stream.close()
 
-    def _emit(self, data):
-        if data:
-            self._waiting_for_output_room = True  # not hung: waiting for our stdout
-            try:
-                self._sink.put(data)
-            finally:
-                self._waiting_for_output_room = False
-                self.last_progress = time.monotonic()
+    def _emit(self, lines):
+        """Prints `lines` (not TF's peer-gone reports: they are held)."""
+        lines = self.reports.filter(lines)
+        if not lines:
+            return
+        self._waiting_for_output_room = True  # not hung: waiting for our stdout
+        try:
+            self._sink.put(self._prefixed(lines))
+        finally:
+            self._waiting_for_output_room = False
+            self.last_progress = time.monotonic()
+
+    def _prefixed(self, lines):
+        prefix = f"[{self.name}] ".encode()
+        return b"".join(prefix + line + b"\n" for line in lines)
+
+    def release_reports(self, keep):
+        """Prints (`keep`) or drops the peer-gone reports held so far; returns how many
+        lines were dropped."""
+        held = self.reports.take()
+        if keep and held:
+            self._sink.put(self._prefixed(held), block=False)
+        return 0 if keep else len(held)
 
     def poll(self):
         """The exit code, or None while running (negative: killed by that signal)."""
