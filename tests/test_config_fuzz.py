@@ -31,7 +31,7 @@ def config_file():
 
 def check(path, data):
     """Loads `data` (text or bytes) from `path`: a Config, or a located ConfigError; a
-    valid cluster also yields every task's TF_CONFIG."""
+    valid cluster (not a scheduler's) also yields every task's TF_CONFIG."""
     if isinstance(data, str):
         path.write_text(data, encoding="utf-8", errors="surrogatepass")
     else:
@@ -42,7 +42,7 @@ def check(path, data):
         assert str(e).isprintable(), f"not one printable line: {str(e)!r}"
         return
     assert isinstance(config, Config)
-    if config.cluster is not None:
+    if config.cluster is not None and config.cluster.scheduler is None:  # slurm: under srun
         addresses = cluster_dict(config.cluster, pick_free_ports=True)
         for job, index in config.cluster.tasks():
             assert tf_config_json(addresses, job, index)

@@ -5,6 +5,7 @@ import json
 import pytest
 import yaml
 
+from kubernetes_schemas import assert_valid, errors
 from tfdist.cli import main
 
 JOB_TYPES = {"Chief": "chief", "Worker": "worker", "PS": "ps", "Evaluator": "evaluator"}
@@ -94,3 +95,34 @@ def test_bad_manifest_arguments(write_config, capsys, argv, message):
 def test_manifest_needs_a_cluster(write_config, capsys):
     assert main(["manifest", write_config("strategy: mirrored\n"), "--image", "i", "--", "x"]) == 2
     assert "no cluster" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cluster,strategy", [
+    ("{worker: 2}", "multi_worker_mirrored"),
+    ("{chief: 1, worker: 3, evaluator: 1}", "multi_worker_mirrored"),
+    ("{chief: 1, worker: 2, ps: 2}", "parameter_server"),
+    ("{chief: 1, worker: 12, ps: 1, evaluator: 1}", "parameter_server"),
+])
+@pytest.mark.parametrize("restarts", ["0", "4"])
+def test_tfjob_validates_against_the_crd(write_config, capsys, cluster, strategy, restarts):
+    path = write_config(f"cluster: {cluster}\nstrategy: {strategy}\n")
+    manifest = render(capsys, "manifest", path, "--image", "ghcr.io/team/unet:1.0",
+                      "--namespace", "team-a", "--max-restarts", restarts,
+                      "--", "python", "train.py", "--config", "job.yaml")
+    assert_valid(manifest)
+
+
+@pytest.mark.parametrize("where,misspelt", [
+    (["spec"], "tfReplicaSpec"),
+    (["spec", "runPolicy"], "backOffLimit"),
+    (["spec", "tfReplicaSpecs", "Worker"], "replica"),
+    (["spec", "tfReplicaSpecs", "Worker", "template", "spec", "containers", 0], "imagePullPolice"),
+])
+def test_a_misspelt_tfjob_field_fails_validation(write_config, capsys, where, misspelt):
+    config = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
+    manifest = render(capsys, "manifest", config, "--image", "i", "--", "python", "train.py")
+    node = manifest
+    for key in where:
+        node = node[key]
+    node[misspelt] = 1
+    assert any(repr(misspelt) in problem for problem in errors(manifest)), errors(manifest)

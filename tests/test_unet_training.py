@@ -83,9 +83,10 @@ def run(command, cwd=ROOT, timeout=420):
     return result
 
 
-# own_loop*.yaml run in tests/test_quickstart.py (the own-loop example's test)
+# own_loop*.yaml run in tests/test_quickstart.py (the own-loop example's test), *slurm*.yaml
+# under a real SLURM in tests/test_slurm.py
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml")
-                 if not p.name.startswith("own_loop"))
+                 if not p.name.startswith("own_loop") and "slurm" not in p.name)
 
 
 @pytest.mark.multiprocess
@@ -132,14 +133,15 @@ def test_every_config_runs_a_few_steps(tmp_path, name):
 
 @pytest.mark.multiprocess
 def test_unet_really_learns(tmp_path, write_config):
-    """Mean IoU well above predicting the majority class (background) everywhere."""
+    """Mean IoU well above predicting the majority class (background) everywhere, after 300
+    steps (after 200, validation can still dip: 0.58 at step 150, 0.54 at 200, 0.80 at 250)."""
     import shapes
 
     config = write_config("strategy: default\n"
                           "train: {image_size: 32, batch_size: 32, learning_rate: 0.003}\n")
     out = tmp_path / "out"
     run([sys.executable, str(TRAIN), "--config", config, "--output_dir", str(out),
-         "--epochs", "4", "--steps_per_epoch", "50", "--validation_steps", "8"])
+         "--epochs", "6", "--steps_per_epoch", "50", "--validation_steps", "8"])
     final = json.loads((out / "metrics.json").read_text())["final"]
     _, masks = next(iter(shapes.shapes_dataset(0, 32, "validation", 512).batch(512)))
     masks = masks.numpy()

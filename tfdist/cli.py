@@ -8,7 +8,11 @@ import sys
 
 import yaml
 
+from tfdist.cluster.environment import exec_task
 from tfdist.cluster.manifest import tfjob_manifest
+from tfdist.cluster.trainjob import trainjob_manifests
+from tfdist.cluster.sbatch import batch_script
+from tfdist.cluster.slurm import describe_slurm
 from tfdist.cluster.spec import cluster_dict, parse_task
 from tfdist.cluster.tf_config import tf_config
 from tfdist.config import load_config
@@ -17,6 +21,8 @@ from tfdist.launch import launch
 
 USAGE_ERROR = 2
 MAX_COUNT_DIGITS = 10  # --max-restarts: a whole number below 10**10
+SBATCH_OPTIONS = ("nodes", "ntasks-per-node", "cpus-per-task", "time", "partition", "account",
+                  "job-name", "output")  # passed to #SBATCH lines as given
 
 
 class UsageError(TfdistError):
@@ -115,16 +121,39 @@ def _parser():
                         "as hung and killed (default 600; 0: never)")
     p.set_defaults(run=_launch)
 
-    p = sub.add_parser("manifest", help="print a Kubeflow TFJob for the cluster",
-                       usage="tfdist manifest CONFIG --image IMAGE [--name NAME] "
-                             "[--namespace NS] [--max-restarts N] -- COMMAND [ARGS...]")
-    p.add_argument("config")
+    p = sub.add_parser("manifest", help="print a Kubeflow TFJob, or a Trainer v2 "
+                                        "TrainingRuntime and TrainJob, for the cluster",
+                       usage="tfdist manifest CONFIG --image IMAGE [--format tfjob|trainjob] "
+                             "[--name NAME] [--namespace NS] [--max-restarts N] "
+                             "-- COMMAND [ARGS...]")
+    p.add_argument("config", help="the config file; for trainjob also its path inside the "
+                                  "image, where each pod's `tfdist exec` reads it")
     p.add_argument("--image", required=True)
-    p.add_argument("--name", help="TFJob name (default: from the config file name)")
+    p.add_argument("--format", choices=("tfjob", "trainjob"), default="tfjob",
+                   help="tfjob: kubeflow.org/v1 TFJob (default); trainjob: Kubeflow Trainer "
+                        "v2 TrainingRuntime + TrainJob on JobSet")
+    p.add_argument("--name", help="TFJob/TrainJob name (default: from the config file name)")
     p.add_argument("--namespace", default="default")
     p.add_argument("--max-restarts", type=_non_negative, default=0, metavar="N",
-                   help="restartPolicy OnFailure with this backoff limit (default: Never)")
+                   help="tfjob: restartPolicy OnFailure with this backoff limit; trainjob: "
+                        "JobSet failurePolicy.maxRestarts (default 0: no restarts)")
     p.set_defaults(run=_manifest)
+
+    p = sub.add_parser("exec", help="in a scheduled task (JobSet pod, SLURM step, Vertex AI "
+                                    "replica): set its TF_CONFIG and run COMMAND",
+                       usage="tfdist exec CONFIG -- COMMAND [ARGS...]")
+    p.add_argument("config")
+    p.set_defaults(run=_exec)
+
+    p = sub.add_parser("sbatch", help="print a SLURM batch script for a cluster: slurm config",
+                       usage="tfdist sbatch CONFIG [--ntasks N] [--nodes N] [--time T] "
+                             "[--partition P] [...] -- COMMAND [ARGS...]")
+    p.add_argument("config")
+    p.add_argument("--ntasks", type=_non_negative, metavar="N",
+                   help="SLURM tasks = TF tasks (default: chief + ps + evaluator + 1 worker)")
+    for name in SBATCH_OPTIONS:
+        p.add_argument(f"--{name}", metavar="VALUE", help=f"#SBATCH --{name}")
+    p.set_defaults(run=_sbatch)
     return parser
 
 
@@ -144,7 +173,9 @@ def _validate(args, command):
 def describe(config):
     """A one-line summary of a config: strategy, tasks, compression, local SGD."""
     parts = [f"strategy {config.strategy.name}" if config.strategy else "no strategy section"]
-    if config.cluster:
+    if config.cluster and config.cluster.scheduler == "slurm":
+        parts.append(describe_slurm(config.cluster))
+    elif config.cluster:
         parts.append("tasks " + ", ".join(f"{job}×{len(a)}" for job, a in config.cluster.jobs().items()))
     if config.compression:
         parts.append(f"compression {config.compression.name}")
@@ -183,9 +214,27 @@ def _launch(args, command):
 def _manifest(args, command):
     config = load_config(args.config)
     _require_command(command, "manifest")
-    manifest = tfjob_manifest(config, image=args.image, command=command, name=args.name,
-                              namespace=args.namespace, max_restarts=args.max_restarts)
-    print(yaml.safe_dump(manifest, sort_keys=False), end="")
+    options = dict(image=args.image, command=command, name=args.name,
+                   namespace=args.namespace, max_restarts=args.max_restarts)
+    if args.format == "trainjob":
+        documents = trainjob_manifests(config, config_path=args.config, **options)
+        print(yaml.safe_dump_all(documents, sort_keys=False), end="")
+    else:
+        print(yaml.safe_dump(tfjob_manifest(config, **options), sort_keys=False), end="")
+    return 0
+
+
+def _exec(args, command):
+    config = load_config(args.config)
+    _require_command(command, "exec")
+    exec_task(config, command)  # replaces this process
+
+
+def _sbatch(args, command):
+    config = load_config(args.config)
+    _require_command(command, "sbatch")
+    options = [(name, getattr(args, name.replace("-", "_"))) for name in SBATCH_OPTIONS]
+    print(batch_script(config, command, ntasks=args.ntasks, options=options), end="")
     return 0
 
 

@@ -22,6 +22,21 @@ def dns_name(text, what, max_length=DNS_LABEL_LENGTH):
     return text
 
 
+def check_image(image, max_length=None):
+    """Raises `ClusterError` unless `image` looks like a container image reference."""
+    if not _IMAGE.fullmatch(image) or (max_length is not None and len(image) > max_length):
+        limit = f", at most {max_length} characters" if max_length is not None else ""
+        raise ClusterError("--image must be a container image reference (visible characters, "
+                           f"no spaces{limit}). Received: {image!r}")
+
+
+def check_max_restarts(max_restarts, field):
+    """Raises `ClusterError` unless `max_restarts` fits the int32 `field` it becomes."""
+    if not 0 <= max_restarts <= INT32_MAX:
+        raise ClusterError(f"--max-restarts must be between 0 and {INT32_MAX} ({field} is "
+                           f"an int32). Received: {max_restarts!r}")
+
+
 def default_name(path, max_length=DNS_LABEL_LENGTH):
     """A TFJob name from a config file name: 'configs/MWMS_2.yaml' -> 'mwms-2'."""
     stem = re.sub(r"\.ya?ml$", "", str(path).rsplit("/", 1)[-1]).lower()
@@ -69,12 +84,8 @@ def tfjob_manifest(config, *, image, command, name=None, namespace="default", ma
                            f"{DNS_LABEL_LENGTH - limit} more) and Kubernetes allows "
                            f"{DNS_LABEL_LENGTH}. Received: {name!r} ({len(name)} characters)")
     dns_name(namespace, "--namespace")
-    if not _IMAGE.fullmatch(image):
-        raise ClusterError("--image must be a container image reference (visible characters, "
-                           f"no spaces). Received: {image!r}")
-    if not 0 <= max_restarts <= INT32_MAX:
-        raise ClusterError(f"--max-restarts must be between 0 and {INT32_MAX} (backoffLimit is "
-                           f"an int32). Received: {max_restarts!r}")
+    check_image(image)
+    check_max_restarts(max_restarts, "backoffLimit")
     strategy = config.strategy.name if config.strategy else None
     policy = "OnFailure" if max_restarts > 0 else "Never"
     replicas = {

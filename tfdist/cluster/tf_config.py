@@ -8,23 +8,42 @@ import os
 
 from tfdist.cluster.address import parse_address
 from tfdist.cluster.errors import ClusterError
+from tfdist.cluster.vertex import parse_cluster_spec
 
 
 def read_tf_config(environ=None):
-    """This process's TF_CONFIG, parsed.
+    """This process's TF_CONFIG, parsed; without one, Vertex AI's CLUSTER_SPEC read as
+    the TF_CONFIG it describes (`tfdist.cluster.vertex`: workerpool0..3 -> chief,
+    worker, ps, evaluator).
 
     Args:
         environ: the environment to read; `os.environ` by default.
 
     Returns:
-        The parsed JSON object, or None when TF_CONFIG is unset or empty.
+        The parsed JSON object, or None when TF_CONFIG and CLUSTER_SPEC are unset or empty.
 
     Raises:
         ClusterError: TF_CONFIG is not a JSON object with a valid cluster and task (see
-            `check_tf_config`).
+            `check_tf_config`), or CLUSTER_SPEC is not Vertex's shape.
     """
     environ = os.environ if environ is None else environ
-    return parse_tf_config(environ.get("TF_CONFIG"))
+    if has_tf_config(environ):
+        return parse_tf_config(environ["TF_CONFIG"])
+    raw = environ.get("CLUSTER_SPEC")
+    parsed = parse_cluster_spec(raw)
+    if parsed is not None:
+        try:
+            check_tf_config(parsed, raw)
+        except ClusterError as e:
+            raise ClusterError(f"CLUSTER_SPEC (Vertex AI), read as TF_CONFIG: {e}") from None
+    return parsed
+
+
+def has_tf_config(environ=None):
+    """True when TF_CONFIG itself is set and not blank (TensorFlow reads only it, not
+    CLUSTER_SPEC); `environ` defaults to `os.environ`."""
+    environ = os.environ if environ is None else environ
+    return bool((environ.get("TF_CONFIG") or "").strip())
 
 
 def parse_tf_config(raw):
@@ -111,7 +130,8 @@ def check_matches(cluster, parsed, config_name="the config"):
     """Raises `ClusterError` naming the task if a TF_CONFIG disagrees with `cluster`.
 
     Args:
-        cluster: a `ClusterConfig`.
+        cluster: a `ClusterConfig`, or a `SlurmClusterConfig`, whose chief, ps and
+            evaluator counts must match and whose workers are whatever TF_CONFIG has.
         parsed: the TF_CONFIG, as `read_tf_config` returns it (or its JSON text); None
             when unset, which only a one-task cluster accepts.
         config_name: how messages name the config (its path).
@@ -135,6 +155,8 @@ def check_matches(cluster, parsed, config_name="the config"):
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ClusterError(f"TF_CONFIG is not a valid task description ({e}). "
                            f"Received: TF_CONFIG={json.dumps(parsed)!r}") from None
+    if getattr(cluster, "scheduler", None):  # cluster: slurm: the step's workers are the rest
+        cluster = cluster.with_workers(len(actual.get("worker", ())))
     expected = cluster.jobs()
     counts = lambda jobs: {job: len(addresses) for job, addresses in jobs.items() if addresses}
     if counts(actual) != counts(expected):

@@ -10,7 +10,8 @@ from tfdist.cluster.errors import ClusterError
 from tfdist.config import checks, limits
 from tfdist.config.errors import clip
 from tfdist.config.schema import (COMPRESSORS, JOB_TYPES, STRATEGIES, ClusterConfig,
-                                  CompressionConfig, Config, LocalSGDConfig, StrategyConfig)
+                                  CompressionConfig, Config, LocalSGDConfig, SlurmClusterConfig,
+                                  StrategyConfig)
 from tfdist.config.hyperparameters import EF21_COMPRESSORS, HYPERPARAMETERS, OUTER_OPTIMIZERS
 from tfdist.config.yaml_source import Source, read_yaml
 from tfdist.strategies.capabilities import CAPABILITIES, capabilities, names_with
@@ -143,6 +144,8 @@ def _check_not_a_misspelled_section(source, key):
 
 
 def _cluster(source, path, value):
+    if value == "slurm" or (isinstance(value, dict) and "slurm" in value):
+        return _slurm_cluster(source, path, value)
     if isinstance(value, dict) and "master" in value:
         raise source.error(path + ("master",), "TensorFlow 2 rejects the job name 'master' "
                            "(Kubeflow's Master replica); use 'chief' for the coordinating task")
@@ -164,6 +167,31 @@ def _cluster(source, path, value):
                                f"(also {seen[address.key()]}); every task needs its own port")
         seen[address.key()] = f"{job}:{index}"
     return cluster
+
+
+SLURM_KEYS = ("chief", "ps", "evaluator", "port")
+
+
+def _slurm_cluster(source, path, value):
+    """``cluster: slurm`` or ``cluster: {slurm: {chief, ps, evaluator, port}}``."""
+    if isinstance(value, dict) and len(value) > 1:
+        other = next(key for key in value if key != "slurm")
+        raise source.error(path + (other,), "cluster: slurm: takes its tasks from SLURM (every "
+                           "task not a chief, ps or evaluator is a worker); list no jobs "
+                           f"beside it. Received: {checks.shown(other)}")
+    spec = {} if value == "slurm" or value["slurm"] is None else value["slurm"]
+    path = path + ("slurm",)
+    if isinstance(spec, dict) and "worker" in spec:
+        raise source.error(path + ("worker",), "under cluster: slurm: every SLURM task not a "
+                           "chief, ps or evaluator is a worker; choose their number with "
+                           "srun -n / tfdist sbatch --ntasks. "
+                           f"Received: worker={checks.shown(spec['worker'])}")
+    checks.mapping(source, path, spec, SLURM_KEYS, "chief, ps, evaluator and port")
+    get = lambda key, default, low, high: checks.integer(  # noqa: E731
+        source, path + (key,), spec.get(key, default), minimum=low, maximum=high)
+    return SlurmClusterConfig(chief=get("chief", 0, 0, 1), ps=get("ps", 0, 0, limits.MAX_TASKS),
+                              evaluator=get("evaluator", 0, 0, 1),
+                              port=get("port", 2222, 1, 65535))
 
 
 def _too_many_tasks(source, path, received):
@@ -344,7 +372,8 @@ def _check_together(config, source):
     name = config.strategy.name if config.strategy else None
     with_ps = tuple(n for n, row in CAPABILITIES.items() if "ps" in row.required_jobs)
     if config.cluster is not None and config.cluster.ps and name not in with_ps:
-        raise source.error(("cluster", "ps"), f"ps tasks need strategy name: {_either(with_ps)}. "
+        where = ("cluster", *filter(None, [config.cluster.scheduler]), "ps")
+        raise source.error(where, f"ps tasks need strategy name: {_either(with_ps)}. "
                            f"Received: strategy={name}")
     if config.local_sgd is not None and config.local_sgd.compression and config.compression:
         raise source.error(("local_sgd", "compression"), "the synchronisation's compression "
@@ -378,6 +407,8 @@ def _check_cluster_fits(cluster, allowed, source):
             raise source.error(("strategy", "name"), f"{name} needs a cluster: section with "
                                f"{_tasks_of(allowed.required_jobs)} tasks")
         return
+    if cluster.scheduler is not None:
+        return _check_scheduled_cluster_fits(cluster, allowed, source)
     for job in allowed.required_jobs:
         if not getattr(cluster, job):
             raise source.error(("cluster",), f"{name} needs at least one {job} task "
@@ -386,6 +417,20 @@ def _check_cluster_fits(cluster, allowed, source):
         raise source.error(("strategy", "name"), f"{name} trains on one machine, but the "
                            f"cluster lists {cluster.num_training_tasks} chief/worker tasks; "
                            f"use {_either(names_with('multi_worker'))}")
+
+
+def _check_scheduled_cluster_fits(cluster, allowed, source):
+    """A scheduler's cluster (slurm): workers are its remaining tasks, so at least one."""
+    name = allowed.name
+    if not allowed.multi_worker:
+        raise source.error(("strategy", "name"), f"{name} trains on one machine, but cluster: "
+                           f"{cluster.scheduler} runs one TF task per task of the SLURM step; "
+                           f"use {_either(names_with('multi_worker'))}")
+    for job in allowed.required_jobs:
+        if job != "worker" and not getattr(cluster, job):
+            raise source.error(("cluster", cluster.scheduler, job), f"{name} needs a {job} "
+                               f"task ({_JOB_ROLES.get(job, 'for this strategy')}). "
+                               f"Received: {job}=0")
 
 
 def _check_compression_fits(compression, allowed, source):

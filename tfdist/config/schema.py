@@ -2,9 +2,10 @@
 
 import dataclasses
 import types
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 from tfdist.cluster.address import Address
+from tfdist.cluster.errors import ClusterError
 from tfdist.config.hyperparameters import NAMES
 from tfdist.strategies.capabilities import CAPABILITIES
 
@@ -16,6 +17,8 @@ COMPRESSORS = NAMES  # tfdist.config.hyperparameters
 @dataclasses.dataclass(frozen=True)
 class ClusterConfig:
     """Tasks by job type; a job given as a count has local addresses with ``port=None``."""
+
+    scheduler: ClassVar[str | None] = None  # the tasks are listed here, not a scheduler's
 
     chief: tuple[Address, ...] = ()
     worker: tuple[Address, ...] = ()
@@ -39,6 +42,44 @@ class ClusterConfig:
     def has_free_ports(self):
         """True when some job was given as a count (ports picked at launch)."""
         return any(a.port is None for addresses in self.jobs().values() for a in addresses)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmClusterConfig:
+    """``cluster: {slurm: ...}``: one TF task per task of an srun step, numbered by
+    SLURM_PROCID as TensorFlow's SlurmClusterResolver does — the `chief`, the `evaluator`,
+    the `ps` tasks, then every remaining task a worker — each at ``its node:port + its
+    index on that node`` (`tfdist.cluster.slurm`). The task count is only known under srun."""
+
+    scheduler: ClassVar[str] = "slurm"
+
+    chief: int = 0
+    ps: int = 0
+    evaluator: int = 0
+    port: int = 2222
+
+    def jobs(self):
+        """Raises `ClusterError`: the tasks are SLURM's, known only inside an srun step."""
+        raise ClusterError(
+            "cluster: slurm: the tasks are those of a SLURM job step, known only under srun; "
+            "submit it with `tfdist sbatch CONFIG -- COMMAND | sbatch` or run "
+            "`srun -n N tfdist exec CONFIG -- COMMAND` inside an allocation")
+
+    def tasks(self):
+        """Raises `ClusterError`, as `jobs`."""
+        return self.jobs()
+
+    def with_workers(self, count):
+        """The `ClusterConfig` of a step whose worker count is known: counts only
+        (local placeholder addresses, ``port=None``), for comparing with a TF_CONFIG."""
+        local = lambda n: (Address("localhost"),) * n  # noqa: E731
+        return ClusterConfig(chief=local(self.chief), worker=local(count),
+                             ps=local(self.ps), evaluator=local(self.evaluator))
+
+    @property
+    def minimum_tasks(self):
+        """The fewest SLURM tasks that fit: chief, ps and evaluator plus one worker."""
+        return self.chief + self.ps + self.evaluator + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +140,7 @@ class Config:
             their own sections with `tfdist.config.checks`.
     """
 
-    cluster: ClusterConfig | None = None
+    cluster: ClusterConfig | SlurmClusterConfig | None = None
     strategy: StrategyConfig | None = None
     compression: CompressionConfig | None = None
     local_sgd: LocalSGDConfig | None = None

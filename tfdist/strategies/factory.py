@@ -5,7 +5,7 @@ import json
 import tensorflow as tf
 
 from tfdist.cluster.spec import ClusterError, check_resolvable
-from tfdist.cluster.tf_config import check_matches, read_tf_config
+from tfdist.cluster.tf_config import check_matches, has_tf_config, read_tf_config
 from tfdist.config.load import strategy_from_dict
 from tfdist.config.schema import Config, StrategyConfig
 from tfdist.strategies.capabilities import capabilities
@@ -63,17 +63,24 @@ def _check_tf_config(config):
         return
     try:
         check_matches(config.cluster, read_tf_config(), config.path or "the config")
-        check_resolvable(config.cluster)
+        if getattr(config.cluster, "scheduler", None) is None:  # a scheduler's hosts are its own
+            check_resolvable(config.cluster)
     except ClusterError as e:
         raise StrategyError(str(e)) from None
 
 
 def _tf_config():
-    """TF_CONFIG parsed ({} when unset); a malformed one is a `StrategyError`."""
+    """TF_CONFIG parsed ({} when unset); a malformed one is a `StrategyError`, and so is a
+    cluster only Vertex AI's CLUSTER_SPEC describes (TensorFlow reads TF_CONFIG alone)."""
     try:
-        return read_tf_config() or {}
+        parsed = read_tf_config() or {}
     except ClusterError as e:
         raise StrategyError(str(e)) from None
+    if parsed and not has_tf_config():
+        raise StrategyError("Vertex AI's CLUSTER_SPEC describes a cluster but TF_CONFIG is not "
+                            "set, and TensorFlow reads only TF_CONFIG: this task would train "
+                            "alone; start it with `tfdist exec CONFIG -- COMMAND`, which sets it")
+    return parsed
 
 
 def _strategy_config(name_or_config, options):

@@ -1,0 +1,71 @@
+"""`tfdist sbatch`: the SLURM batch script that runs a ``cluster: slurm`` config.
+
+The script asks for the tasks (`#SBATCH` lines) and starts them with one srun step, each
+task running ``tfdist exec CONFIG -- COMMAND``, which derives its TF_CONFIG from SLURM's
+environment (`tfdist.cluster.slurm`).
+"""
+
+import os
+import re
+import shlex
+import sys
+
+from tfdist.cluster.errors import ClusterError
+from tfdist.cluster.slurm import task_counts
+
+_VALUE = re.compile(r"[!-~]+")  # visible ASCII: a value cannot end its #SBATCH line
+
+# srun options: block distribution is what the TF_CONFIG assumes (also SLURM's default);
+# one failed task ends the step instead of leaving the others waiting for it; output
+# lines start with the task's SLURM_PROCID ("0: ...").
+SRUN_OPTIONS = ("--distribution=block", "--kill-on-bad-exit=1", "--label")
+
+
+def batch_script(config, command, *, ntasks=None, options=(), tfdist=None):
+    """The text of a batch script for `sbatch`.
+
+    Args:
+        config: a `Config` with ``cluster: slurm``.
+        command: the training command every task runs (argv list).
+        ntasks: SLURM tasks (TF tasks); default the fewest the config fits
+            (chief + ps + evaluator + one worker).
+        options: more ``(name, value)`` sbatch options, e.g. ``("nodes", "2")``; a value of
+            None leaves the option out.
+        tfdist: argv that runs tfdist on the nodes; default this Python's ``-m tfdist``.
+
+    Raises:
+        ClusterError: not a slurm config, too few tasks, or a value that is not one
+            visible-ASCII word.
+    """
+    slurm = config.cluster
+    if getattr(slurm, "scheduler", None) != "slurm":
+        raise ClusterError(f"tfdist sbatch needs a config with `cluster: {{slurm: {{...}}}}`; "
+                           f"{config.path or 'the config'} lists its tasks, so run it with "
+                           "`tfdist launch` (or list the hosts and use --task on each)")
+    ntasks = slurm.minimum_tasks if ntasks is None else ntasks
+    if ntasks < slurm.minimum_tasks:
+        raise ClusterError(f"--ntasks must be at least {slurm.minimum_tasks} for this config "
+                           f"(chief {slurm.chief}, ps {slurm.ps}, evaluator {slurm.evaluator} "
+                           f"and one worker). Received: --ntasks={ntasks}")
+    lines = ["#!/bin/bash", f"# Written by tfdist sbatch for {config.path or 'a config'}: "
+             f"{ntasks} TF task(s), {_layout(slurm, ntasks)}.",
+             f"#SBATCH --ntasks={ntasks}"]
+    lines += [f"#SBATCH --{name}={_checked(name, value)}" for name, value in options
+              if value is not None]
+    config_path = os.path.abspath(config.path) if config.path else "CONFIG"
+    tfdist = list(tfdist or (sys.executable, "-m", "tfdist"))
+    srun = ["srun", *SRUN_OPTIONS, *tfdist, "exec", config_path, "--", *command]
+    return "\n".join(lines + ["set -euo pipefail", shlex.join(srun)]) + "\n"
+
+
+def _layout(slurm, ntasks):
+    counts = task_counts(slurm, ntasks)
+    return ", ".join(f"{job}×{n}" for job, n in counts.items() if n) + f", ports {slurm.port}+"
+
+
+def _checked(name, value):
+    text = str(value)
+    if not _VALUE.fullmatch(text):
+        raise ClusterError(f"--{name} takes one word of visible characters (no spaces or "
+                           f"newlines, which would end the #SBATCH line). Received: {text!r}")
+    return text
