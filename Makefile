@@ -5,14 +5,14 @@ BIN := $(VENV)/bin
 OUTPUT ?= output/unet
 DEMO_CONFIG ?= configs/unet_multi_worker_mirrored.yaml
 
-.PHONY: demo test test-fast report report-full venv clean
+.PHONY: demo test test-fast matrix report report-full venv clean
 
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,plots]'
+	$(BIN)/python -m pip install --quiet -e '.[tensorflow,test,plots]'
 	touch $@
 
 ## Train the UNet on synthetic shapes across 2 local workers with tfdist launch.
@@ -31,6 +31,11 @@ test: venv
 test-fast: venv
 	$(BIN)/python -m pytest -m "not multiprocess"
 
+## Every other TensorFlow of the supported range, with the lowest and the newest Keras,
+## each pair in its own virtual environment under .venv-matrix/ (.ci/matrix.py).
+matrix: venv
+	$(BIN)/python .ci/matrix.py
+
 ## The benchmark report (root: network namespaces), regenerating docs/benchmarks.md.
 report: venv
 	cd benchmarks && $(abspath $(BIN))/python report.py --quick
@@ -39,4 +44,4 @@ report-full: venv
 	cd benchmarks && $(abspath $(BIN))/python report.py
 
 clean:
-	rm -rf $(VENV) output .pytest_cache
+	rm -rf $(VENV) .venv-matrix output .pytest_cache

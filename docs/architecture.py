@@ -12,7 +12,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: Bottom to top; within a layer, a package may import the ones listed before it.
 LAYERS = (
-    ("errors", "strategies.errors", "strategies.capabilities"),  # leaves: errors and tables
+    ("errors", "versions", "strategies.errors", "strategies.capabilities"),  # leaves
     ("cluster", "config"),                  # YAML, TF_CONFIG; no TensorFlow
     ("strategies",),                        # get_strategy and the subclasses
     ("core",),                              # the step: hooks, driver, optimizer seam

@@ -165,6 +165,7 @@ def exchanged(strategy, hook, step=0, repeats=1):
     return list(zip(*per_tensor)), total  # [replica][tensor]
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("hook,tolerance", [
     (GradientCompression(Compressor()), 0.0),
     (GradientCompression(TopK(1.0), min_size=1), 1e-6),
@@ -181,6 +182,7 @@ def test_exchange_equals_the_plain_all_reduce(strategies, hook, tolerance):
         np.testing.assert_allclose(got_a, want, atol=tolerance * np.abs(want).max() + 1e-6)
 
 
+@pytest.mark.matrix
 def test_gathered_payloads_are_each_decoded_and_summed(strategies):
     """Independent computation: decode each replica's own payload alone, then add."""
     replicas, _ = exchanged(strategies("mirrored"), GradientCompression(Sign(), min_size=1))

@@ -123,6 +123,7 @@ class NumpyDiLoCo:
 
 # --- against NumPy ---------------------------------------------------------------------
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("fragments,overlap,mix", [(1, 0, 0.0), (2, 0, 0.0), (1, 1, 0.5),
                                                    (2, 2, 0.0)])
 def test_outer_nesterov_steps_equal_numpy(strategies, fragments, overlap, mix):
@@ -234,6 +235,7 @@ def test_the_outer_optimizer_is_built_from_a_name_a_mapping_or_an_instance():
 STREAMING = dict(period=4, outer="nesterov", fragments=2, overlap_steps=1)
 
 
+@pytest.mark.matrix
 def test_the_same_hook_in_the_trainer_and_your_own_loop_gives_fits_weights(strategies):
     strategy = strategies("mirrored")
     steps = 12

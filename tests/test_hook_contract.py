@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import tfdist
 
-pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
+pytestmark = [pytest.mark.matrix, pytest.mark.usefixtures("two_cpus", "jobs_path")]
 EPOCHS, STEPS, BATCH, PHASE_STEP = 2, 4, 32, 3
 LOOPS = ("fit", "trainer", "own")
 

@@ -24,7 +24,7 @@ from tfdist.strategies import CentralStorageStrategy, MirroredStrategy
 from tfdist.strategies.parameter_server import _called_from_keras_trainer
 from tfdist.training import GradientPipeline
 
-pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
+pytestmark = [pytest.mark.matrix, pytest.mark.usefixtures("two_cpus", "jobs_path")]
 
 OPTIMIZER = "tfdist/core/optimizer.py"
 MWMS = "tfdist/strategies/multi_worker_mirrored.py"

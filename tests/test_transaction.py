@@ -193,6 +193,7 @@ def test_trainer_refuses_a_nan_and_restores_batchnorm_statistics(strategies, com
         assert_no_trace(final, clean)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("loop", ["fit", "trainer"])
 def test_local_sgd_with_a_compressed_average_keeps_its_anchors(strategies, loop):
     final, clean = refused_then_continued(strategies("mirrored"), loop, "int8", False, 1,
@@ -200,6 +201,7 @@ def test_local_sgd_with_a_compressed_average_keeps_its_anchors(strategies, loop)
     assert_no_trace(final, clean)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("loop", ["fit", "trainer"])
 def test_gradient_accumulation_keeps_its_accumulators(strategies, loop):
     final, clean = refused_then_continued(strategies("mirrored"), loop, "none", False, 0,
@@ -212,6 +214,7 @@ def test_central_storage_refuses_a_nan_on_one_replica(strategies):
     assert_no_trace(final, clean)
 
 
+@pytest.mark.matrix
 def test_an_inf_is_refused_like_a_nan(strategies):
     strategy = strategies("mirrored")
     good, _, _ = batches(0)
@@ -225,6 +228,7 @@ def test_an_inf_is_refused_like_a_nan(strategies):
     assert_same(run.state(), before)
 
 
+@pytest.mark.matrix
 def test_the_decision_is_the_same_on_every_replica(strategies):
     """One replica's non-finite gradient refuses the step on all of them; the count of
     refusing replicas is reported to each."""

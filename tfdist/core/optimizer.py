@@ -8,7 +8,8 @@ updates each variable through `merge_call` and `strategy.extended.update`. tfdis
 subclass of the optimizer's own class — no global patch, no change to the object it is
 given (as Horovod's `DistributedOptimizer`) — that overrides `OVERRIDDEN` and calls
 `CALLED`; `tests/test_keras_seams.py` checks their behaviour on every Keras version in
-`KERAS_CHECKED`, and `routed_class` refuses a Keras that lost one:
+`tfdist.versions.KERAS_CHECKED`, and `routed_class` refuses a Keras that lost one or whose
+behaviour tfdist relies on changed (`check_seam`, run once per class on the real one):
 
 - the exchange is a `GradientPipeline` (compression, local SGD, your hooks), and the
   hooks' `on_step_end` runs after the update, in every loop;
@@ -26,7 +27,10 @@ base class under the registered name `SAVED_NAME`, with tfdist's part under the 
 key `SAVED_KEY` (`tfdist.keras.saving` loads it back).
 """
 
+import threading
+
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfdist.core import transaction
@@ -35,9 +39,8 @@ from tfdist.core.replica_state import SyncReplicaState
 from tfdist.core.variables import underlying
 from tfdist.errors import UnsupportedError
 from tfdist.strategies.kind import capabilities_of
+from tfdist.versions import KERAS_CHECKED, KERAS_FIX, UnsupportedVersionError
 
-#: Keras versions whose optimizer seam was checked (tests/test_keras_seams.py).
-KERAS_CHECKED = ("3.15.1",)
 #: Keras methods the routed subclass overrides, and those it calls (all must exist).
 OVERRIDDEN = ("apply", "_backend_apply_gradients", "_backend_update_step", "build",
               "get_config")
@@ -49,6 +52,7 @@ SAVED_PACKAGE, SAVED_CLASS = "tfdist", "DistributedOptimizer"
 SAVED_NAME = f"{SAVED_PACKAGE}>{SAVED_CLASS}"  # the registered name of every routed class
 SAVED_KEY, SAVED_VERSION = "tfdist", 1
 _ROUTED = {}  # optimizer class -> its tfdist subclass
+_SEAM_CHECKED = set()  # optimizer classes whose behaviour check_seam saw
 
 
 def pipeline_of(optimizer):
@@ -121,16 +125,14 @@ def routed_class(base):
     """The subclass of optimizer class `base` with tfdist's seams (one per class).
 
     Raises:
-        RuntimeError: this Keras lost a method the seam needs.
+        UnsupportedVersionError: this Keras lost a method the seam needs.
     """
     if getattr(base, "_tfdist_routed", False):
         return base
     if base not in _ROUTED:
         for seam in OVERRIDDEN + CALLED:
             if not hasattr(base, seam):
-                raise RuntimeError(f"Keras {keras.__version__}: {base.__name__} has no {seam}; "
-                                   "tfdist's optimizer seam moved — see tfdist/core/optimizer.py "
-                                   f"(checked on Keras {', '.join(KERAS_CHECKED)})")
+                _refuse(f"its {base.__name__} has no {seam}")
         _ROUTED[base] = type(base.__name__, (base,), {
             "apply": _apply, "build": _build, "_backend_apply_gradients": _apply_gradients,
             "_backend_update_step": _update_step, "_tfdist_update_variables": _update_variables,
@@ -138,6 +140,66 @@ def routed_class(base):
             "__module__": base.__module__, "__qualname__": base.__qualname__})
         _register(_ROUTED[base])
     return _ROUTED[base]
+
+
+def _refuse(finding):
+    raise UnsupportedVersionError(
+        f"Keras {keras.__version__} cannot run tfdist's optimizer seam: {finding} "
+        f"(tfdist/core/optimizer.py; checked on Keras {', '.join(KERAS_CHECKED)}); "
+        f"{KERAS_FIX}")
+
+
+def check_seam(base, config):
+    """Checks, on optimizer class `base` built from `config`, the Keras behaviour the routed
+    class relies on: every layer variable is a `keras.Variable` wrapping a `tf.Variable`
+    (`underlying`), and `apply` itself counts the step once, after
+    `_backend_apply_gradients` (Keras ≤ 3.9 counted it inside that method, which the
+    routed class replaces: `iterations` would never advance). Runs once per class, eagerly,
+    in a thread of its own (no strategy there), on a one-element variable.
+
+    Raises:
+        UnsupportedVersionError: the behaviour differs; the message names the Keras floor.
+    """
+    if base in _SEAM_CHECKED:
+        return
+    found = {}
+
+    def probe():
+        try:
+            found["finding"] = _seam_finding(base, config)
+        except Exception as error:  # noqa: BLE001 (reported in the calling thread)
+            found["error"] = error
+
+    thread = threading.Thread(target=probe, name="tfdist-keras-seam-check")
+    thread.start()
+    thread.join()
+    if "error" in found:
+        raise found["error"]
+    if found["finding"]:
+        _refuse(found["finding"])
+    _SEAM_CHECKED.add(base)
+
+
+def _seam_finding(base, config):
+    """What `check_seam` found wrong, or None."""
+    layer = keras.layers.Dense(1)
+    layer.build((None, 1))
+    if not isinstance(layer.kernel, keras.Variable) or not isinstance(
+            underlying(layer.kernel), tf.Variable):
+        return (f"a layer's variable is a {type(layer.kernel).__name__}, not a keras.Variable "
+                "wrapping a tf.Variable")
+    counted = type(base.__name__, (base,), {"_backend_apply_gradients": lambda *_: None})
+    optimizer = counted.from_config(dict(config, gradient_accumulation_steps=None))
+    variable = keras.Variable(np.zeros(1, np.float32))
+    optimizer.build([variable])
+    before = int(optimizer.iterations.numpy())
+    optimizer.apply([tf.zeros(1)], [variable])
+    steps = int(optimizer.iterations.numpy()) - before
+    if steps != 1:
+        return (f"its optimizer's apply counted {steps} steps, not 1, around "
+                "_backend_apply_gradients, which tfdist replaces (Keras 3.9 and older count "
+                "the step inside it, so training would never advance the step)")
+    return None
 
 
 def _register(routed):
@@ -172,7 +234,9 @@ def _get_config(self):
 
 
 def _routed_copy(optimizer, pipeline):
-    wrapped = routed_class(type(optimizer)).from_config(optimizer.get_config())
+    config = optimizer.get_config()
+    check_seam(type(optimizer), config)
+    wrapped = routed_class(type(optimizer)).from_config(config)
     for name in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
         if hasattr(optimizer, name):  # set by exclude_from_weight_decay(), not in the config
             setattr(wrapped, name, getattr(optimizer, name))

@@ -7,6 +7,8 @@ config name (the submodule's name, so the function is not re-exported here).
 
 import importlib
 
+from tfdist.versions import require_supported
+
 _LAZY = {
     "CAPABILITIES": "tfdist.strategies.capabilities",
     "Capabilities": "tfdist.strategies.capabilities",
@@ -28,11 +30,14 @@ _LAZY = {
 }
 
 __all__ = list(_LAZY)
+_WITHOUT_TENSORFLOW = ("tfdist.strategies.capabilities", "tfdist.strategies.errors")
 
 
 def __getattr__(name):
     if name not in _LAZY:
         raise AttributeError(f"module 'tfdist.strategies' has no attribute {name!r}")
+    if _LAZY[name] not in _WITHOUT_TENSORFLOW:
+        require_supported()
     value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value
     return value

@@ -14,6 +14,7 @@ from tfdist.strategies.kind import capabilities_of
 from tfdist.strategies.task import is_chief
 from tfdist.training.data import distribute
 from tfdist.training.metrics import can_read_at_once, read_at_once, update_metric
+from tfdist.versions import KERAS_FIX, UnsupportedVersionError
 
 
 class Trainer:
@@ -64,6 +65,8 @@ class Trainer:
         self.coordinator = None
         if capabilities_of(self.strategy).coordinator:
             self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
+        else:
+            check_loss_scaling(self.strategy)
         with self.strategy.scope():
             self.optimizer = _routed(optimizer, hooks)
             self.pipeline = pipeline_of(self.optimizer)
@@ -317,6 +320,31 @@ def _routed(optimizer, hooks):
 
 def _update_state(metric, *args):
     metric.update_state(*args)
+
+
+_LOSS_SCALING_SEEN = []  # True once a Keras loss was seen to scale on several replicas
+
+
+def check_loss_scaling(strategy):
+    """Checks, once per process on a strategy with several replicas, that a Keras loss
+    returns each replica's share (1/N) in replica context, as `_scaled_loss` relies on
+    (Keras 3.7 and older returned the full loss: the Trainer would sum N gradients).
+
+    Raises:
+        UnsupportedVersionError: the loss is not divided by the number of replicas.
+    """
+    replicas = strategy.num_replicas_in_sync
+    if _LOSS_SCALING_SEEN or replicas < 2:
+        return
+    share = strategy.run(lambda: keras.losses.MeanSquaredError()(tf.ones((1, 1)),
+                                                                 tf.zeros((1, 1))))
+    values = [float(v) for v in strategy.experimental_local_results(share)]
+    if any(abs(v * replicas - 1) > 1e-6 for v in values):
+        raise UnsupportedVersionError(
+            f"Keras {keras.__version__}'s losses return {values[0]:g} of a loss of 1 on each of "
+            f"{replicas} replicas, not 1/{replicas}: tfdist.Trainer would add up {replicas} "
+            f"full gradients; {KERAS_FIX}")
+    _LOSS_SCALING_SEEN.append(True)
 
 
 class _FunctionLoss(keras.losses.Loss):

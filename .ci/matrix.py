@@ -1,0 +1,141 @@
+"""The version matrix (`make matrix`): tfdist on every TensorFlow of its range.
+
+Each pair of `tfdist.versions.TESTED` other than the newest (whose `.venv` runs the whole
+suite) gets its own virtual environment under `.venv-matrix/`, where pip's own resolver
+installs the checkout beside `tensorflow-cpu` and Keras at those versions, and runs the
+tests marked `matrix` (seam canaries, hook contract, transactional step, compression and
+DiLoCo on 2 replicas, a 2-worker job, the UNet example with compression). Then:
+
+- the Keras releases between the oldest and the newest (`KERAS_CHECKED`) each run the seam
+  canaries in one of those environments, Keras reinstalled in place;
+- a Keras below the floor is forced in (`--no-deps`) beside the TensorFlow that shipped
+  it, and the quickstart must stop in one line naming the floor, with no traceback.
+
+pip's cache keeps a second run cheap; an environment is reused while setup.cfg and the
+pair are unchanged. Usage: python .ci/matrix.py [--pairs 2.16.2/3.10.0 ...] [--list]
+"""
+
+import argparse
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tfdist.versions import KERAS_CHECKED, TESTED  # noqa: E402  (imports no TensorFlow)
+
+ENVS = ROOT / ".venv-matrix"
+#: A Keras below the floor and the TensorFlow that shipped it (issue 28: trained silently
+#: wrong before tfdist refused it).
+BELOW_FLOOR = ("2.18.1", "3.8.0")
+PIP = ("-m", "pip", "--disable-pip-version-check", "install", "--quiet", "--no-compile")
+
+
+def run(command, **kwargs):
+    print("$", " ".join(map(str, command)), flush=True)
+    return subprocess.run(command, check=True, **kwargs)
+
+
+def environment(tensorflow, keras, extra=(), deps=True):
+    """The path of a venv holding tensorflow-cpu==tensorflow, keras==keras and the checkout
+    (installed by pip's resolver, or forced with --no-deps when `deps` is False)."""
+    name = f"tf{tensorflow}-keras{keras}" + ("" if deps else "-nodeps")
+    path = ENVS / name
+    python = path / "bin" / "python"
+    stamp = path / ".installed"
+    wanted = hashlib.sha256((ROOT / "setup.cfg").read_bytes() + name.encode()).hexdigest()
+    if stamp.exists() and stamp.read_text() == wanted:
+        return python
+    shutil.rmtree(path, ignore_errors=True)
+    run([sys.executable, "-m", "venv", str(path)])
+    pins = [f"tensorflow-cpu=={tensorflow}", f"keras=={keras}", *extra]
+    if deps:
+        run([python, *PIP, *pins, "-e", f"{ROOT}[test]"])
+    else:
+        run([python, *PIP, *pins, "pyyaml>=6"])
+        run([python, *PIP, "--no-deps", "-e", str(ROOT)])
+    stamp.write_text(wanted)
+    return python
+
+
+def pytest(python, *selection):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection], cwd=ROOT, env=env)
+
+
+def matrix_files():
+    """The test files holding tests marked `matrix` (collecting only them saves seconds)."""
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                  if "pytest.mark.matrix" in p.read_text())
+
+
+def check_pair(tensorflow, keras):
+    python = environment(tensorflow, keras)
+    versions = subprocess.run([python, "-c", "import tensorflow as t, keras as k; "
+                               "print(t.__version__, k.__version__)"], capture_output=True,
+                              text=True, check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert versions.stdout.split() == [tensorflow, keras], versions.stdout
+    pytest(python, "-m", "matrix", *matrix_files())
+    return python
+
+
+def check_keras_between(python, releases):
+    """The seam canaries on each Keras release in `releases`, reinstalled in `python`'s venv."""
+    installed = subprocess.run([python, "-c", "import keras; print(keras.__version__)"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        for release in releases:
+            run([python, *PIP, "--no-deps", f"keras=={release}"])
+            pytest(python, "tests/test_keras_seams.py")
+    finally:
+        run([python, *PIP, "--no-deps", f"keras=={installed}"])
+
+
+def check_below_floor():
+    """A Keras below the floor stops the quickstart in one line, before any training."""
+    tensorflow, keras = BELOW_FLOOR
+    python = environment(tensorflow, keras, deps=False)
+    result = subprocess.run(
+        [python, "examples/quickstart/train.py", "--config", "configs/quickstart.yaml"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_CONFIG=""))
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    print("\n".join(lines[-5:]))
+    assert result.returncode != 0, "the quickstart ran on Keras " + keras
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    refusal = [line for line in lines if line.startswith("tfdist:")]
+    assert len(refusal) == 1 and "Keras 3.10" in refusal[0] and "pip install" in refusal[0], lines
+    assert "epoch" not in result.stdout.lower(), result.stdout[-2000:]
+    print(f"Keras {keras} beside TensorFlow {tensorflow}: refused in one line")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", nargs="*", help="TF/KERAS pairs (default: TESTED but the newest)")
+    parser.add_argument("--list", action="store_true", help="print the pairs and exit")
+    args = parser.parse_args()
+    pairs = ([tuple(p.split("/")) for p in args.pairs] if args.pairs is not None
+             else [p for p in TESTED if p != TESTED[-1]])
+    if args.list:
+        print("\n".join(f"{t}/{k}" for t, k in pairs))
+        return
+    start, pythons = time.monotonic(), {}
+    for tensorflow, keras in pairs:
+        began = time.monotonic()
+        pythons[tensorflow, keras] = check_pair(tensorflow, keras)
+        print(f"== TensorFlow {tensorflow} + Keras {keras}: passed in "
+              f"{time.monotonic() - began:.0f} s", flush=True)
+    if args.pairs is None:
+        lowest = [p for p in pythons if p[1] == KERAS_CHECKED[0]][-1]
+        between = [k for k in KERAS_CHECKED if k not in {p[1] for p in TESTED}]
+        check_keras_between(pythons[lowest], between)
+        check_below_floor()
+    print(f"== version matrix passed in {time.monotonic() - start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
