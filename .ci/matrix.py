@@ -16,6 +16,7 @@ pair are unchanged. Usage: python .ci/matrix.py [--pairs 2.16.2/3.10.0 ...] [--l
 """
 
 import argparse
+import concurrent.futures
 import hashlib
 import os
 import pathlib
@@ -32,7 +33,7 @@ ENVS = ROOT / ".venv-matrix"
 #: A Keras below the floor and the TensorFlow that shipped it (issue 28: trained silently
 #: wrong before tfdist refused it).
 BELOW_FLOOR = ("2.18.1", "3.8.0")
-PIP = ("-m", "pip", "--disable-pip-version-check", "install", "--quiet", "--no-compile")
+PIP = ("-m", "pip", "--disable-pip-version-check", "install", "--quiet")
 
 
 def run(command, **kwargs):
@@ -73,8 +74,7 @@ def matrix_files():
                   if "pytest.mark.matrix" in p.read_text())
 
 
-def check_pair(tensorflow, keras):
-    python = environment(tensorflow, keras)
+def check_pair(tensorflow, keras, python):
     versions = subprocess.run([python, "-c", "import tensorflow as t, keras as k; "
                                "print(t.__version__, k.__version__)"], capture_output=True,
                               text=True, check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
@@ -95,10 +95,9 @@ def check_keras_between(python, releases):
         run([python, *PIP, "--no-deps", f"keras=={installed}"])
 
 
-def check_below_floor():
+def check_below_floor(python):
     """A Keras below the floor stops the quickstart in one line, before any training."""
     tensorflow, keras = BELOW_FLOOR
-    python = environment(tensorflow, keras, deps=False)
     result = subprocess.run(
         [python, "examples/quickstart/train.py", "--config", "configs/quickstart.yaml"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -124,16 +123,25 @@ def main():
         print("\n".join(f"{t}/{k}" for t, k in pairs))
         return
     start, pythons = time.monotonic(), {}
-    for tensorflow, keras in pairs:
-        began = time.monotonic()
-        pythons[tensorflow, keras] = check_pair(tensorflow, keras)
-        print(f"== TensorFlow {tensorflow} + Keras {keras}: passed in "
-              f"{time.monotonic() - began:.0f} s", flush=True)
-    if args.pairs is None:
-        lowest = [p for p in pythons if p[1] == KERAS_CHECKED[0]][-1]
-        between = [k for k in KERAS_CHECKED if k not in {p[1] for p in TESTED}]
-        check_keras_between(pythons[lowest], between)
-        check_below_floor()
+    # The next pair's environment installs (mostly unpacking TensorFlow) while this pair's
+    # tests run: the matrix then costs about its tests' time.
+    installer = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:
+        ready = [installer.submit(environment, t, k) for t, k in pairs]
+        if args.pairs is None:
+            below_floor = installer.submit(environment, *BELOW_FLOOR, deps=False)
+        for (tensorflow, keras), python in zip(pairs, ready):
+            began = time.monotonic()
+            pythons[tensorflow, keras] = check_pair(tensorflow, keras, python.result())
+            print(f"== TensorFlow {tensorflow} + Keras {keras}: passed in "
+                  f"{time.monotonic() - began:.0f} s", flush=True)
+        if args.pairs is None:
+            lowest = [p for p in pythons if p[1] == KERAS_CHECKED[0]][-1]
+            between = [k for k in KERAS_CHECKED if k not in {p[1] for p in TESTED}]
+            check_keras_between(pythons[lowest], between)
+            check_below_floor(below_floor.result())
+    finally:  # a failure does not wait for the environments still to install
+        installer.shutdown(wait=False, cancel_futures=True)
     print(f"== version matrix passed in {time.monotonic() - start:.0f} s", flush=True)
 
 
