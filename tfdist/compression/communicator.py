@@ -3,7 +3,7 @@
 import tensorflow as tf
 
 from tfdist.compression.buffers import pack, unpack
-from tfdist.core import transaction
+from tfdist.core import transaction, wire
 from tfdist.core.buckets import all_reduce_in_buckets
 
 
@@ -24,7 +24,7 @@ class Communicator:
 
     def all_reduce(self, tensors):
         """Sums each of `tensors` (any all-reducible dtype) over the replicas."""
-        return self.context.all_reduce(tf.distribute.ReduceOp.SUM, list(tensors))
+        return wire.all_reduce(self.context, tf.distribute.ReduceOp.SUM, tensors)
 
     def all_reduce_fused(self, tensors):
         """Sums float `tensors` in fused float32 all-reduces: one, or one per bucket of
@@ -42,8 +42,8 @@ class Communicator:
         """[replicas, ...] of every replica's 1-D `tensor`. Bytes go as int32 (not every
         collective implementation gathers int8/uint8), bit for bit, padded to whole words."""
         if tensor.dtype not in (tf.int8, tf.uint8):
-            return self.context.all_gather(tensor[None], axis=0)
+            return wire.all_gather(self.context, tensor[None], axis=0)
         size = tensor.shape[0]
         words = tf.bitcast(tf.reshape(tf.pad(tensor, [[0, -size % 4]]), [-1, 4]), tf.int32)
-        gathered = self.context.all_gather(words[None], axis=0)
+        gathered = wire.all_gather(self.context, words[None], axis=0)
         return tf.reshape(tf.bitcast(gathered, tensor.dtype), [self.num_replicas, -1])[:, :size]

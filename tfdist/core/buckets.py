@@ -11,7 +11,8 @@ layers' gradients are still being computed. The step's finiteness verdict
 
 import tensorflow as tf
 
-from tfdist.core import transaction
+from tfdist.core import transaction, wire
+from tfdist.core.wire import nbytes
 
 #: Bucket size of the all-reduce exchanges when none is given (0: one fused buffer).
 #: Measured on the UNet (2.1 MB of gradients), 2 workers: at 100 Mbit/s buckets of 128 KiB
@@ -45,13 +46,6 @@ def buckets(sizes, bucket_bytes):
     return groups + [current] if current else groups
 
 
-def nbytes(tensor):
-    """Bytes of a dense tensor (or of the dense shape of IndexedSlices)."""
-    shape = tensor.dense_shape if isinstance(tensor, tf.IndexedSlices) else tensor.shape
-    return tf.TensorShape(tf.get_static_value(shape) if isinstance(shape, tf.Tensor)
-                          else shape).num_elements() * tensor.dtype.size
-
-
 def all_reduce_in_buckets(context, tensors, bucket_bytes=None):
     """The SUM over replicas of `tensors` (in replica context): one all-reduce per bucket,
     launched last tensor first, the last one carrying the step's verdict."""
@@ -62,7 +56,7 @@ def all_reduce_in_buckets(context, tensors, bucket_bytes=None):
         if k == len(groups) - 1:
             part = transaction.all_reduce_sum(context, part)
         else:
-            part = context.all_reduce(tf.distribute.ReduceOp.SUM, part)
+            part = wire.all_reduce(context, tf.distribute.ReduceOp.SUM, part)
         for i, t in zip(group, part):
             summed[i] = t
     return summed

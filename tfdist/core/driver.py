@@ -9,54 +9,65 @@ a `tf.GradientTape` loop. It is the only place that changes phases; the optimize
 
 import tensorflow as tf
 
-from tfdist.core.optimizer import pipeline_of
+from tfdist.core.optimizer import driving, pipeline_of
+from tfdist.core.owned import optimizers_of
 
 
 class HookDriver:
-    """Drives the hooks of `optimizer`'s pipeline from a training loop.
+    """Drives the hooks of every tfdist optimizer a model trains with, from a loop.
 
     Args:
         model: the Keras model being trained (hooks average or read its variables).
-        optimizer: its optimizer, routed through tfdist (`DistributedOptimizer`);
-            by default `model.optimizer`.
+        optimizer: the tfdist optimizer the step applies (`DistributedOptimizer`, also
+            inside a `LossScaleOptimizer`), or a list of them (a step with several); by
+            default every one the model has (`tfdist.core.owned.optimizers_of`).
 
     Raises:
-        ValueError: the optimizer does not exchange through tfdist.
+        ValueError: no tfdist optimizer, or a given one that does not exchange through
+            tfdist.
     """
 
     def __init__(self, model, optimizer=None):
         self.model = model
-        self.optimizer = optimizer if optimizer is not None else model.optimizer
-        self.pipeline = pipeline_of(self.optimizer)
-        if self.pipeline is None:
+        self.optimizers = optimizers_of(model, optimizer)
+        if not self.optimizers:
+            found = getattr(model, "optimizer", None) if optimizer is None else optimizer
             raise ValueError(
                 "tfdist's hooks run around an optimizer that exchanges through tfdist: wrap "
-                "it with tfdist.keras.DistributedOptimizer(optimizer, ...). "
-                f"Received: optimizer={self.optimizer!r}")
+                "it with tfdist.keras.DistributedOptimizer(optimizer, ...) and build it on "
+                "the model's variables (or pass it: optimizer=...). "
+                f"Received: optimizer={found!r}")
+        self.optimizer = self.optimizers[0]
+        self.pipelines = [pipeline_of(o) for o in self.optimizers]
+        self.pipeline = self.pipelines[0]
         self._functions = {}  # hooks' phases -> the step traced for them
 
     def steps(self):
-        """Optimizer updates done so far (the one step counter)."""
-        return int(self.optimizer.iterations.numpy())
+        """Updates done so far by the (first) optimizer (the one step counter)."""
+        return _steps(self.optimizer)
 
     def begin_step(self):
         """Enters each hook's phase for the next step (every hook's before the first step a
         pipeline runs, then those that change); returns the phases (a cache key)."""
-        hooks = self.pipeline.hooks
-        step = self.steps() if any(h.phased for h in hooks) else 0
-        phases = tuple(hook.phase(step) for hook in hooks)
-        for hook, phase in zip(hooks, phases):
-            if phase != hook.current_phase or not self.pipeline.driven:
-                hook.enter_phase(phase)
-        self.pipeline.driven = True
-        return phases
+        phases = []
+        for optimizer, pipeline in zip(self.optimizers, self.pipelines):
+            hooks = pipeline.hooks
+            step = _steps(optimizer) if any(h.phased for h in hooks) else 0
+            mine = tuple(hook.phase(step) for hook in hooks)
+            for hook, phase in zip(hooks, mine):
+                if phase != hook.current_phase or not pipeline.driven:
+                    hook.enter_phase(phase)
+            pipeline.driven = True
+            phases.append(mine)
+        return tuple(phases)
 
     def function(self, make):
         """The compiled step for the next step: `make()` traced once per phase (collectives
-        cannot be switched inside one compiled step, `TrainingHook.phase`)."""
+        cannot be switched inside one compiled step, `TrainingHook.phase`), called with
+        this driver's optimizers the only tfdist ones it may apply."""
         key = self.begin_step()
         if key not in self._functions:
-            self._functions[key] = make()
+            self._functions[key] = _Driven(make(), self.optimizers)
         return self._functions[key]
 
     def owns(self, function):
@@ -64,27 +75,53 @@ class HookDriver:
         return any(function is f for f in self._functions.values())
 
     def end_step(self, steps_done=None):
-        """After a step: every hook's `after_step` (`steps_done` defaults to the counter)."""
-        steps_done = self.steps() if steps_done is None else steps_done
-        self.pipeline.changed = True
-        for hook in self.pipeline.hooks:
-            hook.after_step(self.model, steps_done)
+        """After a step: every hook's `after_step` (`steps_done` defaults to the count of
+        the hook's own optimizer)."""
+        for optimizer, pipeline in zip(self.optimizers, self.pipelines):
+            done = _steps(optimizer) if steps_done is None else steps_done
+            pipeline.changed = True
+            for hook in pipeline.hooks:
+                hook.after_step(self.model, done)
 
     def before_read(self):
         """Before validation, a checkpoint, an epoch's or the training's end: every hook's
         `before_read`, once after each change (a second call without a step between is free)."""
-        before_read(self.model, self.optimizer)
+        _before_read(self.model, self.pipelines)
+
+
+class _Driven:
+    """A compiled step called as the driver's: tracing it refuses a tfdist optimizer the
+    driver does not drive (`tfdist.core.optimizer.driving`)."""
+
+    def __init__(self, function, optimizers):
+        self.function, self.optimizers = function, optimizers
+
+    def __call__(self, *args, **kwargs):
+        with driving(self.optimizers):
+            return self.function(*args, **kwargs)
+
+    def __getattr__(self, name):  # the tf.function's own (get_concrete_function, ...)
+        return getattr(self.function, name)
+
+
+def _steps(optimizer):
+    return int(optimizer.iterations.numpy())
 
 
 def before_read(model, optimizer=None):
-    """Lets the hooks of `model`'s optimizer make one model of the replicas before
-    something reads or saves it, if a step ran since they last did; on every worker."""
-    pipeline = pipeline_of(optimizer if optimizer is not None else getattr(model, "optimizer", None))
-    if pipeline is None or not pipeline.changed:
-        return
-    pipeline.changed = False
-    for hook in pipeline.hooks:
-        hook.before_read(model)
+    """Lets the hooks of `model`'s tfdist optimizers (or of `optimizer`, one or a list)
+    make one model of the replicas before something reads or saves it, if a step ran
+    since they last did; on every worker."""
+    _before_read(model, [pipeline_of(o) for o in optimizers_of(model, optimizer)])
+
+
+def _before_read(model, pipelines):
+    for pipeline in pipelines:
+        if not pipeline.changed:
+            continue
+        pipeline.changed = False
+        for hook in pipeline.hooks:
+            hook.before_read(model)
 
 
 class StepFunction:
@@ -93,7 +130,18 @@ class StepFunction:
 
     def __init__(self, fn, model, optimizer=None, **tf_function_options):
         self.fn, self.options = fn, tf_function_options
-        self.driver = HookDriver(model, optimizer)
+        self.model, self.optimizer = model, optimizer
+        self._driver = None
+        if optimizer is not None:
+            self._driver = HookDriver(model, optimizer)  # a wrong one is refused at once
+
+    @property
+    def driver(self):
+        """The `HookDriver`, made at the first call: the model's optimizers may be built
+        after the step is decorated."""
+        if self._driver is None:
+            self._driver = HookDriver(self.model, self.optimizer)
+        return self._driver
 
     def __call__(self, *args, **kwargs):
         step = self.driver.function(lambda: tf.function(self.fn, **self.options))
@@ -103,7 +151,8 @@ class StepFunction:
 
     def before_read(self):
         """Call before validation, checkpoints, the end of an epoch and of training."""
-        self.driver.before_read()
+        if self._driver is not None:
+            self._driver.before_read()
 
 
 def function(fn=None, *, model, optimizer=None, **tf_function_options):
@@ -129,15 +178,18 @@ def function(fn=None, *, model, optimizer=None, **tf_function_options):
     Args:
         fn: the Python step function (it calls `strategy.run`).
         model: the model the step trains.
-        optimizer: the optimizer `fn` applies gradients with, routed through tfdist;
-            by default `model.optimizer`.
+        optimizer: the tfdist optimizer `fn` applies gradients with (also inside a
+            `LossScaleOptimizer`), or a list of them; by default every one the model has
+            (`model.optimizer`, optimizers kept as the model's attributes, else those built
+            on its variables).
         **tf_function_options: passed to `tf.function` (e.g. `reduce_retracing`).
 
     Returns:
         A `StepFunction` (or, without `fn`, a decorator making one).
 
     Raises:
-        ValueError: the optimizer does not exchange through tfdist.
+        ValueError: no tfdist optimizer, or a given one that does not exchange through
+            tfdist (the message says what to wrap).
     """
     if fn is None:
         return lambda f: StepFunction(f, model, optimizer, **tf_function_options)

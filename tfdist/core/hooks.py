@@ -24,6 +24,7 @@ the model in `after_step` and `before_read`.
 
 import tensorflow as tf
 
+from tfdist.core import wire
 from tfdist.core.buckets import DEFAULT_BUCKET_BYTES, all_reduce_in_buckets
 
 
@@ -50,6 +51,9 @@ class TrainingHook:
     freeze_variance = False
     #: A codec that compresses each gradient pushed to parameter servers, or None.
     push_codec = None
+    #: The pipeline's `tfdist.core.wire.WireMeter` (set when the pipeline builds): a hook
+    #: that exchanges outside the step (a model average) counts its bytes there.
+    wire_meter = None
 
     def build(self, strategy, variables):
         """Creates the hook's state; called once, under `strategy.scope()`."""
@@ -127,6 +131,7 @@ class GradientPipeline:
     def __init__(self, hooks=(), bucket_bytes=None):
         self.bucket_bytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
         self.hooks = []
+        self.meter = wire.WireMeter()  # what the exchanges really sent (CommStats)
         self.driven = False   # a driver has set the hooks' phases
         self.changed = False  # a step ran since the hooks last made one model
         for hook in hooks:
@@ -146,7 +151,9 @@ class GradientPipeline:
         return next((h for h in self.hooks if h.replaces_exchange), None)
 
     def build(self, strategy, variables):
+        self.meter.build()
         for hook in self.hooks:
+            hook.wire_meter = self.meter
             hook.build(strategy, variables)
 
     def __call__(self, grads_and_vars, step):
@@ -158,8 +165,11 @@ class GradientPipeline:
         for hook in self.hooks:
             grads = hook.before_exchange(grads, variables, step)
         owner = self.exchange_owner
-        grads = (owner.exchange(grads, variables, step) if owner
-                 else all_reduce_sum(grads, self.bucket_bytes))
+        with wire.recording() as record:
+            record["dense"] = sum(wire.nbytes(g) for g in grads)
+            grads = (owner.exchange(grads, variables, step) if owner
+                     else all_reduce_sum(grads, self.bucket_bytes))
+        self.meter.traced(record)
         for hook in self.hooks:
             grads = hook.after_exchange(grads, variables, step)
         result = [(None, v) for _, v in grads_and_vars]

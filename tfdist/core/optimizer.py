@@ -27,13 +27,16 @@ base class under the registered name `SAVED_NAME`, with tfdist's part under the 
 key `SAVED_KEY` (`tfdist.keras.saving` loads it back).
 """
 
+import contextlib
+import itertools
 import threading
+import weakref
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.core import transaction
+from tfdist.core import loss_scale, transaction, wire
 from tfdist.core.hooks import GradientPipeline, TrainingHook
 from tfdist.core.replica_state import SyncReplicaState
 from tfdist.core.variables import underlying
@@ -53,10 +56,15 @@ SAVED_NAME = f"{SAVED_PACKAGE}>{SAVED_CLASS}"  # the registered name of every ro
 SAVED_KEY, SAVED_VERSION = "tfdist", 1
 _ROUTED = {}  # optimizer class -> its tfdist subclass
 _SEAM_CHECKED = set()  # optimizer classes whose behaviour check_seam saw
+_BUILT = weakref.WeakValueDictionary()  # creation number -> a built routed optimizer
+_NUMBERS = itertools.count()
+_DRIVEN = []  # stack of the optimizers a loop's driver drives in the call being traced
 
 
 def pipeline_of(optimizer):
-    """The `GradientPipeline` a routed optimizer exchanges through, else None."""
+    """The `GradientPipeline` a routed optimizer exchanges through (also inside a
+    `LossScaleOptimizer`), else None."""
+    optimizer = loss_scale.inner_of(optimizer)
     return optimizer._tfdist_pipeline if is_routed(optimizer) else None
 
 
@@ -75,7 +83,9 @@ def with_gradient_pipeline(optimizer, pipeline):
     `SyncReplicaState` hook is added if it has none: one model on every replica).
 
     Args:
-        optimizer: a Keras 3 optimizer (instance or name) not yet built.
+        optimizer: a Keras 3 optimizer (instance or name) not yet built; a
+            `LossScaleOptimizer` gets its inner optimizer routed, and comes back as
+            tfdist's `LossScaleOptimizer` with the same settings.
         pipeline: a `GradientPipeline`.
 
     Returns:
@@ -87,7 +97,12 @@ def with_gradient_pipeline(optimizer, pipeline):
         ValueError: the optimizer is already built or already routed through a pipeline.
     """
     optimizer = keras.optimizers.get(optimizer)
-    if is_routed(optimizer):
+    if loss_scale.is_loss_scale(optimizer) and not optimizer.built:
+        inner = with_gradient_pipeline(optimizer.inner_optimizer, pipeline)
+        return loss_scale.LossScaleOptimizer(
+            inner, initial_scale=optimizer.initial_scale,
+            dynamic_growth_steps=optimizer.dynamic_growth_steps, name=optimizer.name)
+    if pipeline_of(optimizer) is not None:
         raise ValueError("this optimizer already exchanges gradients through tfdist; "
                          f"wrap the original optimizer only once. Received: {optimizer}")
     if optimizer.built:
@@ -100,7 +115,13 @@ def with_hook(optimizer, hook, strategy):
     """`optimizer` with `hook` in its pipeline: the same optimizer (hook appended) if it
     is routed, else a routed copy that takes over its state (Horovod's fresh copy; the
     original is left as it was). A hook of the same class already there (a callback of
-    an earlier `fit`) is replaced. Builds the hook if the optimizer is built."""
+    an earlier `fit`) is replaced. Builds the hook if the optimizer is built. A
+    `LossScaleOptimizer` keeps its place: the optimizer inside it gets the hook."""
+    if loss_scale.is_loss_scale(optimizer):
+        inner = with_hook(optimizer.inner_optimizer, hook, strategy)
+        if inner is not optimizer.inner_optimizer:
+            optimizer.inner_optimizer = inner
+        return loss_scale.take_over(optimizer)
     pipeline = pipeline_of(optimizer)
     if pipeline is None:
         with strategy.scope():
@@ -116,6 +137,7 @@ def with_hook(optimizer, hook, strategy):
         pipeline.add(hook)
         if optimizer.built:
             with strategy.scope():
+                hook.wire_meter = pipeline.meter
                 hook.build(strategy, list(optimizer._trainable_variables))
             keep_hook_state(optimizer)
     return optimizer
@@ -137,9 +159,51 @@ def routed_class(base):
             "apply": _apply, "build": _build, "_backend_apply_gradients": _apply_gradients,
             "_backend_update_step": _update_step, "_tfdist_update_variables": _update_variables,
             "get_config": _get_config, "_tfdist_routed": True, "_tfdist_pipeline": None,
+            "__setattr__": _setattr,
             "__module__": base.__module__, "__qualname__": base.__qualname__})
         _register(_ROUTED[base])
     return _ROUTED[base]
+
+
+def _setattr(self, name, value):
+    """Keras' `__setattr__`; `loss_scale_factor` set to None on a tfdist optimizer after
+    it was made is Keras' `LossScaleOptimizer.__init__` wrapping it, which tfdist then
+    takes over (`tfdist.core.loss_scale.take_over_caller`)."""
+    _base(self).__setattr__(self, name, value)
+    if name == "loss_scale_factor" and value is None and "_tfdist_pipeline" in self.__dict__:
+        loss_scale.take_over_caller(self)
+
+
+def built_on(variables):
+    """The routed optimizers built so far (and alive) that update any of `variables`, in
+    the order they were built."""
+    wanted, found = {id(underlying(v)) for v in variables}, {}
+    for _, optimizer in sorted(_BUILT.items(), key=lambda item: item[0]):
+        if any(id(underlying(v)) in wanted for v in optimizer._trainable_variables):
+            found.setdefault(id(optimizer), optimizer)
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def driving(optimizers):
+    """While a loop's driver runs a step for `optimizers`: a routed optimizer traced in it
+    that is not one of them is refused by name (its hooks would never run)."""
+    _DRIVEN.append({id(o) for o in optimizers})
+    try:
+        yield
+    finally:
+        _DRIVEN.pop()
+
+
+def _check_driven(optimizer):
+    if _DRIVEN and id(optimizer) not in _DRIVEN[-1]:
+        raise UnsupportedError(
+            f"this step applies the tfdist optimizer {optimizer.name!r} "
+            f"({type(optimizer).__name__}), which the loop's driver did not find, so its "
+            "hooks (phases, local SGD's averages, one model before reads) would never run: "
+            "keep it as an attribute of the model (a custom train_step's optimizers), or "
+            "name it: tfdist.function(step, model=model, optimizer=[...]). Received: "
+            f"optimizer={optimizer.name!r}")
 
 
 def _refuse(finding):
@@ -303,14 +367,22 @@ def _apply(self, grads, trainable_variables=None):
             "state must be created under the strategy's scope, not inside a replica. Call "
             "`optimizer.build(model.trainable_variables)` in `with strategy.scope():` "
             f"(model.fit and tfdist.Trainer do it for you). Received: optimizer={self.name}")
+    _check_driven(self)
     decision = transaction.decide(list(grads))
     with transaction.active(decision):
         _base(self).apply(self, grads, trainable_variables)
     # Keras counted the step; a refused one is taken back (nothing read the count since).
     taken_back = tf.cast(decision.committed, tf.int64) - 1
     decision.done.append(underlying(self._iterations).assign_add(taken_back))
-    transaction.fail_if_refused(decision)
+    transaction.fail_if_refused(decision, transaction.FLOAT16_HINT if _float16(grads) else "")
     return decision.committed
+
+
+def _float16(grads):
+    """Whether the step computes in float16: its gradients, or the global policy's."""
+    policy = keras.mixed_precision.global_policy()
+    return policy.compute_dtype == "float16" or any(
+        g is not None and g.dtype == tf.float16 for g in grads)
 
 
 def _apply_gradients(self, grads, trainable_variables):
@@ -346,7 +418,7 @@ def _average_accumulated(self, grads, accumulators):
         grads = [tf.convert_to_tensor(g) for g in grads]
         grads = [decision.gate(g, tf.zeros_like(g)) for g in grads]
         if stored_once and context is not None:  # one accumulator for all (local) replicas
-            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+            grads = wire.all_reduce(context, tf.distribute.ReduceOp.SUM, grads)
         self._backend_increment_gradient_accumulators(grads, accumulators)
         return None
     if stored_once and context is not None:  # the sum below adds it once per replica
@@ -370,6 +442,7 @@ def _build(self, variables):
     _base(self).build(self, variables)
     self._tfdist_pipeline.build(tf.distribute.get_strategy(), variables)
     keep_hook_state(self)
+    _BUILT[next(_NUMBERS)] = self
 
 
 def keep_hook_state(optimizer):
@@ -453,12 +526,17 @@ def _update_variables(self, distribution, grads_and_vars, learning_rate, committ
 
         return tf.cond(commit, apply, lambda: tf.constant(False))
 
+    pushed, pushes = 0, capabilities_of(distribution).push
     for grad, variable in grads_and_vars:
         if grad is None:
             continue
         payload, meta = ((grad,), None) if push is None else push.encode(grad)
+        pushed += sum(wire.nbytes(p) for p in payload) if pushes else 0
         distribution.extended.update(variable, update, args=(*payload, learning_rate, committed),
                                      kwargs={"meta": meta}, group=False)
+    meter = self._tfdist_pipeline.meter
+    meter.add(pushed=pushed)
+    meter.count()  # what this step sent, each time it runs (skipped steps too)
     # The step counts once `apply` ends; here it is this update's number if it commits.
     committed = distribution.experimental_local_results(committed)[0]  # same everywhere
     self._tfdist_pipeline.on_step_end(tf.cast(self.iterations, tf.int64)

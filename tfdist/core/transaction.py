@@ -16,6 +16,10 @@ alike, so no worker is left waiting in a collective.
 
 The running replica's decision is `current()`, set by `with active(decision):` around the
 code of the step (thread-local: MirroredStrategy runs each replica in a thread of its own).
+
+Under dynamic loss scaling (`tfdist.core.loss_scale`) a refused step is not an error but a
+skipped step — the scale overflowed on purpose — so the loss scale traces the step
+`with skipping():` and decides what to do with `committed` itself.
 """
 
 import contextlib
@@ -23,9 +27,16 @@ import threading
 
 import tensorflow as tf
 
+from tfdist.core import wire
+
 REFUSED = ("tfdist: a NaN or Inf gradient on some replica; the step was refused on every "
            "replica and worker (weights, optimizer state, error-feedback residuals and step "
            "counters are as before it). Replicas with a non-finite gradient:")
+
+#: Appended to `REFUSED` where the step computes in float16 with no dynamic loss scaling.
+FLOAT16_HINT = (" (the step computes in float16 without dynamic loss scaling: wrap the "
+                "optimizer in keras.optimizers.LossScaleOptimizer, as model.compile does "
+                "under mixed_float16 unless auto_scale_loss=False)")
 
 _state = threading.local()
 
@@ -58,7 +69,8 @@ class Decision:
             self._refusals = refusals
         elif self._refusals is None:
             context = tf.distribute.get_replica_context()
-            self._refusals = context.all_reduce(tf.distribute.ReduceOp.SUM, self.local)
+            self._refusals = wire.all_reduce(context, tf.distribute.ReduceOp.SUM,
+                                             [self.local])[0]
         return self._refusals
 
     @property
@@ -104,9 +116,9 @@ def all_reduce_sum(context, tensors):
     not settled yet: one collective for both."""
     decision = current()
     if decision is None or decision.settled or not tensors:
-        return context.all_reduce(tf.distribute.ReduceOp.SUM, list(tensors))
-    *summed, refusals = context.all_reduce(tf.distribute.ReduceOp.SUM,
-                                           [*tensors, decision.local])
+        return wire.all_reduce(context, tf.distribute.ReduceOp.SUM, tensors)
+    *summed, refusals = wire.all_reduce(context, tf.distribute.ReduceOp.SUM,
+                                        [*tensors, decision.local])
     decision.settle(refusals)
     return summed
 
@@ -138,11 +150,29 @@ def assign(variable, value):
     return variable.assign(decision.gate(value, variable.read_value()))
 
 
-def fail_if_refused(decision):
-    """Raises `InvalidArgumentError` (`REFUSED`) when the step runs, if it was refused —
-    after the tensors in `decision.done`, i.e. after the step's collectives."""
+def fail_if_refused(decision, hint=""):
+    """Raises `InvalidArgumentError` (`REFUSED` + `hint`) when the step runs, if it was
+    refused — after the tensors in `decision.done`, i.e. after the step's collectives.
+    Inside `skipping()` a refused step is left to the caller (nothing is raised)."""
+    if skipping_refused():
+        return None
     with tf.control_dependencies([tf.identity(_values(t)) for t in decision.done]):
-        return tf.debugging.Assert(decision.committed, [REFUSED, decision.refusals])
+        return tf.debugging.Assert(decision.committed, [REFUSED + hint, decision.refusals])
+
+
+@contextlib.contextmanager
+def skipping():
+    """Steps traced inside (on this thread: the replica's) are skipped when refused instead
+    of failing (dynamic loss scaling)."""
+    _state.skipping = getattr(_state, "skipping", 0) + 1
+    try:
+        yield
+    finally:
+        _state.skipping -= 1
+
+
+def skipping_refused():
+    return getattr(_state, "skipping", 0) > 0
 
 
 def _stack():

@@ -4,6 +4,8 @@ a parameter server holds, and the state each replica keeps a copy of."""
 import keras
 import tensorflow as tf
 
+from tfdist.core import wire
+
 
 def underlying(variable):
     """The tf.Variable (possibly distributed) behind a Keras 3 variable, or `variable`."""
@@ -44,7 +46,8 @@ def average_over_replicas(strategy, variables):
     the same point: it runs a collective."""
     def replica_fn():
         context = tf.distribute.get_replica_context()
-        means = context.all_reduce(tf.distribute.ReduceOp.MEAN, [v.read_value() for v in variables])
+        means = wire.all_reduce(context, tf.distribute.ReduceOp.MEAN,
+                                [v.read_value() for v in variables])
         for variable, mean in zip(variables, means):
             variable.assign(mean)
 

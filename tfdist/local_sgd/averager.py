@@ -28,6 +28,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.compression.factory import build
+from tfdist.core import wire
 from tfdist.core.hooks import TrainingHook, all_reduce_sum
 from tfdist.core.overlap import Background
 from tfdist.core.variables import per_replica_state, underlying
@@ -293,7 +294,8 @@ class _Plan:
             return (lambda step: None) if kind in ("sync", "exchange") else (lambda: None)
         if kind in ("sync", "exchange"):
             body = self.sync if kind == "sync" else self.exchange
-            return tf.function(lambda step: strategy.run(body, args=(step,)))
+            meter = self.averager.wire_meter  # the model average's bytes count as sent
+            return tf.function(lambda step: wire.run_counted(strategy, meter, body, (step,)))
         body = self.send if kind == "send" else self.apply
         return tf.function(lambda: strategy.run(body))
 
@@ -323,7 +325,7 @@ class _Plan:
         """The mean over replicas and workers of `values`, and of the state (plain)."""
         a, context = self.averager, tf.distribute.get_replica_context()
         plain = values if a.compression is None else []
-        means = context.all_reduce(tf.distribute.ReduceOp.MEAN, plain + [
+        means = wire.all_reduce(context, tf.distribute.ReduceOp.MEAN, plain + [
             v.read_value() for v in self.state]) if plain or self.state else []
         for variable, mean in zip(self.state, means[len(plain):]):
             variable.assign(mean)

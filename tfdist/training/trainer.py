@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from tfdist.core.driver import HookDriver
 from tfdist.core.hooks import GradientPipeline
+from tfdist.core.loss_scale import LossScaleOptimizer, is_loss_scale
 from tfdist.core.optimizer import pipeline_of, with_gradient_pipeline
 from tfdist.core.variables import trained_variables, underlying
 from tfdist.keras.callbacks.training_hooks import TrainingHooks
@@ -34,7 +35,11 @@ class Trainer:
         model: a built Keras 3 model (created under `strategy.scope()`).
         optimizer: a Keras optimizer (instance or name), not yet built; the trainer uses a
             copy whose gradient exchange runs `hooks` — or a `DistributedOptimizer`,
-            used as it is (with `hooks` added to its own).
+            used as it is (with `hooks` added to its own); also inside a
+            `LossScaleOptimizer`. Under a mixed_float16 model the trainer scales the loss
+            dynamically, as `model.compile` does (`tfdist.core.loss_scale`): a step whose
+            scaled gradients overflow on any replica is skipped everywhere and counts in
+            no metric.
         loss: a Keras loss (instance or name) or a function ``loss(y_true, y_pred)``.
         strategy: defaults to the strategy in scope.
         metrics: Keras metrics (instances or names). One created outside the strategy's
@@ -69,6 +74,8 @@ class Trainer:
             check_loss_scaling(self.strategy)
         with self.strategy.scope():
             self.optimizer = _routed(optimizer, hooks)
+            if model.dtype_policy.name == "mixed_float16" and not is_loss_scale(self.optimizer):
+                self.optimizer = LossScaleOptimizer(self.optimizer)  # as model.compile does
             self.pipeline = pipeline_of(self.optimizer)
             self.variables = trained_variables(model)
             self.optimizer.build(self.variables)  # builds the hooks too
@@ -111,10 +118,19 @@ class Trainer:
             with tf.GradientTape() as tape:
                 y_pred = model(x, training=True)
                 scaled = self._scaled_loss(y, y_pred, sample_weight)
-            grads = tape.gradient(scaled, self.variables)
+                if is_loss_scale(self.optimizer):  # dynamic loss scaling (mixed_float16)
+                    scaled_up = self.optimizer.scale_loss(scaled)
+            grads = tape.gradient(scaled_up if is_loss_scale(self.optimizer) else scaled,
+                                  self.variables)
             committed = self.optimizer.apply(grads, self.variables)
             self._take_back_if_refused(committed, state, before)
-            self._update_metrics(scaled * strategy.num_replicas_in_sync, y, y_pred, sample_weight)
+
+            def update_metrics():  # a skipped step (loss scaling) counts in none
+                self._update_metrics(scaled * strategy.num_replicas_in_sync, y, y_pred,
+                                     sample_weight)
+                return tf.constant(True)
+
+            tf.cond(committed, update_metrics, lambda: tf.constant(False))
             return self._replica_results()
 
         def step_fn(data):
@@ -306,7 +322,8 @@ class Trainer:
 
 
 def _routed(optimizer, hooks):
-    """`optimizer` as a routed optimizer whose pipeline holds `hooks` (see `Trainer`)."""
+    """`optimizer` as a routed optimizer whose pipeline holds `hooks` (see `Trainer`); a
+    `LossScaleOptimizer` stays around the routed one."""
     pipeline = pipeline_of(optimizer)
     if pipeline is None:
         return with_gradient_pipeline(optimizer, GradientPipeline(hooks))

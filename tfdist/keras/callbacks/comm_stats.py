@@ -3,41 +3,54 @@
 import keras
 import tensorflow as tf
 
+from tfdist.core.owned import named_optimizers
 from tfdist.core.optimizer import pipeline_of
 
 
 class CommStats(keras.callbacks.Callback):
-    """Adds to each epoch's logs, from the payload sizes of tfdist's gradient exchange
-    (plain float32 all-reduce, `GradientCompression` or local SGD's `ModelAverager`,
-    whose one model average is spread over its `period` steps):
+    """Adds to each epoch's logs what the model's tfdist optimizers really exchanged in
+    that epoch, per training step: each optimizer's `WireMeter` counts the bytes of the
+    payload tensors its traced exchange hands to the collectives, each time the step runs
+    (`tfdist.core.wire`), whatever compression, phase, local SGD average or mixed precision
+    produced them — not what the configuration says.
 
-    - ``comm_payload_bytes``: bytes each replica contributes per step;
-    - ``comm_bytes_per_worker``: gradient bytes each worker sends per step over the
-      network (ring all-reduce: 2 (W - 1) / W x its part of the payload; all-gather:
-      (W - 1) x its part; W = number of workers; 0 on one machine; under parameter
-      servers, the pushed payload — weight pulls are not counted);
-    - ``compression_ratio``: uncompressed float32 bytes / payload bytes.
+    - ``comm_payload_bytes``: bytes each replica contributes per step (all-reduced and
+      all-gathered; under parameter servers, the gradients pushed);
+    - ``comm_bytes_per_worker``: bytes each worker sends per step over the network (ring
+      all-reduce: 2 (W - 1) / W x the all-reduced part; all-gather: (W - 1) x its part;
+      W = number of workers; 0 on one machine; under parameter servers, the push);
+    - ``compression_ratio``: the gradients' own bytes (what Keras' all-reduce of them would
+      send) / payload bytes.
+
+    With several tfdist optimizers (a custom `train_step`'s, found as the model's
+    attributes), each one's are logged too, prefixed by its name
+    (``d_optimizer/compression_ratio``); the unprefixed values are their sum.
 
     Args:
         log_dir: also write them as TensorBoard scalars there (optional).
-        hook: the hook to read (with a `bytes_per_step(step)` method); by default the
-            one on the model's optimizer, else the plain all-reduce of the weights' size.
     """
 
-    def __init__(self, log_dir=None, hook=None):
+    def __init__(self, log_dir=None):
         super().__init__()
-        self.log_dir, self.hook = log_dir, hook
+        self.log_dir = log_dir
         self._writer = None
+        self._named, self._start, self._steps = [], {}, 0
 
     def on_train_begin(self, logs=None):
-        self.hook = self.hook or _find_hook(self.model)
+        self._named = named_optimizers(self.model)
         if self.log_dir and self._writer is None:
             self._writer = tf.summary.create_file_writer(self.log_dir)
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start, self._steps = self._totals(), 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps += 1
+
     def on_epoch_end(self, epoch, logs=None):
-        if logs is None:
+        if logs is None or not self._named or not self._steps:
             return
-        stats = self.stats(int(self.model.optimizer.iterations.numpy()) - 1)
+        stats = self.stats(self._start, self._totals(), self._steps)
         logs.update(stats)
         if self._writer is not None:
             with self._writer.as_default():
@@ -45,28 +58,29 @@ class CommStats(keras.callbacks.Callback):
                     tf.summary.scalar(name, value, step=epoch)
             self._writer.flush()
 
-    def stats(self, step):
-        if self.hook is not None:
-            sizes = self.hook.bytes_per_step(step)
-        else:  # Keras' own exchange: one float32 all-reduce of every gradient
-            dense = 4 * sum(int(v.shape.num_elements()) for v in self.model.trainable_variables)
-            sizes = {"payload": dense, "dense": dense, "gathered": 0}
+    def _totals(self):
+        return {name: pipeline_of(o).meter.totals() for name, o in self._named}
+
+    def stats(self, start, end, steps):
+        """The logs from the meters' totals at the epoch's `start` and `end`, over `steps`."""
         workers = _num_workers(self.model)
-        gathered = sizes["gathered"]
-        per_worker = (2 * (workers - 1) / workers * (sizes["payload"] - gathered)
-                      + (workers - 1) * gathered)
-        if self.hook is not None and self.hook.push_codec is not None:  # each worker pushes
-            per_worker = sizes["payload"]
-        return {"comm_payload_bytes": float(sizes["payload"]),
-                "comm_bytes_per_worker": float(per_worker),
-                "compression_ratio": sizes["dense"] / max(sizes["payload"], 1)}
+        per_optimizer = {name: {kind: (end[name][kind] - start[name][kind]) / steps
+                                for kind in end[name]} for name in end}
+        total = {kind: sum(sent[kind] for sent in per_optimizer.values())
+                 for kind in next(iter(per_optimizer.values()))}
+        stats = _figures(total, workers)
+        if len(per_optimizer) > 1:
+            for name, sent in per_optimizer.items():
+                stats.update({f"{name}/{k}": v for k, v in _figures(sent, workers).items()})
+        return stats
 
 
-def _find_hook(model):
-    pipeline = pipeline_of(model.optimizer)
-    hooks = pipeline.hooks if pipeline is not None else []
-    found = [h for h in hooks if h.replaces_exchange and hasattr(h, "bytes_per_step")]
-    return found[0] if found else None
+def _figures(sent, workers):
+    payload = sent["reduced"] + sent["gathered"] + sent["pushed"]
+    per_worker = (2 * (workers - 1) / workers * sent["reduced"]
+                  + (workers - 1) * sent["gathered"] + sent["pushed"])
+    return {"comm_payload_bytes": float(payload), "comm_bytes_per_worker": float(per_worker),
+            "compression_ratio": sent["dense"] / payload if payload else 1.0}
 
 
 def _num_workers(model):

@@ -3,7 +3,7 @@
 import keras
 
 from tfdist.core.driver import HookDriver
-from tfdist.core.optimizer import pipeline_of
+from tfdist.core.owned import optimizers_of
 
 
 class TrainingHooks(keras.callbacks.Callback):
@@ -18,9 +18,12 @@ class TrainingHooks(keras.callbacks.Callback):
                                                         start_step=100), loss)
         model.fit(data, callbacks=[tfdist.callbacks.TrainingHooks(), ...])
 
-    Put it before callbacks that save or evaluate the model. It does nothing for an
-    optimizer that does not exchange through tfdist; `tfdist.Trainer` ignores it (it
-    drives the hooks itself), so one callback list serves both loops.
+    It drives every tfdist optimizer the model trains with (`tfdist.core.owned`): the
+    compiled one, also inside a `LossScaleOptimizer` (mixed_float16), and each one a custom
+    `train_step` keeps as an attribute of the model (a GAN's two), each switching phase at
+    its own step. Put it before callbacks that save or evaluate the model. It does nothing
+    for a model without a tfdist optimizer; `tfdist.Trainer` ignores it (it drives the
+    hooks itself), so one callback list serves both loops.
     """
 
     def __init__(self):
@@ -28,9 +31,10 @@ class TrainingHooks(keras.callbacks.Callback):
         self.driver = None
 
     def on_train_begin(self, logs=None):
-        if pipeline_of(self.model.optimizer) is None:
+        optimizers = optimizers_of(self.model)
+        if not optimizers:
             self.driver = None
-        elif (self.driver is None or self.driver.optimizer is not self.model.optimizer
+        elif (self.driver is None or self.driver.optimizers != optimizers
               or not self.driver.owns(self.model.train_function)):
             self.driver = HookDriver(self.model)  # first fit, or compiled again
 

@@ -1,0 +1,121 @@
+"""What a step's collectives carried, measured from the step that ran.
+
+Every collective tfdist runs goes through `all_reduce` / `all_gather` here, which note —
+while the step is traced — the bytes of the tensors this replica hands over: the sizes of
+the payload in the traced graph, which is what crosses each time that graph runs (a phase
+traced again notes its own). A `WireMeter` (one per optimizer's pipeline) takes what a
+replica noted (`traced`) and counts it each time the step runs, in cross-replica context
+(`count`), skipped steps included: their bytes crossed too. `tfdist.callbacks.CommStats`
+reads the meter, not the configuration.
+"""
+
+import contextlib
+import threading
+import weakref
+
+import tensorflow as tf
+
+KINDS = ("reduced", "gathered", "pushed", "dense")
+_state = threading.local()
+
+
+def nbytes(tensor):
+    """Bytes of a dense tensor (or of the dense shape of IndexedSlices), from its static shape."""
+    shape = tensor.dense_shape if isinstance(tensor, tf.IndexedSlices) else tensor.shape
+    return tf.TensorShape(tf.get_static_value(shape) if isinstance(shape, tf.Tensor)
+                          else shape).num_elements() * tensor.dtype.size
+
+
+def all_reduce(context, reduce_op, values):
+    """`context.all_reduce(reduce_op, values)` (a list), noted as sent by this replica."""
+    _note("reduced", values, context)
+    return context.all_reduce(reduce_op, list(values))
+
+
+def all_gather(context, value, axis=0):
+    """`context.all_gather(value, axis)`, noted as sent by this replica."""
+    _note("gathered", [value], context)
+    return context.all_gather(value, axis=axis)
+
+
+def _note(kind, tensors, context):
+    record = getattr(_state, "record", None)
+    if record is not None and context.num_replicas_in_sync > 1:
+        record[kind] += sum(nbytes(t) for t in tensors)
+
+
+@contextlib.contextmanager
+def recording():
+    """Collects, for the code inside (this thread: one replica), the bytes it sends:
+    yields {"reduced": bytes all-reduced, "gathered": bytes all-gathered, ...: 0}."""
+    previous = getattr(_state, "record", None)
+    _state.record = dict.fromkeys(KINDS, 0)
+    try:
+        yield _state.record
+    finally:
+        _state.record = previous
+
+
+def run_counted(strategy, meter, fn, args=()):
+    """`strategy.run(fn, args)`, with what `fn`'s collectives send counted on `meter`
+    (None: not counted). Call it inside a `tf.function`, in cross-replica context."""
+    if meter is None:
+        return strategy.run(fn, args=args)
+
+    def recorded(*values):
+        with recording() as record:
+            result = fn(*values)
+        meter.traced(record)
+        return result
+
+    result = strategy.run(recorded, args=args)
+    meter.count()
+    return result
+
+
+class WireMeter:
+    """Bytes one replica sent through one pipeline: all-reduced, all-gathered, pushed to
+    parameter servers, and the uncompressed gradients' own bytes ("dense", what Keras'
+    all-reduce would send), as int64 totals since the meter was built (`totals()`). Not
+    saved with checkpoints."""
+
+    def __init__(self):
+        self.variable = None
+        self._pending = weakref.WeakKeyDictionary()  # traced graph -> bytes of one run
+
+    def build(self):
+        """Creates the counter (under the strategy's scope)."""
+        if self.variable is None:
+            self.variable = tf.Variable(tf.zeros([len(KINDS)], tf.int64), trainable=False,
+                                        name="tfdist_wire_bytes",
+                                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+    def traced(self, record):
+        """(replica context, while tracing) What one run of the graph being traced sends
+        from this replica (every replica sends as much)."""
+        self._pending.setdefault(_graph(), dict.fromkeys(KINDS, 0)).update(record)
+
+    def add(self, **sizes):
+        """(cross-replica context, while tracing) Bytes sent outside a replica's trace (a
+        gradient pushed to a parameter server)."""
+        pending = self._pending.setdefault(_graph(), dict.fromkeys(KINDS, 0))
+        for kind, size in sizes.items():
+            pending[kind] += size
+
+    def count(self):
+        """(cross-replica context, in the traced graph) Adds what one run of this graph
+        sends to the totals, each time it runs."""
+        pending = self._pending.pop(_graph(), None)
+        if pending is None or self.variable is None:
+            return None
+        return self.variable.assign_add(tf.constant([pending[k] for k in KINDS], tf.int64))
+
+    def totals(self):
+        """{kind: int} for each of `KINDS`, since the meter was built (eager)."""
+        if self.variable is None:
+            return dict.fromkeys(KINDS, 0)
+        return dict(zip(KINDS, (int(v) for v in self.variable.numpy())))
+
+
+def _graph():
+    return tf.compat.v1.get_default_graph()
