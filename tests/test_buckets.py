@@ -148,3 +148,28 @@ def test_a_nan_on_one_replica_is_refused_on_both_with_buckets(strategies):
 def test_buckets_group_the_last_tensors_first():
     assert buckets([4, 4, 100, 4, 4, 4], 8) == [[5, 4], [3], [2], [1, 0]]
     assert buckets([4, 4], 0) == [[1, 0]] and buckets([], 8) == []
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16", "powersgd", "int8", "topk", "sign"])
+def test_the_wire_meter_counts_what_the_step_sends(two_cpus, compression):
+    """CommStats' source (tfdist.core.wire) against independent counts, times the steps
+    run: for all-reduces, the bytes of every CollectiveReduceV2 input in the traced step,
+    per replica; for all-gathers (whose traced inputs TF pads to a shape known only when
+    it runs, after gathering the shapes), the compressor's payload from its layout."""
+    strategy = collective_strategy(two_cpus)
+    _, optimizer, train = make(strategy, compression)
+    x, y = data(strategy)
+    for _ in range(3):
+        train(x, y)
+    (function,) = train.driver._functions.values()
+    graph = function.get_concrete_function(x, y).graph
+    reduced = sum(op.inputs[0].shape.num_elements() * op.inputs[0].dtype.size
+                  for op in graph.get_operations() if op.type == "CollectiveReduceV2")
+    totals = tfdist.core.pipeline_of(optimizer).meter.totals()
+    assert totals["reduced"] == 3 * reduced / 2
+    hooks = tfdist.core.pipeline_of(optimizer).hooks
+    gathered = hooks[0].bytes_per_step()["gathered"] if compression != "none" else 0
+    assert totals["gathered"] == 3 * gathered and (gathered > 0) == (
+        compression in ("int8", "topk", "sign"))
+    dense = 4 * sum(int(np.prod(v.shape)) for v in optimizer._trainable_variables)
+    assert totals["dense"] == 3 * dense and totals["pushed"] == 0

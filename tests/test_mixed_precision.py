@@ -88,13 +88,14 @@ class Trajectory(keras.callbacks.Callback):
     """After every batch: the loss scale, the step count and the first kernel, on every
     replica."""
 
-    def __init__(self, strategy):
+    def __init__(self, strategy, optimizer=None):
         super().__init__()
-        self.strategy, self.scales, self.steps, self.kernels = strategy, [], [], []
+        self.strategy, self.optimizer = strategy, optimizer
+        self.scales, self.steps, self.kernels = [], [], []
 
     def on_train_batch_end(self, batch, logs=None):
         local = self.strategy.experimental_local_results
-        optimizer = self.model.optimizer
+        optimizer = self.optimizer or self.model.optimizer
         self.scales.append([float(v) for v in local(optimizer.dynamic_scale.value)])
         self.steps.append(int(optimizer.iterations.numpy()))
         self.kernels.append([k.numpy() for k in local(self.model.layers[0].kernel.value)])
@@ -182,3 +183,172 @@ def test_every_composition_a_keras_user_writes_runs_the_same_step(strategies,
     assert_skipped_everywhere(trajectory)
     reference, _ = fit(strategy, "topk+EF", batches())
     assert_same_model(strategy, model, reference)
+
+
+def dataset(data):
+    x, y = (np.concatenate(part) for part in zip(*data))
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+
+
+def train_with_trainer(strategy, data):
+    with strategy.scope():
+        model = model_for()
+        optimizer = optimizer_for("powersgd+EF", strategy)
+    trainer = tfdist.Trainer(model, optimizer, "mse", strategy=strategy)
+    trainer.optimizer.dynamic_growth_steps = GROWTH
+    trajectory = Trajectory(strategy)
+    history = trainer.fit(dataset(data), epochs=1, callbacks=[trajectory], verbose=0)
+    return model, trajectory, history.history
+
+
+def test_the_trainer_scales_the_loss_of_a_mixed_float16_model_and_skips_alike(
+        strategies, mixed_float16):
+    """The Trainer adds the loss scale itself (as compile does); a skipped step counts in
+    no metric: the logged loss is the mean over the committed steps only."""
+    strategy = strategies("mirrored")
+    model, trajectory, history = train_with_trainer(strategy, batches())
+    assert isinstance(model.optimizer, LossScaleOptimizer)
+    assert_skipped_everywhere(trajectory)
+    clean = [b for step, b in enumerate(batches()) if step not in BAD_STEPS]
+    reference, _, clean_history = train_with_trainer(strategy, clean)
+    assert_same_model(strategy, model, reference)
+    assert history["loss"][0] == pytest.approx(clean_history["loss"][0], rel=1e-5)
+
+
+def own_loop(strategy, data):
+    """TensorFlow's custom-training tutorial with Keras' loss scaling: scale_loss, then
+    the optimizer's apply; `tfdist.function(model=...)` on a model never compiled."""
+    with strategy.scope():
+        model = model_for()
+        optimizer = optimizer_for("topk+EF", strategy, wrap="inside")
+        optimizer.dynamic_growth_steps = GROWTH
+        optimizer.build(model.trainable_variables)
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            per_example = keras.losses.mean_squared_error(y, model(x, training=True))
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
+            scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+
+    @tfdist.function(model=model)
+    def train_step(x, y):
+        strategy.run(replica_step, args=(x, y))
+
+    trajectory = Trajectory(strategy, optimizer)
+    trajectory.set_model(model)
+    for x, y in strategy.experimental_distribute_dataset(dataset(data)):
+        train_step(x, y)
+        trajectory.on_train_batch_end(0)
+    train_step.before_read()
+    assert train_step.driver.optimizers == [optimizer.inner_optimizer]  # found on its own
+    return model, trajectory
+
+
+def test_your_own_loop_with_scale_loss_skips_alike(strategies, mixed_float16):
+    strategy = strategies("mirrored")
+    model, trajectory = own_loop(strategy, batches())
+    assert_skipped_everywhere(trajectory)
+    clean = [b for step, b in enumerate(batches()) if step not in BAD_STEPS]
+    reference, _ = own_loop(strategy, clean)
+    assert_same_model(strategy, model, reference)
+
+
+class GAN(keras.Model):
+    """The keras-io "Customizing what happens in fit()" GAN (vectors for images): an
+    overridden `train_step` with two optimizers, kept as the model's attributes."""
+
+    def __init__(self, latent_dim=4, size=8):
+        super().__init__()
+        self.latent_dim = latent_dim
+        self.discriminator = keras.Sequential([keras.Input((size,)),
+                                               keras.layers.Dense(16, activation="relu"),
+                                               keras.layers.Dense(1)])
+        self.generator = keras.Sequential([keras.Input((latent_dim,)),
+                                           keras.layers.Dense(16, activation="relu"),
+                                           keras.layers.Dense(size)])
+        self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+        self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+        self.seed_generator = keras.random.SeedGenerator(1337)
+        self.built = True  # its parts are; it has no call() of its own
+
+    @property
+    def metrics(self):
+        return [self.d_loss_tracker, self.g_loss_tracker]
+
+    def compile(self, d_optimizer, g_optimizer, loss_fn):
+        super().compile()
+        self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
+        # tfdist's one addition: state made under the scope, before the first replica step
+        d_optimizer.build(self.discriminator.trainable_variables)
+        g_optimizer.build(self.generator.trainable_variables)
+
+    def train_step(self, real):
+        batch_size = tf.shape(real)[0]
+        latent = keras.random.normal((batch_size, self.latent_dim), seed=self.seed_generator)
+        combined = tf.concat([self.generator(latent), real], axis=0)
+        labels = tf.concat([tf.ones((batch_size, 1)), tf.zeros((batch_size, 1))], axis=0)
+        with tf.GradientTape() as tape:
+            d_loss = self.loss_fn(labels, self.discriminator(combined))
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        latent = keras.random.normal((batch_size, self.latent_dim), seed=self.seed_generator)
+        with tf.GradientTape() as tape:
+            fake = self.discriminator(self.generator(latent))
+            g_loss = self.loss_fn(tf.zeros((batch_size, 1)), fake)
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+        self.d_loss_tracker.update_state(d_loss)
+        self.g_loss_tracker.update_state(g_loss)
+        return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
+
+
+class Phases(keras.callbacks.Callback):
+    """Whether each of the GAN's exchanges compressed, step by step."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = {"d": [], "g": []}
+
+    def on_train_batch_end(self, batch, logs=None):
+        for key in self.seen:
+            hook = tfdist.core.pipeline_of(getattr(self.model, f"{key}_optimizer")).hooks[0]
+            self.seen[key].append(hook.compressing)
+
+
+def test_a_gan_with_two_compressing_optimizers_switches_each_at_its_step(strategies):
+    """Both optimizers are found (as the model's attributes), each switches at its own
+    start_step, and CommStats reports each from what its exchange sent: before d's
+    start the first epoch mixes uncompressed steps in, which the configuration (what
+    CommStats read before) would not show."""
+    strategy = strategies("mirrored")
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        gan = GAN()
+        d_optimizer = tfdist.keras.DistributedOptimizer(
+            keras.optimizers.Adam(3e-4), "topk", ratio=0.25, error_feedback=True, min_size=0,
+            start_step=2, strategy=strategy)
+        g_optimizer = tfdist.keras.DistributedOptimizer(
+            keras.optimizers.Adam(3e-4), "int8", min_size=0, start_step=6, strategy=strategy)
+        gan.compile(d_optimizer, g_optimizer,
+                    keras.losses.BinaryCrossentropy(from_logits=True))
+    real = np.random.default_rng(0).normal(2.0, 1.0, size=(8 * 16, 8)).astype("float32")
+    phases = Phases()
+    history = gan.fit(real, batch_size=16, epochs=2, verbose=0, shuffle=False, callbacks=[
+        tfdist.callbacks.TrainingHooks(), tfdist.callbacks.CommStats(), phases]).history
+    assert phases.seen["d"] == [False] * 2 + [True] * 14
+    assert phases.seen["g"] == [False] * 6 + [True] * 10
+    assert int(d_optimizer.iterations.numpy()) == int(g_optimizer.iterations.numpy()) == 16
+    verdict = 4  # each step's finiteness flag, all-reduced beside the payload (float32)
+    for key, optimizer in (("d", d_optimizer), ("g", g_optimizer)):
+        compressed = tfdist.core.pipeline_of(optimizer).hooks[0].bytes_per_step(10)["payload"]
+        sent = history[f"{key}_optimizer/comm_payload_bytes"]
+        assert sent[1] == compressed + verdict  # every step of epoch 1 compressed
+        assert sent[0] > sent[1]  # epoch 0 began uncompressed: the configuration says not
+        assert history[f"{key}_optimizer/compression_ratio"][1] == pytest.approx(
+            4 * sum(int(np.prod(v.shape)) for v in optimizer._trainable_variables) / sent[1])
+    assert history["comm_payload_bytes"] == [
+        d + g for d, g in zip(history["d_optimizer/comm_payload_bytes"],
+                              history["g_optimizer/comm_payload_bytes"])]
+    assert np.isfinite(history["d_loss"]).all() and np.isfinite(history["g_loss"]).all()

@@ -131,7 +131,7 @@ class GradientPipeline:
     def __init__(self, hooks=(), bucket_bytes=None):
         self.bucket_bytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
         self.hooks = []
-        self.meter = wire.WireMeter()  # what the exchanges really sent (CommStats)
+        self.meter = wire.WireMeter()  # what the optimizer's steps sent (CommStats)
         self.driven = False   # a driver has set the hooks' phases
         self.changed = False  # a step ran since the hooks last made one model
         for hook in hooks:
@@ -165,11 +165,8 @@ class GradientPipeline:
         for hook in self.hooks:
             grads = hook.before_exchange(grads, variables, step)
         owner = self.exchange_owner
-        with wire.recording() as record:
-            record["dense"] = sum(wire.nbytes(g) for g in grads)
-            grads = (owner.exchange(grads, variables, step) if owner
-                     else all_reduce_sum(grads, self.bucket_bytes))
-        self.meter.traced(record)
+        grads = (owner.exchange(grads, variables, step) if owner
+                 else all_reduce_sum(grads, self.bucket_bytes))
         for hook in self.hooks:
             grads = hook.after_exchange(grads, variables, step)
         result = [(None, v) for _, v in grads_and_vars]

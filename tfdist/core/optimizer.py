@@ -493,8 +493,11 @@ def _update_step(self, grads, trainable_variables, learning_rate):
     if tf.distribute.get_replica_context():  # cross-replica: nothing to exchange, as in Keras
         self._tfdist_pipeline.check_phases_driven()
         step = tf.cast(self.iterations, tf.int64)
-        grads_and_vars = self._tfdist_pipeline(grads_and_vars, step)
-        decision.settle()  # if the exchange did not carry the verdict (local SGD), now
+        with wire.recording() as record:  # what this replica sends, for the WireMeter
+            record["dense"] = sum(wire.nbytes(g) for g, _ in grads_and_vars if g is not None)
+            grads_and_vars = self._tfdist_pipeline(grads_and_vars, step)
+            decision.settle()  # if the exchange did not carry the verdict (local SGD), now
+        self._tfdist_pipeline.meter.traced(record)
         decision.done += [g for g, _ in grads_and_vars if g is not None]
     tf.__internal__.distribute.interim.maybe_merge_call(
         self._tfdist_update_variables, self._distribution_strategy, grads_and_vars,
