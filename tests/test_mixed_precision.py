@@ -352,3 +352,81 @@ def test_a_gan_with_two_compressing_optimizers_switches_each_at_its_step(strateg
         d + g for d, g in zip(history["d_optimizer/comm_payload_bytes"],
                               history["g_optimizer/comm_payload_bytes"])]
     assert np.isfinite(history["d_loss"]).all() and np.isfinite(history["g_loss"]).all()
+
+
+def test_tfdist_function_takes_several_optimizers_and_names_what_to_wrap(strategies):
+    """A step applying two tfdist optimizers: given as a list, each is driven; a plain
+    Keras optimizer is refused in one line saying what to wrap; one the driver was not
+    given is refused by name when the step is traced, not left in its first phase."""
+    strategy = strategies("mirrored")
+    with strategy.scope():
+        model = model_for()
+        first, second = model.layers[0].trainable_variables, model.layers[1].trainable_variables
+        a = tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.01), "topk", ratio=0.5,
+                                              error_feedback=True, min_size=0, start_step=1)
+        b = tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.01), "fp16", min_size=0)
+        a.build(first)
+        b.build(second)
+
+    def replica_step(x, y):
+        with tf.GradientTape(persistent=True) as tape:
+            per_example = keras.losses.mean_squared_error(y, model(x, training=True))
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
+        a.apply(tape.gradient(loss, first), first)
+        b.apply(tape.gradient(loss, second), second)
+
+    (x, y), = [batches(bad_steps=())[0]]
+    data = next(iter(strategy.experimental_distribute_dataset(dataset([(x, y)]))))
+    with pytest.raises(ValueError, match="wrap it with tfdist.keras.DistributedOptimizer"):
+        tfdist.function(lambda: None, model=model, optimizer=keras.optimizers.SGD())
+    only_a = tfdist.function(lambda x, y: strategy.run(replica_step, args=(x, y)),
+                             model=model, optimizer=a)
+    with pytest.raises(Exception, match=r"applies the tfdist optimizer 'sgd_\d+'.*"  # traced
+                                        r"did not find"):
+        only_a(*data)
+    step = tfdist.function(lambda x, y: strategy.run(replica_step, args=(x, y)),
+                           model=model, optimizer=[a, b])
+    for _ in range(3):
+        step(*data)
+    assert step.driver.optimizers == [a, b]
+    assert int(a.iterations.numpy()) == int(b.iterations.numpy()) == 3
+    assert tfdist.core.pipeline_of(a).hooks[0].compressing  # its phase switched at step 1
+    assert len(step.driver._functions) == 2  # traced for steps 0 and 1+
+
+
+def test_float16_layers_without_loss_scaling_are_refused_before_training(strategies):
+    """The policy set after the model's own (its layers compute in float16, the model was
+    compiled as float32, so no loss scale): gradients would underflow silently."""
+    strategy = strategies("mirrored")
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with strategy.scope():
+            hidden = keras.layers.Dense(8, activation="relu")  # made under mixed_float16
+            keras.mixed_precision.set_global_policy("float32")
+            model = keras.Sequential([keras.Input((4,)), hidden, keras.layers.Dense(1)])
+            model.compile(tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(), "fp16"),
+                          "mse")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    x, y = batches(bad_steps=())[0]
+    with pytest.raises(tfdist.TfdistError, match=r"layer 'dense_\d+' computes in float16 but "
+                                                 r"the optimizer 'optimizer' scales no loss"):
+        model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[tfdist.callbacks.TrainingHooks()])
+
+
+def test_a_non_finite_gradient_in_float16_without_dynamic_scaling_names_the_fix(
+        strategies, mixed_float16):
+    """A fixed loss scale (Keras' loss_scale_factor) is no dynamic scaling: an overflow is
+    still an error, after the collectives, saying what would have skipped it."""
+    strategy = strategies("mirrored")
+    with strategy.scope():
+        model = model_for()
+        optimizer = tfdist.keras.DistributedOptimizer(
+            keras.optimizers.SGD(0.01, loss_scale_factor=2.0 ** 15), "topk", ratio=0.5,
+            min_size=0)
+        model.compile(optimizer, "mse", auto_scale_loss=False)
+    x, y = batches(bad_steps=(0,))[0]
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="NaN or Inf gradient.*without dynamic loss scaling: wrap the "
+                             "optimizer in keras.optimizers.LossScaleOptimizer"):
+        model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[tfdist.callbacks.TrainingHooks()])

@@ -434,3 +434,38 @@ def test_compression_auto_decides_alike_on_every_worker(write_config, tmp_path):
     assert decisions[0][0]["measured"] > 0
     for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("loop,exchange,workers", [("fit", "topk+EF", 2),
+                                                   ("trainer", "powersgd+EF", 3),
+                                                   ("fit", "DiLoCo 2", 2)])
+def test_mixed_float16_workers_skip_one_workers_overflow_alike(write_config, tmp_path, loop,
+                                                                exchange, workers):
+    """mixed_float16 under tfdist launch: the last worker's batch overflows at steps 2 and
+    5, the others' do not. Every worker skips the same steps, its loss scale follows the
+    same trajectory (Keras' schedule), its weights stay finite and equal the others', and
+    every worker ends exactly where a run without those batches ends."""
+    from test_mixed_precision import expected_scales
+
+    cluster = f"cluster: {{worker: {workers}}}\nstrategy: multi_worker_mirrored\n"
+    job = JOB.parent / "mixed_precision_job.py"
+    args = ("--loop", loop, "--exchange", exchange, "--bad_worker", str(workers - 1))
+    results, _ = launch(write_config, tmp_path / "bad", cluster, *args, job=job)
+    clean, _ = launch(write_config, tmp_path / "clean", cluster, *args, "--clean", job=job)
+    tasks = [f"worker-{i}" for i in range(workers)]
+    assert sorted(results) == tasks and sorted(clean) == tasks
+    first = results["worker-0"]
+    assert first["scales"] == expected_scales((2, 5))
+    assert first["steps"] == [1, 2, 2, 3, 4, 4, 5, 6]
+    for task in tasks:
+        result = results[task]
+        assert result["scales"] == first["scales"] and result["steps"] == first["steps"]
+        assert np.isfinite(result["checksums"]).all()
+        assert result["checksums"][2] == result["checksums"][1]  # skipped: nothing changed
+        assert result["checksums"][5] == result["checksums"][4]
+        if exchange != "DiLoCo 2":  # synchronous: one model after every step
+            assert result["checksums"] == first["checksums"]
+        for mine, theirs in zip(result["weights"], clean[task]["weights"]):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+        for mine, theirs in zip(result["weights"], first["weights"]):
+            np.testing.assert_array_equal(mine, theirs)

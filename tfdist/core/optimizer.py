@@ -374,15 +374,10 @@ def _apply(self, grads, trainable_variables=None):
     # Keras counted the step; a refused one is taken back (nothing read the count since).
     taken_back = tf.cast(decision.committed, tf.int64) - 1
     decision.done.append(underlying(self._iterations).assign_add(taken_back))
-    transaction.fail_if_refused(decision, transaction.FLOAT16_HINT if _float16(grads) else "")
-    return decision.committed
-
-
-def _float16(grads):
-    """Whether the step computes in float16: its gradients, or the global policy's."""
-    policy = keras.mixed_precision.global_policy()
-    return policy.compute_dtype == "float16" or any(
+    float16 = self.__dict__.get("_tfdist_float16") or any(
         g is not None and g.dtype == tf.float16 for g in grads)
+    transaction.fail_if_refused(decision, transaction.FLOAT16_HINT if float16 else "")
+    return decision.committed
 
 
 def _apply_gradients(self, grads, trainable_variables):

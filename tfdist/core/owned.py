@@ -55,12 +55,14 @@ def _check_loss_scaling(model, name, optimizer):
     """UnsupportedError if a layer of `model` computes in float16 and `optimizer` scales
     no loss: its gradients would underflow (silently zero) or overflow (the policy was
     changed after the model was made or compiled, or compile had auto_scale_loss=False)."""
-    if is_loss_scale(optimizer) or inner_of(optimizer).loss_scale_factor is not None:
+    if is_loss_scale(optimizer):
         return
     layer = next((layer for layer in _layers(model)
                   if getattr(layer, "dtype_policy", None) is not None
                   and layer.dtype_policy.compute_dtype == "float16"), None)
-    if layer is not None:
+    # A fixed scale is the user's choice; its errors say the step computes in float16.
+    inner_of(optimizer).__dict__["_tfdist_float16"] = layer is not None
+    if layer is not None and inner_of(optimizer).loss_scale_factor is None:
         raise UnsupportedError(
             f"layer {layer.name!r} computes in float16 but the optimizer {name!r} scales no "
             "loss, so its gradients underflow or overflow: set keras.mixed_precision."
