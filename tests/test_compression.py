@@ -421,3 +421,41 @@ def test_comm_stats_report_the_payload_and_ratio(strategies):
     assert history["comm_payload_bytes"] == [payload]
     assert history["compression_ratio"][0] == pytest.approx(4 * sum(sizes) / payload)
     assert history["comm_bytes_per_worker"] == [0.0]  # one machine: nothing crosses a network
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name,options,tolerance", [
+    ("none", {}, 0.0), ("fp16", {}, 2e-3), ("bf16", {}, 1e-2), ("int8", {}, 0.03),
+    ("qsgd", {"levels": 127}, 0.2), ("topk", {"ratio": 1.0}, 1e-6),
+    ("powersgd", {"rank": 64}, 1e-4), ("topk", {"ratio": 0.3, "error_feedback": True}, None),
+    ("sign", {"error_feedback": True}, None), ("int4", {"error_feedback": "ef21"}, None)])
+def test_every_exchange_takes_float16_and_bfloat16_gradients(strategies, dtype, name, options,
+                                                            tolerance):
+    """Gradients of float16 or bfloat16 weights (a "float16"/"bfloat16" policy) are packed
+    into float32 buffers, compressed, exchanged and cast back to their own dtype; the
+    state (error-feedback residuals, EF21's estimates, PowerSGD's Q) stays float32. The
+    result equals the sum of the low-precision gradients, within the compressor's own
+    precision (and the low dtype's rounding of the result), on both replicas alike."""
+    strategy = strategies("mirrored")
+    hook = tfdist.compression.build({"name": name, "min_size": 1, **options})
+    with strategy.scope():
+        variables = [tf.Variable(tf.zeros(s, dtype)) for s in SHAPES]
+        hook.build(strategy, variables)
+    per_replica = [[t.astype(dtype) for t in tensors(seed=r)] for r in range(2)]
+    values = [strategy.experimental_distribute_values_from_function(
+        lambda ctx, i=i: tf.constant(per_replica[ctx.replica_id_in_sync_group][i], dtype))
+        for i in range(len(SHAPES))]
+    result = tf.function(lambda *g: strategy.run(
+        lambda *g: hook.exchange(list(g), variables, tf.constant(0, tf.int64)), args=g))(*values)
+    for summed, a, b in zip(result, *per_replica):
+        replicas = strategy.experimental_local_results(summed)
+        assert all(r.dtype == dtype for r in replicas)
+        got = [np.asarray(r.numpy(), np.float32) for r in replicas]
+        np.testing.assert_array_equal(got[0], got[1])
+        want = np.asarray(a, np.float32) + np.asarray(b, np.float32)
+        assert np.isfinite(got[0]).all()
+        if tolerance is not None:  # error-fed compressors send part now, the rest later
+            rounding = 1e-2 if dtype == "bfloat16" else 1e-3
+            np.testing.assert_allclose(got[0], want, atol=(tolerance + rounding) *
+                                       np.abs(want).max() + 1e-3)
+    assert all(v.dtype == tf.float32 for v in hook.state.values())

@@ -430,3 +430,59 @@ def test_a_non_finite_gradient_in_float16_without_dynamic_scaling_names_the_fix(
                        match="NaN or Inf gradient.*without dynamic loss scaling: wrap the "
                              "optimizer in keras.optimizers.LossScaleOptimizer"):
         model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[tfdist.callbacks.TrainingHooks()])
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "bfloat16"])
+@pytest.mark.parametrize("name", ["topk+EF", "powersgd+EF", "local SGD 2", "DiLoCo 2"])
+def test_bfloat16_trains_with_every_kind_of_exchange(strategies, policy, name):
+    """No loss scale under bfloat16 (its range is float32's); weights in bfloat16 under the
+    "bfloat16" policy. The exchange's state — residuals, PowerSGD's Q, local SGD's anchors,
+    DiLoCo's outer momentum — is float32 (a bfloat16 residual would lose the small values
+    error feedback exists to keep); the loss falls and both replicas end identical."""
+    strategy = strategies("mirrored")
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        with strategy.scope():
+            model = model_for()
+            model.compile(optimizer_for(name, strategy), "mse")
+        assert not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+        data = batches(bad_steps=()) * 4
+        x, y = (np.concatenate(part) for part in zip(*data))
+        history = model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False,
+                            callbacks=[tfdist.callbacks.TrainingHooks()]).history
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert history["loss"][-1] < 0.7 * history["loss"][0]
+    replicas = weights(strategy, model)
+    for a, b in zip(*replicas):
+        np.testing.assert_array_equal(a, b)
+    assert model.layers[0].kernel.dtype == ("bfloat16" if policy == "bfloat16" else "float32")
+    hook = tfdist.core.pipeline_of(model.optimizer).hooks[0]
+    state = list(getattr(hook, "state", {}).values()) + list(
+        getattr(hook, "anchor_variables", None) or [])
+    if getattr(hook, "outer_optimizer", None) is not None:
+        state += [v for v in hook.outer_optimizer.variables if tf.as_dtype(v.dtype).is_floating]
+    assert (len(state) > 0) == (name != "local SGD 2")  # plain averaging keeps no state
+    assert all(v.dtype == "float32" for v in state)
+
+
+def test_compression_auto_probes_and_decides_through_skipped_steps(strategies, mixed_float16):
+    """auto's probe counts committed steps: a skipped one during the probe only delays its
+    decision by a step; every replica then trains through the choice alike."""
+    strategy = strategies("mirrored")
+    auto = tfdist.compression.AutoCompression(probe_steps=6, probe_seconds=0)
+    with strategy.scope():
+        model = model_for()
+        model.compile(tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.01), auto,
+                                                        strategy=strategy), "mse")
+    data = batches(bad_steps=(2,)) + batches(bad_steps=())[:4]
+    x, y = (np.concatenate(part) for part in zip(*data))
+    trajectory = Trajectory(strategy)
+    model.fit(x, y, batch_size=BATCH, verbose=0, shuffle=False,
+              callbacks=[tfdist.callbacks.TrainingHooks(), trajectory])
+    decision, = auto.decisions
+    assert decision["step"] == 6 and trajectory.steps[-1] == len(data) - 1
+    assert [s[0] for s in trajectory.scales][1:3] == [2.0 ** 15, 2.0 ** 14]
+    for kernels in trajectory.kernels:
+        np.testing.assert_array_equal(kernels[0], kernels[1])
+        assert np.isfinite(kernels[0]).all()

@@ -469,3 +469,14 @@ def test_mixed_float16_workers_skip_one_workers_overflow_alike(write_config, tmp
             np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
         for mine, theirs in zip(result["weights"], first["weights"]):
             np.testing.assert_array_equal(mine, theirs)
+
+
+def test_mixed_float16_under_parameter_servers_is_refused_in_one_line(write_config, tmp_path):
+    """Dynamic loss scaling needs one verdict per step for every replica; parameter-server
+    workers step asynchronously: the Trainer says so and what to use instead."""
+    _, run = launch(write_config, tmp_path / "out", PS, "--strategy", "parameter_server",
+                    "--policy", "mixed_float16", "--epochs", "1", expect_success=False)
+    assert run.returncode != 0
+    refused = [line for line in run.stdout.splitlines() + run.stderr.splitlines()
+               if "dynamic loss scaling needs one verdict per step" in line]
+    assert refused and "use mixed_bfloat16" in refused[0], run.stdout[-3000:] + run.stderr[-2000:]

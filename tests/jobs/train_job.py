@@ -15,6 +15,7 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
     --accumulate K                   SGD with gradient_accumulation_steps=K
     --pause_after E1,E2              after epoch E the chief writes <out>/paused-E and waits
                                      for <out>/resume-E (for a test to kill a task meanwhile)
+    --policy NAME                    a Keras dtype policy (e.g. mixed_float16)
     --shard_bytes N                  parameter_server: split variables over the ps tasks
                                      (max_shards 2, min_shard_bytes N); records the shards
     --await_worker1 EPOCH            parameter_server: each training step prints "training step"
@@ -64,6 +65,7 @@ def parse():
                    default=set())
     p.add_argument("--await_worker1", type=int)
     p.add_argument("--shard_bytes", type=int)
+    p.add_argument("--policy")
     return p.parse_args()
 
 
@@ -227,6 +229,8 @@ def _sleep(seconds):
 
 def main():
     args = parse()
+    if args.policy:
+        keras.mixed_precision.set_global_policy(args.policy)
     options = dict(max_shards=2, min_shard_bytes=args.shard_bytes) if args.shard_bytes else {}
     strategy = tfdist.get_strategy(args.strategy, **options)
     task_type, task_id = tfdist.strategies.task_of(strategy)

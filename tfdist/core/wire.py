@@ -27,9 +27,20 @@ def nbytes(tensor):
 
 
 def all_reduce(context, reduce_op, values):
-    """`context.all_reduce(reduce_op, values)` (a list), noted as sent by this replica."""
+    """`context.all_reduce(reduce_op, values)` (a list), noted as sent by this replica;
+    one all-reduce per dtype where they differ (bfloat16 weights beside float32 state:
+    TensorFlow packs one call's tensors into one buffer)."""
+    values = list(values)
     _note("reduced", values, context)
-    return context.all_reduce(reduce_op, list(values))
+    dtypes = list(dict.fromkeys(v.dtype for v in values))
+    if len(dtypes) < 2:
+        return context.all_reduce(reduce_op, values)
+    reduced = [None] * len(values)
+    for dtype in dtypes:
+        indices = [i for i, v in enumerate(values) if v.dtype == dtype]
+        for i, value in zip(indices, context.all_reduce(reduce_op, [values[i] for i in indices])):
+            reduced[i] = value
+    return reduced
 
 
 def all_gather(context, value, axis=0):
