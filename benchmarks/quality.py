@@ -29,7 +29,7 @@ QUICK_METHODS = ["none", "sign+EF", "sign", "topk+EF"]  # topk without EF: the f
 
 
 def train_one(strategy, method, seed, steps, epochs, warmup=None, start_step=None, beta_1=0.9,
-              **averager_options):
+              policy="float32", **averager_options):
     import keras
 
     import data
@@ -50,8 +50,10 @@ def train_one(strategy, method, seed, steps, epochs, warmup=None, start_step=Non
     train = types.SimpleNamespace(dataset="synthetic", seed=seed, image_size=32,
                                   num_examples=4096, batch_size=32)
     keras.utils.set_random_seed(seed)
+    keras.mixed_precision.set_global_policy(policy)
     with strategy.scope():
         model = unet(32, 4, 16, 3, 0.1)
+    keras.mixed_precision.set_global_policy("float32")
     trainer = tfdist.Trainer(model, keras.optimizers.Adam(0.003, beta_1=beta_1),
                              keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                              strategy=strategy, metrics=metrics.segmentation_metrics(4),
@@ -63,15 +65,15 @@ def train_one(strategy, method, seed, steps, epochs, warmup=None, start_step=Non
     compression = hooks[0].get_config() if "compression" in spec and spec["compression"] != \
         "auto" else None
     return {"method": method, "seed": seed, "steps": steps * epochs, "compression": compression,
-            "adam_beta_1": beta_1,
+            "adam_beta_1": beta_1, "policy": policy,
             "loss": history["loss"][-1], "val_mean_iou": history["val_mean_iou"][-1],
             "loss_curve": history["loss"], "seconds": time.perf_counter() - started}
 
 
 def variant(row):
-    """(method, the step compression started, Adam's beta_1) of a result row."""
+    """(method, the step compression started, Adam's beta_1, dtype policy) of a result row."""
     start = (row.get("compression") or {}).get("start_step", 0)
-    return row["method"], start, row.get("adam_beta_1", 0.9)
+    return row["method"], start, row.get("adam_beta_1", 0.9), row.get("policy", "float32")
 
 
 def table(rows, mean_iou_points=1.0, loss_fraction=0.10):
@@ -83,16 +85,16 @@ def table(rows, mean_iou_points=1.0, loss_fraction=0.10):
     groups = {}
     for row in rows:
         groups.setdefault(variant(row), []).append(row)
-    base = {r["seed"]: r for r in groups.get(("none", 0, 0.9), [])}
+    base = {r["seed"]: r for r in groups.get(("none", 0, 0.9, "float32"), [])}
     if not base:
         raise SystemExit("no rows of method none to compare with")
     base_iou = statistics.mean(r["val_mean_iou"] for r in base.values())
     base_loss = statistics.mean(r["loss"] for r in base.values())
-    out = ["| method | compressed from step | Adam beta_1 | val mean IoU per seed | mean | "
-           "spread (sd) | Δ vs none, same seeds (points) | final train loss | vs none | "
+    out = ["| method | policy | compressed from step | Adam beta_1 | val mean IoU per seed | "
+           "mean | spread (sd) | Δ vs none, same seeds (points) | final train loss | vs none | "
            "within target |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-    for (method, start, beta_1), group in groups.items():
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (method, start, beta_1, policy), group in groups.items():
         group = sorted(group, key=lambda r: r["seed"])
         ious = [r["val_mean_iou"] for r in group]
         iou, loss = statistics.mean(ious), statistics.mean(r["loss"] for r in group)
@@ -101,7 +103,7 @@ def table(rows, mean_iou_points=1.0, loss_fraction=0.10):
         delta = 100 * (iou - statistics.mean(b["val_mean_iou"] for b in same))
         ratio = loss / statistics.mean(b["loss"] for b in same) - 1
         ok = delta >= -mean_iou_points and ratio <= loss_fraction
-        out.append(f"| {method} | {start if method != 'none' else '—'} | {beta_1:g} | "
+        out.append(f"| {method} | {policy} | {start if method != 'none' else '—'} | {beta_1:g} | "
                    + " / ".join(f"{v:.3f}" for v in ious)
                    + f" | {iou:.3f} | {spread:.3f} | {delta:+.1f} | {loss:.4f} | "
                    f"{100 * ratio:+.0f}% | {'yes' if ok else 'no'} |")
@@ -128,6 +130,8 @@ def main():
                         help="compress from this step on (default: each method's own)")
     parser.add_argument("--beta_1", type=float, default=0.9,
                         help="Adam's momentum (0 for DGC's momentum correction: its own)")
+    parser.add_argument("--policy", default="float32",
+                        help="Keras dtype policy of the model (e.g. mixed_bfloat16)")
     args = parser.parse_args()
     if args.table:
         print(table([r for f in args.table for r in json.loads(pathlib.Path(f).read_text())]),
@@ -147,9 +151,9 @@ def main():
     for seed in args.seeds:
         for method in methods:
             rows.append(train_one(strategy, method, seed, steps, epochs, args.warmup,
-                                  args.start_step, args.beta_1,
+                                  args.start_step, args.beta_1, args.policy,
                                   average_optimizer_state=args.average_optimizer_state))
-            print(f"quality {method:12s} seed {seed}: loss {rows[-1]['loss']:.4f}, "
+            print(f"quality {method:12s} {args.policy} seed {seed}: loss {rows[-1]['loss']:.4f}, "
                   f"val mean IoU {rows[-1]['val_mean_iou']:.3f} "
                   f"({rows[-1]['seconds']:.0f}s)", flush=True)
             pathlib.Path(args.out).write_text(json.dumps(rows, indent=1))  # so far

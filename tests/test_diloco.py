@@ -123,9 +123,8 @@ class NumpyDiLoCo:
 
 # --- against NumPy ---------------------------------------------------------------------
 
-@pytest.mark.matrix
 @pytest.mark.parametrize("fragments,overlap,mix", [(1, 0, 0.0), (2, 0, 0.0), (1, 1, 0.5),
-                                                   (2, 2, 0.0)])
+                                                   pytest.param(2, 2, 0.0, marks=pytest.mark.matrix)])
 def test_outer_nesterov_steps_equal_numpy(strategies, fragments, overlap, mix):
     strategy = strategies("mirrored")
     period, steps = 4, 12

@@ -446,3 +446,31 @@ def test_diloco_outer_optimizers_take_the_options_tfdist_offers():
         assert not missing, f"{KERAS}: {cls.__name__} no longer takes {missing}"
         assert list(inspect.signature(cls.update_step).parameters) == [
             "self", "gradient", "variable", "learning_rate"], cls
+
+
+def test_keras_loss_scale_optimizer_is_what_compile_wraps_and_it_is_taken_over():
+    """tfdist/core/loss_scale.py takes over a Keras LossScaleOptimizer built around a
+    tfdist optimizer, in place, when its __init__ sets the inner optimizer's
+    `loss_scale_factor` to None; model.compile under mixed_float16 wraps with that class;
+    the step reads its `dynamic_scale`, `step_counter`, `dynamic_growth_steps` and
+    `_overwrite_variable_with_gradient`, and the inner optimizer's `scale_loss` seam."""
+    from keras.src.trainers import trainer as keras_trainer
+
+    from tfdist.core import loss_scale
+
+    assert keras_trainer.LossScaleOptimizer is keras.optimizers.LossScaleOptimizer, (
+        f"{KERAS}: model.compile no longer wraps with keras.optimizers.LossScaleOptimizer")
+    routed = tfdist.keras.with_gradient_pipeline(keras.optimizers.SGD(0.1), GradientPipeline())
+    wrapped = keras.optimizers.LossScaleOptimizer(routed, dynamic_growth_steps=7)
+    assert isinstance(wrapped, loss_scale.LossScaleOptimizer), (
+        f"tfdist/core/loss_scale.py: {KERAS}'s LossScaleOptimizer.__init__ no longer sets "
+        "inner_optimizer.loss_scale_factor = None, where tfdist takes it over")
+    variable = keras.Variable([1.0, 2.0])
+    wrapped.build([variable])
+    assert float(wrapped.dynamic_scale.numpy()) == 2.0 ** 15
+    assert int(wrapped.step_counter.numpy()) == 0 and wrapped.dynamic_growth_steps == 7
+    assert wrapped._overwrite_variable_with_gradient(variable) is False
+    assert float(wrapped.scale_loss(tf.constant(2.0))) == 2.0 ** 16
+    config = keras.saving.serialize_keras_object(wrapped)
+    assert (config["module"], config["class_name"]) == (
+        "keras.src.optimizers.loss_scale_optimizer", "LossScaleOptimizer")

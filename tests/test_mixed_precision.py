@@ -172,7 +172,7 @@ def test_fit_skips_an_overflow_on_one_replica_everywhere_and_leaves_no_trace(
     assert_same_model(strategy, model, reference)
 
 
-@pytest.mark.parametrize("wrap", ["outside", "inside"])
+@pytest.mark.parametrize("wrap", [pytest.param("outside", marks=pytest.mark.matrix), "inside"])
 def test_every_composition_a_keras_user_writes_runs_the_same_step(strategies,
                                                                   mixed_float16, wrap):
     """LossScaleOptimizer(DistributedOptimizer(...)) and DistributedOptimizer(
@@ -201,6 +201,7 @@ def train_with_trainer(strategy, data):
     return model, trajectory, history.history
 
 
+@pytest.mark.matrix
 def test_the_trainer_scales_the_loss_of_a_mixed_float16_model_and_skips_alike(
         strategies, mixed_float16):
     """The Trainer adds the loss scale itself (as compile does); a skipped step counts in

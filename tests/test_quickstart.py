@@ -12,7 +12,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.mark.matrix
 def test_two_workers_learn_and_agree(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "tfdist", "launch", "configs/quickstart.yaml", "--",

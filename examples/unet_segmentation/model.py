@@ -38,5 +38,5 @@ def unet(image_size, num_classes, base_filters=16, depth=3, dropout=0.0):
         filters = base_filters * 2 ** level
         x = keras.layers.Conv2DTranspose(filters, 3, strides=2, padding="same")(x)
         x = conv_block(keras.layers.Concatenate()([x, skips[level]]), filters)
-    outputs = keras.layers.Conv2D(num_classes, 1, name="logits")(x)
+    outputs = keras.layers.Conv2D(num_classes, 1, name="logits", dtype="float32")(x)
     return keras.Model(inputs, outputs, name="unet")

@@ -34,12 +34,14 @@ flags.DEFINE_integer("seed", None, "override train.seed")
 flags.DEFINE_enum("loop", None, ["fit", "ctl"], "override train.loop")
 flags.DEFINE_string("dataset", None, "override train.dataset")
 flags.DEFINE_string("data_dir", None, "override train.data_dir")
+flags.DEFINE_enum("policy", None, ["float32", "mixed_float16", "mixed_bfloat16"],
+                  "override train.policy (Keras dtype policy)")
 flags.DEFINE_integer("start_step", None, "override compression.start_step")
 flags.DEFINE_integer("warmup_steps", None, "override local_sgd.warmup_steps")
 flags.DEFINE_integer("period", None, "override local_sgd.period")
 FLAGS = flags.FLAGS
 OVERRIDES = ("epochs", "steps_per_epoch", "validation_steps", "batch_size", "image_size",
-             "learning_rate", "seed", "loop", "dataset", "data_dir")
+             "learning_rate", "seed", "loop", "dataset", "data_dir", "policy")
 
 
 def network_bytes():
@@ -141,6 +143,7 @@ def main(argv):
     chief = tfdist.is_chief(strategy)
     classes = data.num_classes(train)
     keras.utils.set_random_seed(train.seed)
+    keras.mixed_precision.set_global_policy(train.policy)  # before the model is made
     overrides = {k: getattr(FLAGS, k) for k in ("start_step", "warmup_steps", "period")}
     with strategy.scope():
         model = unet(train.image_size, classes, train.base_filters, train.depth, train.dropout)
@@ -174,6 +177,7 @@ def main(argv):
                                  history.history, {
                                      "strategy": config.strategy.name if config.strategy else "default",
                                      "loop": train.loop,
+                                     "policy": train.policy,
                                      "replicas": strategy.num_replicas_in_sync,
                                      "steps": train.epochs * train.steps_per_epoch,
                                      "wall_time_seconds": round(wall, 2),

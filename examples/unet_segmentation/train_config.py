@@ -7,6 +7,7 @@ from tfdist.config import checks
 from tfdist.config.yaml_source import Source
 
 LOOPS = ("fit", "ctl")
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 DATASETS = ("synthetic", "oxford_pet", "folder")
 
 
@@ -15,7 +16,8 @@ class TrainConfig:
     """Hyper-parameters of the UNet example (`train:` section).
 
     `batch_size` is the global batch, split across all replicas of all workers;
-    `loop` is "fit" (Keras `model.fit`) or "ctl" (`tfdist.Trainer`).
+    `loop` is "fit" (Keras `model.fit`) or "ctl" (`tfdist.Trainer`); `policy` is the
+    Keras dtype policy (mixed_float16 adds dynamic loss scaling; the logits stay float32).
     """
 
     image_size: int = 32
@@ -33,6 +35,7 @@ class TrainConfig:
     base_filters: int = 16
     depth: int = 3
     dropout: float = 0.1
+    policy: str = "float32"
 
 
 _positive = functools.partial(checks.integer, minimum=1)
@@ -52,6 +55,7 @@ _CHECKS = {
     "base_filters": _positive,
     "depth": _positive,
     "dropout": functools.partial(checks.number, minimum=0, maximum=0.9),
+    "policy": functools.partial(checks.string, choices=POLICIES),
 }
 
 
