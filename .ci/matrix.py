@@ -9,7 +9,10 @@ DiLoCo on 2 replicas, a 2-worker job, the UNet example with compression). Then:
 - the Keras releases between the oldest and the newest (`KERAS_CHECKED`) each run the seam
   canaries in one of those environments, Keras reinstalled in place;
 - a Keras below the floor is forced in (`--no-deps`) beside the TensorFlow that shipped
-  it, and the quickstart must stop in one line naming the floor, with no traceback.
+  it, and the quickstart must stop in one line naming the floor, with no traceback;
+- an image's TensorFlow with the old Keras it carries (NVIDIA's TF 2.17): `pip install` of
+  the checkout beside it keeps that TensorFlow, brings a Keras tfdist is right on, and
+  the quickstart trains on 2 workers.
 
 pip's cache keeps a second run cheap; an environment is reused while setup.cfg and the
 pair are unchanged. Usage: python .ci/matrix.py [--pairs 2.16.2/3.10.0 ...] [--list]
@@ -20,6 +23,7 @@ import concurrent.futures
 import hashlib
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +37,8 @@ ENVS = ROOT / ".venv-matrix"
 #: A Keras below the floor and the TensorFlow that shipped it (issue 28: trained silently
 #: wrong before tfdist refused it).
 BELOW_FLOOR = ("2.18.1", "3.8.0")
+#: A cluster image's TensorFlow and the Keras installed with it.
+IMAGE = ("2.17.1", "3.5.0")
 PIP = ("-m", "pip", "--disable-pip-version-check", "install", "--quiet")
 
 
@@ -43,8 +49,9 @@ def run(command, **kwargs):
 
 def environment(tensorflow, keras, extra=(), deps=True):
     """The path of a venv holding tensorflow-cpu==tensorflow, keras==keras and the checkout
-    (installed by pip's resolver, or forced with --no-deps when `deps` is False)."""
-    name = f"tf{tensorflow}-keras{keras}" + ("" if deps else "-nodeps")
+    (installed by pip's resolver with those pins; forced with --no-deps when `deps` is
+    False; "image": installed afterwards, beside them, free to move Keras)."""
+    name = f"tf{tensorflow}-keras{keras}" + ("" if deps is True else f"-{deps or 'nodeps'}")
     path = ENVS / name
     python = path / "bin" / "python"
     stamp = path / ".installed"
@@ -54,7 +61,10 @@ def environment(tensorflow, keras, extra=(), deps=True):
     shutil.rmtree(path, ignore_errors=True)
     run([sys.executable, "-m", "venv", str(path)])
     pins = [f"tensorflow-cpu=={tensorflow}", f"keras=={keras}", *extra]
-    if deps:
+    if deps == "image":
+        run([python, *PIP, *pins])
+        run([python, *PIP, "-e", str(ROOT)])
+    elif deps:
         run([python, *PIP, *pins, "-e", f"{ROOT}[test]"])
     else:
         run([python, *PIP, *pins, "pyyaml>=6"])
@@ -112,6 +122,28 @@ def check_below_floor(python):
     print(f"Keras {keras} beside TensorFlow {tensorflow}: refused in one line")
 
 
+def check_beside_an_image(python):
+    """pip kept the image's TensorFlow, upgraded its Keras into the range, and the
+    quickstart trains on 2 workers there."""
+    tensorflow, old_keras = IMAGE
+    found = subprocess.run([python, "-c", "import tensorflow as t, keras as k; "
+                            "print(t.__version__, k.__version__)"], capture_output=True,
+                           text=True, check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    have_tf, have_keras = found.stdout.split()
+    assert have_tf == tensorflow, f"pip replaced the image's TensorFlow: {have_tf}"
+    assert tuple(map(int, have_keras.split(".")[:2])) >= (3, 10), have_keras
+    result = subprocess.run(
+        [python, "-m", "tfdist", "launch", "configs/quickstart.yaml", "--", python,
+         "examples/quickstart/train.py", "--config", "configs/quickstart.yaml", "--epochs", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    sums = re.findall(r"^\[worker:\d\] final weights checksum ([\d.]+)", result.stdout, re.M)
+    assert len(sums) == 2 and len(set(sums)) == 1, result.stdout[-3000:]  # one model
+    print(f"beside TensorFlow {tensorflow} with Keras {old_keras}: pip brought Keras "
+          f"{have_keras}; the quickstart trained on 2 workers")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", nargs="*", help="TF/KERAS pairs (default: TESTED but the newest)")
@@ -130,6 +162,7 @@ def main():
         ready = [installer.submit(environment, t, k) for t, k in pairs]
         if args.pairs is None:
             below_floor = installer.submit(environment, *BELOW_FLOOR, deps=False)
+            image = installer.submit(environment, *IMAGE, deps="image")
         for (tensorflow, keras), python in zip(pairs, ready):
             began = time.monotonic()
             pythons[tensorflow, keras] = check_pair(tensorflow, keras, python.result())
@@ -140,6 +173,7 @@ def main():
             between = [k for k in KERAS_CHECKED if k not in {p[1] for p in TESTED}]
             check_keras_between(pythons[lowest], between)
             check_below_floor(below_floor.result())
+            check_beside_an_image(image.result())
     finally:  # a failure does not wait for the environments still to install
         installer.shutdown(wait=False, cancel_futures=True)
     print(f"== version matrix passed in {time.monotonic() - start:.0f} s", flush=True)

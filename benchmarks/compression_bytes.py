@@ -11,6 +11,7 @@ estimate and the compression ratio against `none`.
     python benchmarks/compression_bytes.py --quick    # fewer steps
     python benchmarks/compression_bytes.py --parameter-server   # chief + 2 workers + 1 ps:
         # the casts and int8 compress the gradient push (the weight pulls stay float32)
+    python benchmarks/compression_bytes.py --policy mixed_bfloat16   # the UNet's policy
 
 Writes benchmarks/results/compression_bytes.json and .png, and prints a markdown table.
 """
@@ -44,22 +45,23 @@ TARGETS = {"fp16": 1.9, "bf16": 1.9, "int8": 3.5, "qsgd": 3.5, "sign": 20, "topk
 PS_COMPRESSORS = ("none", "fp16", "bf16", "int8")
 
 
-def config_text(compression, parameter_server=False):
+def config_text(compression, parameter_server=False, policy="float32"):
     lines = (["cluster: {chief: 1, worker: 2, ps: 1}", "strategy: parameter_server",
               "train: {image_size: 32, batch_size: 16, loop: ctl, validation_steps: 1}"]
              if parameter_server else
              ["cluster: {worker: 2}", "strategy: {name: multi_worker_mirrored, communication: ring}",
-              "train: {image_size: 32, batch_size: 32, loop: fit, validation_steps: 1}"])
+              "train: {image_size: 32, batch_size: 32, loop: fit, validation_steps: 1, "
+              f"policy: {policy}}}"])
     if compression:
         lines.append("compression: " + json.dumps(compression))
     return "\n".join(lines) + "\n"
 
 
-def measure(name, short, long, parameter_server=False):
+def measure(name, short, long, parameter_server=False, policy="float32"):
     workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"tfdist-bench-{name}-"))
     try:
         config = workdir / "job.yaml"
-        config.write_text(config_text(COMPRESSORS[name], parameter_server))
+        config.write_text(config_text(COMPRESSORS[name], parameter_server, policy))
         per_step, metrics = bytes_per_step(config, short, long, workdir, "--start_step", 0)
         stats, seconds = metrics.get("bytes_exchanged"), metrics["seconds_per_step"]
         estimate = stats["per_step_per_worker"] * 2 if stats else None  # both workers send
@@ -116,17 +118,21 @@ def main():
     parser.add_argument("--only", nargs="*", default=list(COMPRESSORS), choices=list(COMPRESSORS))
     parser.add_argument("--parameter-server", action="store_true",
                         help="chief + 2 workers + 1 ps (compressors: none, fp16, bf16, int8)")
+    parser.add_argument("--policy", default="float32",
+                        choices=["float32", "mixed_float16", "mixed_bfloat16"],
+                        help="the UNet's Keras dtype policy (results: compression_bytes_POLICY)")
     args = parser.parse_args()
     if args.parameter_server:
         args.only = [n for n in args.only if n in PS_COMPRESSORS]
     if os.geteuid() != 0 or not shutil.which("unshare"):
         sys.exit("this benchmark needs root and unshare(1) for a private network namespace")
     short, long = (5, 15) if args.quick else (10, 40)
-    rows = [measure(name, short, long, args.parameter_server)
+    rows = [measure(name, short, long, args.parameter_server, args.policy)
             for name in ["none", *[n for n in args.only if n != "none"]]]
     # Targets are for the all-reduce; under parameter servers the weight pulls stay float32.
     table = report(rows, {} if args.parameter_server else TARGETS)
     stem = "compression_bytes_ps" if args.parameter_server else "compression_bytes"
+    stem += "" if args.policy == "float32" else f"_{args.policy}"
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{stem}.json").write_text(json.dumps(
         {"steps": [short, long], "rows": rows, "machine": os.uname().machine,
