@@ -487,3 +487,52 @@ def test_compression_auto_probes_and_decides_through_skipped_steps(strategies, m
     for kernels in trajectory.kernels:
         np.testing.assert_array_equal(kernels[0], kernels[1])
         assert np.isfinite(kernels[0]).all()
+
+
+def test_checkpoints_hold_every_optimizer_a_model_owns(strategies, tmp_path):
+    """BackupAndRestore and ModelCheckpoint (through Keras' save_weights) keep the state
+    of each tfdist optimizer: both of a GAN's (attributes of the model), and the loss scale
+    with the optimizer inside it (mixed_float16); a fresh model loads them all back."""
+    strategy = strategies("mirrored")
+
+    def gan_and_optimizers():
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            gan = GAN()
+            gan.compile(*[tfdist.keras.DistributedOptimizer(
+                keras.optimizers.Adam(3e-4), "topk", ratio=0.25, error_feedback=True,
+                min_size=0, strategy=strategy) for _ in range(2)],
+                keras.losses.BinaryCrossentropy(from_logits=True))
+        return gan
+
+    real = np.random.default_rng(0).normal(2.0, 1.0, size=(4 * 16, 8)).astype("float32")
+    gan = gan_and_optimizers()
+    gan.fit(real, batch_size=16, epochs=1, verbose=0,
+            callbacks=[tfdist.callbacks.TrainingHooks(),
+                       tfdist.callbacks.BackupAndRestore(str(tmp_path / "backup"),
+                                                         delete_checkpoint=False)])
+    restored = gan_and_optimizers()
+    restored.load_weights(str(tmp_path / "backup" / "latest.weights.h5"))
+    for key in ("d_optimizer", "g_optimizer"):
+        mine, theirs = getattr(gan, key), getattr(restored, key)
+        assert int(theirs.iterations.numpy()) == 4
+        for a, b in zip(mine.variables, theirs.variables):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model, _ = fit(strategy, "DiLoCo 2", batches())
+        path = str(tmp_path / "mixed.weights.h5")
+        model.save_weights(path)
+        with strategy.scope():
+            fresh = model_for(seed=1)
+            fresh.compile(optimizer_for("DiLoCo 2", strategy), "mse")
+        fresh.optimizer.build(fresh.trainable_variables)
+        fresh.load_weights(path)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert float(fresh.optimizer.dynamic_scale.numpy()) == float(
+        model.optimizer.dynamic_scale.numpy()) == expected_scales()[-1]
+    assert int(fresh.optimizer.iterations.numpy()) == STEPS - len(BAD_STEPS)
+    outer = tfdist.core.pipeline_of(fresh.optimizer).hooks[0].outer_optimizer
+    assert int(outer.iterations.numpy()) > 0  # DiLoCo's outer step, saved with it
