@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: Bottom to top; within a layer, a package may import the ones listed before it.
 LAYERS = (
     ("errors", "versions", "strategies.errors", "strategies.capabilities"),  # leaves
-    ("cluster", "config"),                  # YAML, TF_CONFIG; no TensorFlow
+    ("cluster", "config", "checkpoint"),    # YAML, TF_CONFIG, checkpoint files; no TensorFlow
     ("strategies",),                        # get_strategy and the subclasses
     ("core",),                              # the step: hooks, driver, optimizer seam
     ("compression", "local_sgd"),           # features, as hooks

@@ -512,7 +512,8 @@ def test_checkpoints_hold_every_optimizer_a_model_owns(strategies, tmp_path):
                        tfdist.callbacks.BackupAndRestore(str(tmp_path / "backup"),
                                                          delete_checkpoint=False)])
     restored = gan_and_optimizers()
-    restored.load_weights(str(tmp_path / "backup" / "latest.weights.h5"))
+    newest = tfdist.checkpoint.CheckpointStore(tmp_path / "backup").candidates()[0]
+    restored.load_weights(f"{newest}/backup.weights.h5")
     for key in ("d_optimizer", "g_optimizer"):
         mine, theirs = getattr(gan, key), getattr(restored, key)
         assert int(theirs.iterations.numpy()) == 4

@@ -19,8 +19,8 @@ _LAZY = {
     "TfdistError": "tfdist.errors",
     "callbacks": "tfdist.callbacks",
 }
-_SUBPACKAGES = ("cluster", "compression", "config", "core", "keras", "launch", "local_sgd",
-                "strategies", "training")
+_SUBPACKAGES = ("checkpoint", "cluster", "compression", "config", "core", "keras", "launch",
+                "local_sgd", "strategies", "training")
 
 __all__ = ["Config", "ConfigError", "load_config", "__version__", *_LAZY]
 
