@@ -480,3 +480,35 @@ def test_mixed_float16_under_parameter_servers_is_refused_in_one_line(write_conf
     refused = [line for line in run.stdout.splitlines() + run.stderr.splitlines()
                if "dynamic loss scaling needs one verdict per step" in line]
     assert refused and "use mixed_bfloat16" in refused[0], run.stdout[-3000:] + run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("loop", ["fit", "trainer"])
+def test_sigterm_to_one_of_four_workers_loses_no_step(write_config, tmp_path, loop):
+    """worker:2 gets SIGTERM (as from Kubernetes) after step 1 of epoch 1. The next step's
+    all-reduce tells every worker; all save after that same step and exit with 143;
+    `--max-restarts 1` relaunches the job, which resumes there: every step of every
+    epoch trains exactly once on every worker (each task's step log), and the job ends
+    with the weights of a run never interrupted, identical on the 4 workers."""
+    cluster = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
+    out, backup = tmp_path / "out", tmp_path / "backup"
+    common = ("--loop", loop, "--model", "plain", "--epochs", "3")
+    results, run = launch(write_config, out, cluster, *common, "--backup", str(backup),
+                          "--preempt", "1,1,2", launcher_args=("--max-restarts", "1"),
+                          timeout=420)
+    assert (out / "preempted").exists()
+    assert "exited with code 143; restarting the whole job (1/1)" in run.stderr, run.stderr[-3000:]
+    saved = [line for line in run.stdout.splitlines() if "tfdist: preempted: saved" in line]
+    assert len(saved) == 4 and all("after step 3 of epoch 1" in line for line in saved), saved
+    steps = [(e, b) for e in range(3) for b in range(4)]
+    for index in range(4):
+        log = (out / f"steps-worker-{index}.log").read_text().split("\n")[:-1]
+        trained = [tuple(int(v) for v in line.split()) for line in log]
+        assert [(e, b) for e, b, _ in trained] == steps, (index, trained)  # each once
+        assert [s for _, _, s in trained] == list(range(1, 13))
+    clean, _ = launch(write_config, tmp_path / "clean", cluster, *common, timeout=420)
+    for task in [f"worker-{i}" for i in range(4)]:
+        for mine, theirs in zip(weights(out, task), weights(tmp_path / "clean", task)):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-7)
+    for task in ("worker-1", "worker-2", "worker-3"):
+        for a, b in zip(weights(out, "worker-0"), weights(out, task)):
+            np.testing.assert_array_equal(a, b)

@@ -16,6 +16,9 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
     --pause_after E1,E2              after epoch E the chief writes <out>/paused-E and waits
                                      for <out>/resume-E (for a test to kill a task meanwhile)
     --policy NAME                    a Keras dtype policy (e.g. mixed_float16)
+    --preempt E,B,I                  worker:I SIGTERMs itself after step B of epoch E (once,
+                                     as an orchestrator would); every task appends each step
+                                     it trains to <out>/steps-<task>.log
     --shard_bytes N                  parameter_server: split variables over the ps tasks
                                      (max_shards 2, min_shard_bytes N); records the shards
     --await_worker1 EPOCH            parameter_server: each training step prints "training step"
@@ -66,6 +69,7 @@ def parse():
     p.add_argument("--await_worker1", type=int)
     p.add_argument("--shard_bytes", type=int)
     p.add_argument("--policy")
+    p.add_argument("--preempt", type=lambda text: tuple(int(v) for v in text.split(",")))
     return p.parse_args()
 
 
@@ -122,6 +126,31 @@ class KillOnce(keras.callbacks.Callback):
                 and not os.path.exists(self.marker):
             open(self.marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class PreemptOnce(keras.callbacks.Callback):
+    """worker:`task` gets SIGTERM after step `batch` of `epoch`, the first time only; every
+    task logs each step it trains (not the ones a resumed run skips)."""
+
+    def __init__(self, epoch, batch, task, out):
+        self.at, self.task, self.out, self.epoch = (epoch, batch), task, out, None
+        self.marker = os.path.join(out, "preempted")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        from tfdist.core.preemption import skipping
+
+        if skipping(self.model, self.epoch, batch):
+            return
+        task = tfdist.strategies.task_of()
+        with open(os.path.join(self.out, f"steps-{task[0]}-{task[1]}.log"), "a") as f:
+            f.write(f"{self.epoch} {batch} {int(self.model.optimizer.iterations.numpy())}\n")
+        if task == ("worker", self.task) and (self.epoch, batch) == self.at \
+                and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 AWAIT_SECONDS = 120  # --await_worker1: how long worker:0's steps wait for worker:1, in all
@@ -276,6 +305,8 @@ def main():
                          save_weights_only=True)]
         if args.kill is not None:
             callbacks.append(KillOnce(args.kill, os.path.join(args.out, "killed")))
+        if args.preempt is not None:  # first: it logs a step before a backup can end it
+            callbacks.insert(0, PreemptOnce(*args.preempt, args.out))
 
     if args.strategy == "parameter_server":
         with strategy.scope():

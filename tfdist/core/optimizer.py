@@ -38,6 +38,7 @@ import tensorflow as tf
 
 from tfdist.core import loss_scale, transaction, wire
 from tfdist.core.hooks import GradientPipeline, TrainingHook
+from tfdist.core.preemption import preemption
 from tfdist.core.replica_state import SyncReplicaState
 from tfdist.core.variables import underlying
 from tfdist.errors import UnsupportedError
@@ -496,10 +497,11 @@ def _update_step(self, grads, trainable_variables, learning_rate):
         decision.done += [g for g, _ in grads_and_vars if g is not None]
     tf.__internal__.distribute.interim.maybe_merge_call(
         self._tfdist_update_variables, self._distribution_strategy, grads_and_vars,
-        learning_rate, decision.committed)
+        learning_rate, decision.committed, decision.preempted)
 
 
-def _update_variables(self, distribution, grads_and_vars, learning_rate, committed):
+def _update_variables(self, distribution, grads_and_vars, learning_rate, committed,
+                      preempted=None):
     """Cross-replica: weight decay and `update_step` of each variable, on its devices,
     if `committed`; then the hooks' `on_step_end`. With a push codec (parameter servers),
     each gradient is encoded here, on the worker, and decoded inside the update, which
@@ -535,6 +537,7 @@ def _update_variables(self, distribution, grads_and_vars, learning_rate, committ
     meter = self._tfdist_pipeline.meter
     meter.add(pushed=pushed)
     meter.count()  # what this step sent, each time it runs (skipped steps too)
+    preemption().record(distribution, preempted)  # how many tasks were told to stop
     # The step counts once `apply` ends; here it is this update's number if it commits.
     committed = distribution.experimental_local_results(committed)[0]  # same everywhere
     self._tfdist_pipeline.on_step_end(tf.cast(self.iterations, tf.int64)

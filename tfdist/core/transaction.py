@@ -28,6 +28,7 @@ import threading
 import tensorflow as tf
 
 from tfdist.core import wire
+from tfdist.core.preemption import preemption
 
 REFUSED = ("tfdist: a NaN or Inf gradient on some replica; the step was refused on every "
            "replica and worker (weights, optimizer state, error-feedback residuals and step "
@@ -52,9 +53,11 @@ class Decision:
         done: tensors the failure of a refused step must wait for (the step's collectives).
     """
 
-    def __init__(self, local, replicated):
+    def __init__(self, local, replicated, rider=None):
         self.local = local
+        self.rider = rider  # the preemption flag, summed with the verdict (or None)
         self._refusals = None if replicated else local
+        self.preempted = None if replicated else rider
         self._committed = None
         self.done = []
 
@@ -62,16 +65,22 @@ class Decision:
     def settled(self):
         return self._refusals is not None
 
-    def settle(self, refusals=None):
-        """Sets `refusals` from an all-reduce that carried `local` (see `all_reduce_sum`),
-        or, called without it, all-reduces `local` by itself if nothing carried it yet."""
-        if refusals is not None:
-            self._refusals = refusals
-        elif self._refusals is None:
+    def settle(self, summed=None):
+        """Sets `refusals` (and `preempted`) from an all-reduce that carried `riders()`
+        (see `all_reduce_sum`), or, called without it, all-reduces them by themselves if
+        nothing carried them yet."""
+        if summed is None and self._refusals is None:
             context = tf.distribute.get_replica_context()
-            self._refusals = wire.all_reduce(context, tf.distribute.ReduceOp.SUM,
-                                             [self.local])[0]
+            summed = wire.all_reduce(context, tf.distribute.ReduceOp.SUM, self.riders())
+        if summed is not None:
+            self._refusals = summed[0]
+            self.preempted = summed[1] if len(summed) > 1 else None
         return self._refusals
+
+    def riders(self):
+        """What this replica adds to the step's first all-reduce: its non-finite flag, and
+        its task's preemption flag where a loop watches for one."""
+        return [self.local] + ([] if self.rider is None else [self.rider])
 
     @property
     def refusals(self):
@@ -108,7 +117,7 @@ def decide(grads):
     finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
     context = tf.distribute.get_replica_context()
     replicated = context is not None and context.num_replicas_in_sync > 1
-    return Decision(1.0 - tf.cast(finite, tf.float32), replicated)
+    return Decision(1.0 - tf.cast(finite, tf.float32), replicated, preemption().rider())
 
 
 def all_reduce_sum(context, tensors):
@@ -117,10 +126,10 @@ def all_reduce_sum(context, tensors):
     decision = current()
     if decision is None or decision.settled or not tensors:
         return wire.all_reduce(context, tf.distribute.ReduceOp.SUM, tensors)
-    *summed, refusals = wire.all_reduce(context, tf.distribute.ReduceOp.SUM,
-                                        [*tensors, decision.local])
-    decision.settle(refusals)
-    return summed
+    riders = decision.riders()
+    summed = wire.all_reduce(context, tf.distribute.ReduceOp.SUM, [*tensors, *riders])
+    decision.settle(summed[len(tensors):])
+    return summed[:len(tensors)]
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from tfdist.core.driver import HookDriver
 from tfdist.core.hooks import GradientPipeline
 from tfdist.core.loss_scale import LossScaleOptimizer, is_loss_scale
 from tfdist.core.optimizer import pipeline_of, with_gradient_pipeline
+from tfdist.core.preemption import skipping
 from tfdist.core.variables import trained_variables, underlying
 from tfdist.keras.callbacks.training_hooks import TrainingHooks
 from tfdist.strategies.kind import capabilities_of
@@ -217,7 +218,7 @@ class Trainer:
             callbacks.on_epoch_begin(epoch)
             steps, exhausted = self._run_steps(True, iterator, steps_per_epoch,
                                                callbacks.on_train_batch_begin,
-                                               callbacks.on_train_batch_end)
+                                               callbacks.on_train_batch_end, epoch)
             if exhausted:
                 if steps == 0:
                     raise ValueError("the training dataset yielded no batch; check that it is "
@@ -256,11 +257,20 @@ class Trainer:
         callbacks.on_test_end(logs)
         return logs
 
-    def _run_steps(self, training, iterator, steps, on_begin, on_end):
-        """Runs up to `steps` steps (all the data if None); returns (steps run, exhausted)."""
+    def _run_steps(self, training, iterator, steps, on_begin, on_end, epoch=None):
+        """Runs up to `steps` steps (all the data if None); returns (steps run, exhausted).
+        Steps that trained before the preemption this run resumes from read their data
+        and drop it (`tfdist.core.preemption.skipping`)."""
         done = 0
         for batch in (range(steps) if steps is not None else itertools.count()):
             on_begin(batch)
+            if training and self.coordinator is None and skipping(self.model, epoch, batch):
+                try:
+                    next(iterator)
+                except (tf.errors.OutOfRangeError, StopIteration):
+                    return done, True
+                on_end(batch, {})
+                continue
             function = (self.driver.function(self._make_train_function) if training
                         else self._test_function)
             logs = {}  # under a coordinator, results stay on the workers until the epoch ends

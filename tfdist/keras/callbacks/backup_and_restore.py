@@ -6,7 +6,13 @@ import keras
 
 from tfdist.checkpoint import CheckpointError, CheckpointStore
 from tfdist.core.driver import before_read
+from tfdist.core.loss_scale import inner_of
+from tfdist.core.optimizer import is_routed
+from tfdist.core.owned import optimizers_of
+from tfdist.core.preemption import (Preempted, preemption, resume_at, seconds_since_signal,
+                                    skipping)
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
+from tfdist.strategies.kind import capabilities_of
 
 WEIGHTS = "backup.weights.h5"
 
@@ -25,20 +31,34 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     then — a kill at any moment leaves a good backup. A backup that cannot be read is
     named in one line and the previous one used; one that does not fit the model, or
     claims more epochs than this run has, is an error that says so. A job killed
-    mid-epoch and relaunched resumes after the last completed epoch (or the last
+    killed mid-epoch and relaunched resumes after the last completed epoch (or the last
     `save_freq` batch). Under local SGD the replicas are averaged before each backup.
+
+    **Preemption** (`preemption=True`): a SIGTERM to any one task — Kubernetes evicting a
+    pod, SLURM preempting, a spot VM reclaimed — rides the next step's all-reduce to every
+    worker (`tfdist.core.preemption`); all save a backup after that same step and exit with
+    code 143 (`Preempted`). The relaunched job restores it and skips the data of the steps
+    of that epoch that already trained: every step trains exactly once, when each epoch's
+    data comes in the same order (a dataset reshuffled per epoch gets a new order after a
+    restart: the steps still run once, on other batches).
 
     Works with `model.fit` and `tfdist.Trainer`. Arguments as in Keras
     (`double_checkpoint` is always on: the previous backup is kept).
     """
 
     def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=True,
-                 delete_checkpoint=True):
+                 delete_checkpoint=True, preemption=True):
         super().__init__(backup_dir, save_freq=save_freq, double_checkpoint=double_checkpoint,
                          delete_checkpoint=delete_checkpoint)
+        if preemption not in (True, False):
+            raise ValueError(f"preemption must be True or False. Received: "
+                             f"preemption={preemption!r}")
         self._chief_dir = backup_dir
         self._store = CheckpointStore(backup_dir)
         self._scratch = WorkerScratch(backup_dir)
+        self.preemption = preemption
+        self._epoch, self._keras_function, self._done_in_epoch = 0, None, 0
+        self._watching = self._rides = False
 
     def on_train_begin(self, logs=None):
         self._store = CheckpointStore(self._chief_dir)
@@ -46,17 +66,70 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         scratch = self._scratch.create(strategy_of(self.model))
         if scratch is not None:
             self._store = CheckpointStore(scratch)
+        strategy = strategy_of(self.model)
+        self._watching = self.preemption and not capabilities_of(strategy).coordinator
+        if self._watching:
+            preemption().install()
+            preemption().watch(strategy)
+        # a tfdist optimizer's step carries the flag; Keras' own needs a check of its own
+        self._rides = bool(optimizers_of(self.model)) and is_routed(
+            inner_of(getattr(self.model, "optimizer", None)))
 
     def on_train_end(self, logs=None):
+        preemption().unwatch()
+        preemption().uninstall()
+        resume_at(self.model, 0, 0)
         if self._scratch.path is None and self.delete_checkpoint:
             self._store.remove()
         self._scratch.cleanup()
         self._store = CheckpointStore(self._chief_dir)
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if skipping(self.model, self._epoch, batch):  # trained before the preemption
+            if self.model.train_function is not self._skip:
+                self._keras_function = self.model.train_function
+                self.model.train_function = self._skip
+            return
+        if self.model.train_function is self._skip:
+            self.model.train_function = self._keras_function
+        preemption().before_step()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if skipping(self.model, self._epoch, batch):
+            return
+        self._current_epoch, self._done_in_epoch = self._epoch, batch + 1
+        super().on_train_batch_end(batch, logs)
+        if self._watching and not self._rides:
+            preemption().agree_now()
+        if preemption().agreed():
+            self._save_model()
+            waited = seconds_since_signal()
+            message = (f"preempted: saved the backup after step {batch + 1} of epoch "
+                       f"{self._epoch}" + (f", {waited:.1f} s after the signal"
+                                           if waited is not None else " (a peer's signal)")
+                       + "; exiting with code 143 to be restarted")
+            print(f"tfdist: {message}", flush=True)
+            raise Preempted(message)
+
+    def on_epoch_end(self, epoch, logs=None):
+        resume_at(self.model, 0, 0)  # past the resumed epoch
+        self._done_in_epoch = 0
+        super().on_epoch_end(epoch, logs)
+
+    @staticmethod
+    def _skip(iterator):
+        """Reads one step's data and trains nothing (a step that trained before)."""
+        next(iterator)
+        return {}
+
     def _save_model(self):
         before_read(self.model)
-        metadata = {"epoch": self._current_epoch, "batch": self._last_batch_seen,
-                    "epochs": self.params.get("epochs") if self.params else None}
+        metadata = {"epoch": self._current_epoch, "batch": self._done_in_epoch,
+                    "epochs": self.params.get("epochs") if self.params else None,
+                    "steps": _steps(self.model)}
         self._store.save(lambda path: self.model.save_weights(os.path.join(path, WEIGHTS)),
                          metadata)
 
@@ -66,7 +139,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                              f"before you call fit(). Received: model={self.model.name}")
         loaded = self._store.load(self._read)
         if loaded is not None:
-            self.model._initial_epoch = loaded[1]["epoch"]
+            metadata = loaded[1]
+            self.model._initial_epoch = metadata["epoch"]
+            resume_at(self.model, metadata["epoch"], metadata.get("batch", 0))
+            self._epoch, self._done_in_epoch = metadata["epoch"], metadata.get("batch", 0)
 
     def _read(self, path, metadata):
         """Loads the backup at `path` into the model, if it fits this run."""
@@ -88,3 +164,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         except ValueError as error:
             raise CheckpointError(f"the backup {path} does not fit this model: "
                                   f"{' '.join(str(error).split())[:300]}") from None
+
+
+def _steps(model):
+    optimizer = getattr(model, "optimizer", None)
+    return None if optimizer is None else int(optimizer.iterations.numpy())

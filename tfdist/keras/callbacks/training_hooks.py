@@ -4,6 +4,7 @@ import keras
 
 from tfdist.core.driver import HookDriver
 from tfdist.core.owned import optimizers_of
+from tfdist.core.preemption import skipping
 
 
 class TrainingHooks(keras.callbacks.Callback):
@@ -28,7 +29,7 @@ class TrainingHooks(keras.callbacks.Callback):
 
     def __init__(self):
         super().__init__()
-        self.driver = None
+        self.driver, self.epoch = None, 0
 
     def on_train_begin(self, logs=None):
         optimizers = optimizers_of(self.model)
@@ -38,12 +39,17 @@ class TrainingHooks(keras.callbacks.Callback):
               or not self.driver.owns(self.model.train_function)):
             self.driver = HookDriver(self.model)  # first fit, or compiled again
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
     def on_train_batch_begin(self, batch, logs=None):
-        if self.driver is not None:  # fit reads `train_function` at every step
+        # fit reads `train_function` at every step; a step that trained before a
+        # preemption is left to BackupAndRestore, which reads its data and drops it
+        if self.driver is not None and not skipping(self.model, self.epoch, batch):
             self.model.train_function = self.driver.function(self._make_train_function)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.driver is not None:
+        if self.driver is not None and not skipping(self.model, self.epoch, batch):
             self.driver.end_step()
 
     def on_test_begin(self, logs=None):

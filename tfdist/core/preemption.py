@@ -1,0 +1,170 @@
+"""Preemption as part of the step: a SIGTERM to any one task becomes one agreed step.
+
+Kubernetes evicts a pod, a spot VM is reclaimed, SLURM preempts a job: one task gets
+SIGTERM and a grace period, and only it knows. Its peers are in the same synchronous
+steps, so the news rides the collective every step already runs: the signal sets a flag
+(`Preemption.requested`), the loop copies it into a variable before each step, and the
+step's first all-reduce — the one that carries the finiteness verdict
+(`tfdist.core.transaction`) — carries it too. After that step every replica on every
+worker holds the same count of preempted tasks (`agreed()`), with no extra collective and
+no clock: the loop saves a checkpoint at that step, on every worker, and exits with
+`EXIT_CODE` (`Preempted`), which the launcher, Kubernetes and SLURM settings tfdist writes
+treat as "preempted: restart me". (TensorFlow's `PreemptionCheckpointHandler` agrees
+through the coordination service instead; Keras 3 has nothing for several workers.)
+
+A step that does not run tfdist's transaction (a plain Keras optimizer) cannot carry the
+flag; the loop then agrees after each step with one scalar all-reduce of its own
+(`agree_now`). While no loop watches for preemption, nothing is added to any step.
+"""
+
+import signal
+import threading
+import time
+
+import tensorflow as tf
+
+from tfdist.errors import TfdistError
+
+#: The exit code of a task that saved at an agreed step after a preemption signal (128 +
+#: SIGTERM, what Kubernetes reports for a terminated container).
+EXIT_CODE = 143
+SIGNALS = ("SIGTERM",)
+
+
+class Preempted(SystemExit, TfdistError):
+    """Raised by the loop after the checkpoint of a preempted step is written (and its
+    message printed): the process ends with `EXIT_CODE`, no traceback; `except Exception`
+    still catches it."""
+
+    def __init__(self, message):
+        super().__init__(EXIT_CODE)
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+
+class Preemption:
+    """The preemption watch of this process (`watch()` makes the one instance)."""
+
+    def __init__(self):
+        self.requested = False    # a preemption signal arrived (set by the handler)
+        self.received_at = None   # when (time.monotonic())
+        self.signal_name = None
+        self._variables = {}      # id(strategy) -> (strategy, local flag, agreed count)
+        self._active = None
+        self._installed = {}
+        self._agree = {}          # id(strategy) -> the compiled scalar all-reduce
+
+    # --- signals --------------------------------------------------------------------
+
+    def install(self, signals=SIGNALS):
+        """Catches `signals` (main thread only): the first sets `requested`; a second of
+        the same signal ends the process as the signal would have."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in signals:
+            number = getattr(signal, name)
+            if number not in self._installed:
+                self._installed[number] = signal.signal(number, self._on_signal)
+
+    def uninstall(self):
+        for number, previous in self._installed.items():
+            signal.signal(number, previous)
+        self._installed = {}
+
+    def _on_signal(self, number, frame):
+        if self.requested:  # asked twice: stop waiting for a step
+            signal.signal(number, signal.SIG_DFL)
+            signal.raise_signal(number)
+            return
+        self.requested, self.received_at = True, time.monotonic()
+        self.signal_name = signal.Signals(number).name
+
+    # --- the step -------------------------------------------------------------------
+
+    def watch(self, strategy):
+        """Makes the steps traced from now on under `strategy` carry this process's flag."""
+        key = id(strategy)
+        if key not in self._variables:
+            with strategy.scope():
+                local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
+                self._variables[key] = (strategy,
+                                        tf.Variable(0.0, name="tfdist_preempt_local", **local),
+                                        tf.Variable(0.0, name="tfdist_preempt_agreed", **local))
+        self._active = self._variables[key]
+        self.before_step()
+
+    def unwatch(self):
+        self._active = None
+
+    def before_step(self):
+        """Copies the signal flag where the next step reads it (eagerly, this worker)."""
+        if self._active is not None:
+            self._active[1].assign(1.0 if self.requested else 0.0)
+
+    def agree_now(self):
+        """One scalar all-reduce of the flag, outside any step (call it on every worker at
+        the same point); then `agreed()` holds its sum."""
+        if self._active is None:
+            return
+        strategy, flag, agreed = self._active
+        if id(strategy) not in self._agree:
+            def replica_fn():
+                context = tf.distribute.get_replica_context()
+                return context.all_reduce(tf.distribute.ReduceOp.SUM, flag.read_value())
+
+            @tf.function
+            def agree():
+                total = strategy.run(replica_fn)
+                agreed.assign(strategy.experimental_local_results(total)[0])
+
+            self._agree[id(strategy)] = agree
+        self._agree[id(strategy)]()
+
+    def agreed(self):
+        """How many replicas' tasks were preempted, as the last step's all-reduce summed it
+        (the same on every worker); 0 without a watch."""
+        if self._active is None:
+            return 0
+        return int(self._active[2].numpy())
+
+    # --- for the transaction (traced code) ------------------------------------------
+
+    def rider(self):
+        """The flag a step being traced adds to its verdict's all-reduce, or None."""
+        return None if self._active is None else self._active[1].read_value()
+
+    def record(self, distribution, total):
+        """(cross-replica, in the step) Keeps the all-reduced count for `agreed()`."""
+        if self._active is not None and total is not None:
+            value = distribution.experimental_local_results(total)[0]
+            self._active[2].assign(tf.cast(value, tf.float32))
+
+
+_PREEMPTION = Preemption()
+
+
+def preemption():
+    """This process's `Preemption`."""
+    return _PREEMPTION
+
+
+def seconds_since_signal():
+    """Seconds since the preemption signal arrived, or None."""
+    if _PREEMPTION.received_at is None:
+        return None
+    return time.monotonic() - _PREEMPTION.received_at
+
+
+def resume_at(model, epoch, batch):
+    """Marks that `model`'s training resumes inside `epoch`, after `batch` steps of it
+    already trained before a preemption: the loops skip those steps' data (`skipping`)."""
+    model._tfdist_resume = (epoch, batch) if batch else None
+
+
+def skipping(model, epoch, batch):
+    """Whether step `batch` of `epoch` trained before the preemption the run resumes from:
+    its data is read again and dropped, so every step trains exactly once."""
+    resume = getattr(model, "_tfdist_resume", None)
+    return resume is not None and epoch == resume[0] and batch < resume[1]
