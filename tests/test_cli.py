@@ -50,15 +50,18 @@ def test_launch_without_command(write_config, capsys):
 
 def _tfdist_errors():
     """Every TfdistError subclass of the packages the command line uses."""
+    from tfdist.checkpoint import CheckpointError
     from tfdist.cli import UsageError
     from tfdist.cluster.spec import ClusterError
     from tfdist.config import ConfigError
+    from tfdist.core.preemption import Preempted
     from tfdist.errors import UnsupportedError
     from tfdist.launch import LaunchError
     from tfdist.strategies.errors import StrategyError, UnsupportedByKerasError
+    from tfdist.versions import UnsupportedVersionError
 
-    return [ConfigError, ClusterError, LaunchError, StrategyError, UnsupportedByKerasError,
-            UnsupportedError, UsageError]
+    return [CheckpointError, ConfigError, ClusterError, LaunchError, Preempted, StrategyError,
+            UnsupportedByKerasError, UnsupportedError, UnsupportedVersionError, UsageError]
 
 
 def _subclasses(cls):

@@ -51,11 +51,15 @@ def test_manifest_shape(write_config, capsys):
         assert container["command"] == expected, rtype
 
 
-def test_restarts_asked_for_give_on_failure(write_config, capsys):
+def test_restarts_asked_for_retry_signals_and_fail_errors_at_once(write_config, capsys):
+    """ExitCode: 128-255 (143 after a preemption's save, 137 from a SIGKILL) are retried,
+    1-127 (a Python error, a refused config) fail the job; each pod gets 90 s to save."""
     path = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
     manifest = render(capsys, "manifest", path, "--image", "i", "--name", "job",
-                      "--max-restarts", "3", "--", "python", "train.py")
-    assert manifest["spec"]["tfReplicaSpecs"]["Worker"]["restartPolicy"] == "OnFailure"
+                      "--max-restarts", "3", "--grace-seconds", "90", "--", "python", "train.py")
+    assert manifest["spec"]["tfReplicaSpecs"]["Worker"]["restartPolicy"] == "ExitCode"
+    pod = manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 90
     assert manifest["spec"]["runPolicy"]["backoffLimit"] == 3
     container = manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["python", "train.py"]

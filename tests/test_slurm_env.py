@@ -358,10 +358,11 @@ def test_sbatch_script(write_config):
     assert lines[0] == "#!/bin/bash"
     assert "chief×1, ps×1, worker×3" in lines[1]
     assert [l for l in lines if l.startswith("#SBATCH")] == [
-        "#SBATCH --ntasks=5", "#SBATCH --nodes=2", "#SBATCH --time=01:00:00",
-        "#SBATCH --partition=gpu"]
-    assert lines[-1] == (f"srun --distribution=block --kill-on-bad-exit=1 --label "
-                         f"{sys.executable} -m tfdist exec {path} -- python train.py --name 'a b'")
+        "#SBATCH --ntasks=5", "#SBATCH --signal=B:TERM@60", "#SBATCH --requeue",
+        "#SBATCH --nodes=2", "#SBATCH --time=01:00:00", "#SBATCH --partition=gpu"]
+    assert (f"srun --distribution=block --kill-on-bad-exit=1 --label {sys.executable} -m "
+            f"tfdist exec {path} -- python train.py --name 'a b' &") in lines
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in result.stdout
     check = subprocess.run(["bash", "-n"], input=result.stdout, capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
 
@@ -472,3 +473,47 @@ def test_server_tasks_run_through_server_watch_under_slurm(write_config):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str([sys.executable, "-m", "tfdist.cluster.server_watch",
                                          "--", sys.executable, "-m", "tfdist.launch.server"])
+
+
+FAKE_SRUN = """#!/bin/bash
+# stands in for srun: waits for SIGTERM, passes it on as the tasks would (save, exit 143)
+trap 'echo TERM >> "$OUT/srun.log"; exit 143' TERM
+echo started >> "$OUT/srun.log"
+while true; do sleep 0.05; done
+"""
+
+
+def test_the_batch_script_passes_sigterm_to_the_step_and_requeues_a_preemption(write_config,
+                                                                                tmp_path):
+    """The generated script run by bash, with stand-ins for srun and scontrol: SIGTERM to
+    the batch shell (what SLURM's --signal=B:TERM and preemption send) reaches srun; the
+    step's 143 makes the script requeue its job and exit 143."""
+    import os
+    import signal
+    import time
+
+    path = write_config("cluster: {slurm: {}}\nstrategy: multi_worker_mirrored\n")
+    script = cli("sbatch", path, "--", "python", "train.py").stdout
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text(FAKE_SRUN)
+    (fake / "scontrol").write_text('#!/bin/bash\necho "$@" >> "$OUT/scontrol.log"\n')
+    for tool in ("srun", "scontrol"):
+        (fake / tool).chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", OUT=str(tmp_path),
+               SLURM_JOB_ID="42")
+    job = subprocess.Popen(["bash", "-c", script], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "srun.log").exists():
+            assert time.monotonic() < deadline and job.poll() is None, "srun never started"
+            time.sleep(0.05)
+        job.send_signal(signal.SIGTERM)
+        _, stderr = job.communicate(timeout=30)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 143, stderr
+    assert (tmp_path / "srun.log").read_text().split() == ["started", "TERM"]
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "42"]
+    assert "preempted; requeueing job 42" in stderr

@@ -25,6 +25,8 @@ CLUSTERS = [MWMS, PS,
             "cluster: {worker: 3, evaluator: 1}\nstrategy: multi_worker_mirrored\n",
             "cluster: {chief: 1, worker: 12, ps: 1, evaluator: 1}\nstrategy: parameter_server\n"]
 DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+PREEMPTED = {"name": "preempted", "action": "RestartJobSetAndIgnoreMaxRestarts",
+             "onJobFailureReasons": ["PodFailurePolicy"]}
 
 
 def render(capsys, path, *options, command=("python", "train.py")):
@@ -166,7 +168,7 @@ def test_runtime_shape(write_config, capsys, tmp_path, monkeypatch):
     assert runtime["metadata"]["name"] == "tfdist-ps-job"
     spec = runtime["spec"]["template"]["spec"]
     assert spec["network"] == {"enableDNSHostnames": True, "publishNotReadyAddresses": True}
-    assert spec["failurePolicy"] == {"maxRestarts": 2}
+    assert spec["failurePolicy"] == {"maxRestarts": 2, "rules": [PREEMPTED]}
     # Under parameter_server only the chief runs the script; workers and ps are TF servers.
     assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["chief"]}
     counts = {r["name"]: r["template"]["spec"]["completions"] for r in spec["replicatedJobs"]}
@@ -177,6 +179,14 @@ def test_runtime_shape(write_config, capsys, tmp_path, monkeypatch):
         assert template["parallelism"] == template["completions"]
         assert template["backoffLimit"] == 0
         assert template["template"]["spec"]["restartPolicy"] == "Never"
+        # a preemption (an eviction, or 143 after saving) fails the Job by its pod failure
+        # policy, which JobSet's rule restarts without counting; 60 s to save after SIGTERM
+        assert template["podFailurePolicy"]["rules"] == [
+            {"action": "FailJob", "onExitCodes": {"containerName": "node", "operator": "In",
+                                                  "values": [143]}},
+            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget",
+                                                       "status": "True"}]}]
+        assert template["template"]["spec"]["terminationGracePeriodSeconds"] == 60
         (container,) = template["template"]["spec"]["containers"]
         assert container["name"] == "node" and container["image"] == "img:2"
         assert container["command"] == command
@@ -190,7 +200,7 @@ def test_no_restarts_by_default_and_tfjob_stays_the_default(write_config, capsys
     path = write_config(MWMS)
     runtime, _ = render(capsys, path, "--image", "i")
     spec = runtime["spec"]["template"]["spec"]
-    assert spec["failurePolicy"] == {"maxRestarts": 0}
+    assert spec["failurePolicy"] == {"maxRestarts": 0, "rules": [PREEMPTED]}
     assert spec["successPolicy"]["targetReplicatedJobs"] == ["chief", "worker"]
     assert main(["manifest", path, "--image", "i", "--", "python", "train.py"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["kind"] == "TFJob"

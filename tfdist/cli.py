@@ -9,7 +9,7 @@ import sys
 import yaml
 
 from tfdist.cluster.environment import exec_task
-from tfdist.cluster.manifest import tfjob_manifest
+from tfdist.cluster.manifest import DEFAULT_GRACE_SECONDS, MAX_GRACE_SECONDS, tfjob_manifest
 from tfdist.cluster.trainjob import trainjob_manifests
 from tfdist.cluster.sbatch import batch_script
 from tfdist.cluster.slurm import describe_slurm
@@ -135,8 +135,12 @@ def _parser():
     p.add_argument("--name", help="TFJob/TrainJob name (default: from the config file name)")
     p.add_argument("--namespace", default="default")
     p.add_argument("--max-restarts", type=_non_negative, default=0, metavar="N",
-                   help="tfjob: restartPolicy OnFailure with this backoff limit; trainjob: "
-                        "JobSet failurePolicy.maxRestarts (default 0: no restarts)")
+                   help="tfjob: restartPolicy ExitCode with this backoff limit; trainjob: "
+                        "JobSet failurePolicy.maxRestarts (default 0: no restarts but "
+                        "preemptions)")
+    p.add_argument("--grace-seconds", type=_grace_seconds, default=DEFAULT_GRACE_SECONDS,
+                   metavar="N", help="each pod's terminationGracePeriodSeconds: time to "
+                                     f"save after SIGTERM (default {DEFAULT_GRACE_SECONDS})")
     p.set_defaults(run=_manifest)
 
     p = sub.add_parser("exec", help="in a scheduled task (JobSet pod, SLURM step, Vertex AI "
@@ -153,8 +157,22 @@ def _parser():
                    help="SLURM tasks = TF tasks (default: chief + ps + evaluator + 1 worker)")
     for name in SBATCH_OPTIONS:
         p.add_argument(f"--{name}", metavar="VALUE", help=f"#SBATCH --{name}")
+    p.add_argument("--grace-seconds", type=_grace_seconds, default=DEFAULT_GRACE_SECONDS,
+                   metavar="N", help="SIGTERM this long before the time limit to save "
+                                     f"(#SBATCH --signal=B:TERM@N; default {DEFAULT_GRACE_SECONDS})")
     p.set_defaults(run=_sbatch)
     return parser
+
+
+def _grace_seconds(text):
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_COUNT_DIGITS:
+        raise argparse.ArgumentTypeError(f"expected a whole number of seconds from 1 to "
+                                         f"{MAX_GRACE_SECONDS}. Received: {text!r}")
+    seconds = int(text)
+    if not 1 <= seconds <= MAX_GRACE_SECONDS:
+        raise argparse.ArgumentTypeError(f"expected a whole number of seconds from 1 to "
+                                         f"{MAX_GRACE_SECONDS}. Received: {text!r}")
+    return seconds
 
 
 def _non_negative(text):
@@ -215,7 +233,8 @@ def _manifest(args, command):
     config = load_config(args.config)
     _require_command(command, "manifest")
     options = dict(image=args.image, command=command, name=args.name,
-                   namespace=args.namespace, max_restarts=args.max_restarts)
+                   namespace=args.namespace, max_restarts=args.max_restarts,
+                   grace_seconds=args.grace_seconds)
     if args.format == "trainjob":
         documents = trainjob_manifests(config, config_path=args.config, **options)
         print(yaml.safe_dump_all(documents, sort_keys=False), end="")
@@ -234,7 +253,8 @@ def _sbatch(args, command):
     config = load_config(args.config)
     _require_command(command, "sbatch")
     options = [(name, getattr(args, name.replace("-", "_"))) for name in SBATCH_OPTIONS]
-    print(batch_script(config, command, ntasks=args.ntasks, options=options), end="")
+    print(batch_script(config, command, ntasks=args.ntasks, options=options,
+                       grace_seconds=args.grace_seconds), end="")
     return 0
 
 

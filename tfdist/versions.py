@@ -49,7 +49,11 @@ class UnsupportedVersionError(SystemExit, TfdistError):
     """
 
     def __init__(self, message):
-        super().__init__(f"tfdist: {message}")
+        super().__init__(f"tfdist: {message}")  # what an uncaught one prints
+        self.message = message
+
+    def __str__(self):
+        return self.message
 
 
 def release(version_text):

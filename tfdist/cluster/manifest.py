@@ -8,6 +8,10 @@ from tfdist.cluster.roles import task_argv
 REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 PORT = 2222
 DNS_LABEL_LENGTH = 63  # Kubernetes' limit for a Service name and a pod's host name
+#: The exit code of a task that saved a backup after a preemption signal
+#: (`tfdist.core.preemption.EXIT_CODE`, 128 + SIGTERM); restart rules retry it.
+PREEMPTED_EXIT_CODE = 143
+DEFAULT_GRACE_SECONDS, MAX_GRACE_SECONDS = 60, 86400
 INT32_MAX = 2**31 - 1  # backoffLimit is an int32
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 _IMAGE = re.compile(r"[!-~]+")  # visible ASCII: no spaces, newlines or control characters
@@ -37,6 +41,16 @@ def check_max_restarts(max_restarts, field):
                            f"an int32). Received: {max_restarts!r}")
 
 
+def check_grace_seconds(seconds):
+    """Raises `ClusterError` unless `seconds` is a whole number of seconds a task may
+    take to save after SIGTERM (1 to a day)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or \
+            not 1 <= seconds <= MAX_GRACE_SECONDS:
+        raise ClusterError(f"--grace-seconds must be a whole number from 1 to {MAX_GRACE_SECONDS} "
+                           "(the time a task gets after SIGTERM to finish its step and save). "
+                           f"Received: {seconds!r}")
+
+
 def default_name(path, max_length=DNS_LABEL_LENGTH):
     """A TFJob name from a config file name: 'configs/MWMS_2.yaml' -> 'mwms-2'."""
     stem = re.sub(r"\.ya?ml$", "", str(path).rsplit("/", 1)[-1]).lower()
@@ -51,7 +65,8 @@ def longest_suffix(cluster):
     return max(len(f"-{job}-{len(addresses) - 1}") for job, addresses in cluster.jobs().items())
 
 
-def tfjob_manifest(config, *, image, command, name=None, namespace="default", max_restarts=0):
+def tfjob_manifest(config, *, image, command, name=None, namespace="default", max_restarts=0,
+                   grace_seconds=DEFAULT_GRACE_SECONDS):
     """The TFJob for `config`'s cluster: one replica spec per job type.
 
     Args:
@@ -63,8 +78,11 @@ def tfjob_manifest(config, *, image, command, name=None, namespace="default", ma
             it (``<name>-<type>-<i>``) is at most 63 characters; by default from the
             config file's name.
         namespace: a DNS-1123 label.
-        max_restarts: 0 for ``restartPolicy: Never``; else ``OnFailure`` and this backoff
-            limit (an int32).
+        max_restarts: 0 for ``restartPolicy: Never``; else ``ExitCode`` (exit codes 128 to
+            255 — a preempted task's 143 after saving, a SIGKILL's 137 — are retried, 1 to
+            127 fail the job at once) and this backoff limit (an int32).
+        grace_seconds: each pod's ``terminationGracePeriodSeconds``: the time a task gets
+            after SIGTERM to finish its step and save (`tfdist.callbacks.BackupAndRestore`).
 
     Returns:
         The manifest as a dict, ready for `yaml.safe_dump`.
@@ -86,13 +104,14 @@ def tfjob_manifest(config, *, image, command, name=None, namespace="default", ma
     dns_name(namespace, "--namespace")
     check_image(image)
     check_max_restarts(max_restarts, "backoffLimit")
+    check_grace_seconds(grace_seconds)
     strategy = config.strategy.name if config.strategy else None
-    policy = "OnFailure" if max_restarts > 0 else "Never"
+    policy = "ExitCode" if max_restarts > 0 else "Never"
     replicas = {
         REPLICA_TYPES[job]: {
             "replicas": len(addresses),
             "restartPolicy": policy,
-            "template": {"spec": {"containers": [{
+            "template": {"spec": {"terminationGracePeriodSeconds": grace_seconds, "containers": [{
                 "name": "tensorflow",
                 "image": image,
                 "command": task_argv(strategy, job, command),

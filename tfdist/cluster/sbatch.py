@@ -3,6 +3,13 @@
 The script asks for the tasks (`#SBATCH` lines) and starts them with one srun step, each
 task running ``tfdist exec CONFIG -- COMMAND``, which derives its TF_CONFIG from SLURM's
 environment (`tfdist.cluster.slurm`).
+
+Preemption: the script asks SLURM for SIGTERM `grace_seconds` before the end
+(``--signal=B:TERM@N``) and to be requeued (``--requeue``). The signal — also SLURM's
+preemption, ``scancel --signal=TERM --batch``, ``scontrol requeue`` — reaches the batch shell,
+which passes it to srun, which passes it to every task: they save at one agreed step
+(`tfdist.callbacks.BackupAndRestore`) and exit with 143, and the script requeues the job,
+which resumes from that backup when SLURM starts it again.
 """
 
 import os
@@ -11,7 +18,10 @@ import shlex
 import sys
 
 from tfdist.cluster.errors import ClusterError
+from tfdist.cluster.manifest import (DEFAULT_GRACE_SECONDS, PREEMPTED_EXIT_CODE,
+                                     check_grace_seconds)
 from tfdist.cluster.slurm import task_counts
+from tfdist.errors import one_line
 
 _VALUE = re.compile(r"[!-~]+")  # visible ASCII: a value cannot end its #SBATCH line
 
@@ -21,7 +31,8 @@ _VALUE = re.compile(r"[!-~]+")  # visible ASCII: a value cannot end its #SBATCH 
 SRUN_OPTIONS = ("--distribution=block", "--kill-on-bad-exit=1", "--label")
 
 
-def batch_script(config, command, *, ntasks=None, options=(), tfdist=None):
+def batch_script(config, command, *, ntasks=None, options=(), tfdist=None,
+                 grace_seconds=DEFAULT_GRACE_SECONDS):
     """The text of a batch script for `sbatch`.
 
     Args:
@@ -32,6 +43,7 @@ def batch_script(config, command, *, ntasks=None, options=(), tfdist=None):
         options: more ``(name, value)`` sbatch options, e.g. ``("nodes", "2")``; a value of
             None leaves the option out.
         tfdist: argv that runs tfdist on the nodes; default this Python's ``-m tfdist``.
+        grace_seconds: SIGTERM this long before the time limit, time to save.
 
     Raises:
         ClusterError: not a slurm config, too few tasks, or a value that is not one
@@ -47,15 +59,36 @@ def batch_script(config, command, *, ntasks=None, options=(), tfdist=None):
         raise ClusterError(f"--ntasks must be at least {slurm.minimum_tasks} for this config "
                            f"(chief {slurm.chief}, ps {slurm.ps}, evaluator {slurm.evaluator} "
                            f"and one worker). Received: --ntasks={ntasks}")
-    lines = ["#!/bin/bash", f"# Written by tfdist sbatch for {config.path or 'a config'}: "
+    check_grace_seconds(grace_seconds)
+    lines = ["#!/bin/bash", f"# Written by tfdist sbatch for {one_line(config.path or 'a config')}: "
              f"{ntasks} TF task(s), {_layout(slurm, ntasks)}.",
-             f"#SBATCH --ntasks={ntasks}"]
+             f"#SBATCH --ntasks={ntasks}", f"#SBATCH --signal=B:TERM@{grace_seconds}",
+             "#SBATCH --requeue"]
     lines += [f"#SBATCH --{name}={_checked(name, value)}" for name, value in options
               if value is not None]
     config_path = os.path.abspath(config.path) if config.path else "CONFIG"
     tfdist = list(tfdist or (sys.executable, "-m", "tfdist"))
     srun = ["srun", *SRUN_OPTIONS, *tfdist, "exec", config_path, "--", *command]
-    return "\n".join(lines + ["set -euo pipefail", shlex.join(srun)]) + "\n"
+    return "\n".join(lines + ["set -uo pipefail", *_PREEMPTIBLE(shlex.join(srun))]) + "\n"
+
+
+def _PREEMPTIBLE(srun):  # noqa: N802 (the script's body)
+    """srun in the background, SIGTERM passed on to it, a preempted step requeued."""
+    return [
+        "# SIGTERM (preemption, the time limit's --signal, scancel --signal=TERM) goes on to",
+        "# every task through srun; tasks that saved at the agreed step exit with "
+        f"{PREEMPTED_EXIT_CODE}.",
+        f"{srun} &",
+        "step=$!",
+        'trap \'kill -TERM "$step" 2>/dev/null\' TERM',
+        "status=0",
+        'wait "$step" || status=$?',
+        'while kill -0 "$step" 2>/dev/null; do status=0; wait "$step" || status=$?; done',
+        f'if [ "$status" -eq {PREEMPTED_EXIT_CODE} ]; then',
+        '  echo "tfdist: preempted; requeueing job $SLURM_JOB_ID" >&2',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        'exit "$status"']
 
 
 def _layout(slurm, ntasks):

@@ -18,8 +18,9 @@ command and worker count, so they agree.
 
 from tfdist.cluster.errors import ClusterError
 from tfdist.cluster.jobset import PORT, downward_env, task_counts
-from tfdist.cluster.manifest import (DNS_LABEL_LENGTH, check_image, check_max_restarts,
-                                     default_name, dns_name)
+from tfdist.cluster.manifest import (DEFAULT_GRACE_SECONDS, DNS_LABEL_LENGTH,
+                                     PREEMPTED_EXIT_CODE, check_grace_seconds, check_image,
+                                     check_max_restarts, default_name, dns_name)
 from tfdist.cluster.roles import runs_server
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -36,7 +37,8 @@ def longest_pod_suffix(counts):
 
 
 def trainjob_manifests(config, *, image, command, config_path, name=None,
-                       namespace="default", max_restarts=0):
+                       namespace="default", max_restarts=0,
+                       grace_seconds=DEFAULT_GRACE_SECONDS):
     """The TrainingRuntime and TrainJob for `config`'s cluster.
 
     Args:
@@ -51,7 +53,12 @@ def trainjob_manifests(config, *, image, command, config_path, name=None,
         namespace: a DNS-1123 label; the runtime and the TrainJob live in it.
         max_restarts: JobSet's ``failurePolicy.maxRestarts``: how often the whole JobSet is
             recreated after a task fails (pods never restart alone: a collective group
-            cannot take a newcomer). 0: the first failure fails the TrainJob.
+            cannot take a newcomer). 0: the first failure fails the TrainJob. A preempted
+            task — evicted by Kubernetes (`DisruptionTarget`), or exiting with 143 after
+            saving at the step every worker agreed on — restarts the JobSet without
+            counting (`RestartJobSetAndIgnoreMaxRestarts`).
+        grace_seconds: each pod's ``terminationGracePeriodSeconds`` (time to save after
+            SIGTERM).
 
     Returns:
         ``[training_runtime, train_job]``, dicts ready for `yaml.safe_dump_all`.
@@ -65,11 +72,12 @@ def trainjob_manifests(config, *, image, command, config_path, name=None,
     dns_name(namespace, "--namespace")
     check_image(image, MAX_IMAGE_LENGTH)
     check_max_restarts(max_restarts, "failurePolicy.maxRestarts")
+    check_grace_seconds(grace_seconds)
     argv = ["tfdist", "exec", str(config_path), "--", *command]
     trainer_job = "worker" if "worker" in counts else next(iter(counts))
     runtime = training_runtime(config, counts, image=image, argv=argv, name=f"tfdist-{name}",
                                namespace=namespace, trainer_job=trainer_job,
-                               max_restarts=max_restarts)
+                               max_restarts=max_restarts, grace_seconds=grace_seconds)
     job = {"apiVersion": API_VERSION, "kind": "TrainJob",
            "metadata": {"name": name, "namespace": namespace},
            "spec": {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
@@ -80,7 +88,7 @@ def trainjob_manifests(config, *, image, command, config_path, name=None,
 
 
 def training_runtime(config, counts, *, image, argv, name, namespace, trainer_job,
-                     max_restarts):
+                     max_restarts, grace_seconds=DEFAULT_GRACE_SECONDS):
     """The TrainingRuntime: a JobSet template with one replicated job per task type."""
     strategy = config.strategy.name if config.strategy else None
     scripts = [job for job in counts if not runs_server(strategy, job)]
@@ -94,21 +102,33 @@ def training_runtime(config, counts, *, image, argv, name, namespace, trainer_jo
                 "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
                 # Done when every task running the script is; TF servers are then stopped.
                 "successPolicy": {"operator": "All", "targetReplicatedJobs": scripts},
-                "failurePolicy": {"maxRestarts": int(max_restarts)},
+                "failurePolicy": {"maxRestarts": int(max_restarts), "rules": [{
+                    "name": "preempted", "action": "RestartJobSetAndIgnoreMaxRestarts",
+                    "onJobFailureReasons": ["PodFailurePolicy"]}]},
                 "replicatedJobs": [
-                    replicated_job(job, count, image=image, argv=argv, trainer=job == trainer_job)
+                    replicated_job(job, count, image=image, argv=argv, trainer=job == trainer_job,
+                                   grace_seconds=grace_seconds)
                     for job, count in counts.items()],
             }},
         },
     }
 
 
-def replicated_job(job, count, *, image, argv, trainer=False):
-    """One task type: an Indexed Job of `count` pods that fails at its first pod failure."""
+def replicated_job(job, count, *, image, argv, trainer=False,
+                   grace_seconds=DEFAULT_GRACE_SECONDS):
+    """One task type: an Indexed Job of `count` pods that fails at its first pod failure —
+    with reason PodFailurePolicy (a preemption: JobSet restarts without counting it) when
+    the pod was evicted or exited with tfdist's preemption code."""
     template = {"spec": {
         "parallelism": count, "completions": count, "completionMode": "Indexed",
         "backoffLimit": 0,
-        "template": {"spec": {"restartPolicy": "Never", "containers": [{
+        "podFailurePolicy": {"rules": [
+            {"action": "FailJob", "onExitCodes": {
+                "containerName": CONTAINER, "operator": "In", "values": [PREEMPTED_EXIT_CODE]}},
+            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget",
+                                                       "status": "True"}]}]},
+        "template": {"spec": {"restartPolicy": "Never",
+                              "terminationGracePeriodSeconds": grace_seconds, "containers": [{
             "name": CONTAINER, "image": image, "command": list(argv), "env": downward_env(),
             "ports": [{"name": "tf-server", "containerPort": PORT}],
         }]}},

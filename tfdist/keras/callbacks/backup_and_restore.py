@@ -13,6 +13,7 @@ from tfdist.core.preemption import (Preempted, preemption, resume_at, seconds_si
                                     skipping)
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
 from tfdist.strategies.kind import capabilities_of
+from tfdist.strategies.task import barrier
 
 WEIGHTS = "backup.weights.h5"
 
@@ -106,6 +107,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             preemption().agree_now()
         if preemption().agreed():
             self._save_model()
+            barrier(strategy_of(self.model))  # nobody exits before the chief's save is done
             waited = seconds_since_signal()
             message = (f"preempted: saved the backup after step {batch + 1} of epoch "
                        f"{self._epoch}" + (f", {waited:.1f} s after the signal"
