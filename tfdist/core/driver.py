@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from tfdist.core.optimizer import driving, pipeline_of
 from tfdist.core.owned import optimizers_of
+from tfdist.core.preemption import preemption
 
 
 class HookDriver:
@@ -128,9 +129,10 @@ class StepFunction:
     """`tf.function` for your own training loop, with tfdist's hooks around each call.
     See `function`."""
 
-    def __init__(self, fn, model, optimizer=None, **tf_function_options):
+    def __init__(self, fn, model, optimizer=None, preemption=False, **tf_function_options):
         self.fn, self.options = fn, tf_function_options
         self.model, self.optimizer = model, optimizer
+        self.watch_preemption = preemption
         self._driver = None
         if optimizer is not None:
             self._driver = HookDriver(model, optimizer)  # a wrong one is refused at once
@@ -144,10 +146,21 @@ class StepFunction:
         return self._driver
 
     def __call__(self, *args, **kwargs):
+        if self.watch_preemption and self._driver is None:
+            preemption().install()
+            preemption().watch(self.model.distribute_strategy)
         step = self.driver.function(lambda: tf.function(self.fn, **self.options))
+        if self.watch_preemption:
+            preemption().before_step()
         result = step(*args, **kwargs)
         self.driver.end_step()
         return result
+
+    def preempted(self):
+        """With `preemption=True`: whether a task of the job got a preemption signal (SIGTERM)
+        before the last step, as that step's all-reduce told every worker — the same
+        answer everywhere, after the same step: save, then exit with code 143."""
+        return self.watch_preemption and preemption().agreed() > 0
 
     def before_read(self):
         """Call before validation, checkpoints, the end of an epoch and of training."""
@@ -155,7 +168,7 @@ class StepFunction:
             self._driver.before_read()
 
 
-def function(fn=None, *, model, optimizer=None, **tf_function_options):
+def function(fn=None, *, model, optimizer=None, preemption=False, **tf_function_options):
     """`@tf.function` for a training step of your own loop, with tfdist's hooks.
 
         optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.Adam(), "topk",
@@ -182,6 +195,9 @@ def function(fn=None, *, model, optimizer=None, **tf_function_options):
             `LossScaleOptimizer`), or a list of them; by default every one the model has
             (`model.optimizer`, optimizers kept as the model's attributes, else those built
             on its variables).
+        preemption: catch SIGTERM and let every worker know after the same step:
+            `step.preempted()` then says True on all of them (the step's tfdist optimizer
+            carries the flag in its all-reduce; `tfdist.core.preemption`).
         **tf_function_options: passed to `tf.function` (e.g. `reduce_retracing`).
 
     Returns:
@@ -192,5 +208,5 @@ def function(fn=None, *, model, optimizer=None, **tf_function_options):
             tfdist (the message says what to wrap).
     """
     if fn is None:
-        return lambda f: StepFunction(f, model, optimizer, **tf_function_options)
-    return StepFunction(fn, model, optimizer, **tf_function_options)
+        return lambda f: StepFunction(f, model, optimizer, preemption, **tf_function_options)
+    return StepFunction(fn, model, optimizer, preemption, **tf_function_options)

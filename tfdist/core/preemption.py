@@ -73,6 +73,13 @@ class Preemption:
             signal.signal(number, previous)
         self._installed = {}
 
+    def reset(self):
+        """After the preempted step's backup: signals back to what they were, no watch, no
+        request (a process that goes on, such as a test, starts afresh)."""
+        self.uninstall()
+        self.unwatch()
+        self.requested, self.received_at, self.signal_name = False, None, None
+
     def _on_signal(self, number, frame):
         if self.requested:  # asked twice: stop waiting for a step
             signal.signal(number, signal.SIG_DFL)

@@ -114,6 +114,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                                            if waited is not None else " (a peer's signal)")
                        + "; exiting with code 143 to be restarted")
             print(f"tfdist: {message}", flush=True)
+            preemption().reset()
             raise Preempted(message)
 
     def on_epoch_end(self, epoch, logs=None):

@@ -1,0 +1,116 @@
+"""Preemption in one process on 2 replicas (tfdist/core/preemption.py): the process sends
+itself SIGTERM, as Kubernetes or SLURM would; the next step's all-reduce makes it the
+agreed step; the backup holds that step and a new run resumes exactly there. The
+multi-worker version (4 processes, one preempted) is in test_multiworker_training.py."""
+
+import os
+import signal
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tfdist.core.preemption import EXIT_CODE, Preempted, skipping
+
+pytestmark = pytest.mark.usefixtures("two_cpus")
+STEPS, BATCH = 4, 16
+
+
+class SignalAt(keras.callbacks.Callback):
+    """SIGTERM to this process after step `batch` of `epoch` (first so it logs first)."""
+
+    def __init__(self, epoch, batch):
+        super().__init__()
+        self.at, self.epoch, self.trained = (epoch, batch), None, []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if skipping(self.model, self.epoch, batch):  # trained before: read and dropped
+            return
+        self.trained.append((self.epoch, batch))
+        if (self.epoch, batch) == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(STEPS * BATCH, 4)).astype("float32")
+    return x, x.sum(axis=1, keepdims=True)
+
+
+def compiled(strategy, compression):
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(1)])
+        optimizer = keras.optimizers.Adam(0.01)
+        if compression:
+            optimizer = tfdist.keras.DistributedOptimizer(optimizer, compression, min_size=0)
+        model.compile(optimizer, "mse")
+    return model
+
+
+@pytest.mark.parametrize("compression", [None, "fp16"])  # Keras' own step, tfdist's step
+def test_a_sigterm_saves_at_the_next_step_and_the_rerun_trains_each_step_once(
+        strategies, tmp_path, compression):
+    strategy = strategies("mirrored")
+    x, y = data()
+    backup = str(tmp_path / "backup")
+    fit = dict(batch_size=BATCH, epochs=3, verbose=0, shuffle=False)
+    model = compiled(strategy, compression)
+    signals = SignalAt(epoch=1, batch=1)
+    with pytest.raises(Preempted) as preempted:
+        model.fit(x, y, **fit, callbacks=[signals, tfdist.callbacks.TrainingHooks(),
+                                          tfdist.callbacks.BackupAndRestore(backup)])
+    assert preempted.value.code == EXIT_CODE == 143
+    assert "after step 3 of epoch 1" in str(preempted.value)
+    assert signals.trained[-1] == (1, 2)  # the step after the signal ran, on every replica
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handed back
+
+    resumed = compiled(strategy, compression)
+    again = SignalAt(epoch=-1, batch=-1)
+    resumed.fit(x, y, **fit, callbacks=[again, tfdist.callbacks.TrainingHooks(),
+                                        tfdist.callbacks.BackupAndRestore(backup)])
+    assert again.trained == [(1, 3), (2, 0), (2, 1), (2, 2), (2, 3)]  # the rest, once
+    assert int(resumed.optimizer.iterations.numpy()) == 12
+    clean = compiled(strategy, compression)
+    clean.fit(x, y, **fit)
+    for a, b in zip(resumed.weights, clean.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_your_own_loop_learns_of_a_preemption_after_the_same_step(strategies):
+    strategy = strategies("mirrored")
+    model = compiled(strategy, "topk")
+    optimizer = model.optimizer
+    with strategy.scope():
+        optimizer.build(model.trainable_variables)
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(
+                keras.losses.mean_squared_error(y, model(x, training=True)),
+                global_batch_size=BATCH)
+        optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+    @tfdist.function(model=model, preemption=True)
+    def train_step(x, y):
+        strategy.run(replica_step, args=(x, y))
+
+    x, y = data()
+    batches = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH))
+    said = []
+    try:
+        for step, (bx, by) in enumerate(batches):
+            train_step(bx, by)
+            said.append(train_step.preempted())
+            if step == 1:
+                os.kill(os.getpid(), signal.SIGTERM)  # between steps 1 and 2
+    finally:
+        tfdist.core.preemption.preemption().reset()
+    assert said == [False, False, True, True]
