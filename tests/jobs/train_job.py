@@ -19,6 +19,7 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
     --preempt E,B,I                  worker:I SIGTERMs itself after step B of epoch E (once,
                                      as an orchestrator would); every task appends each step
                                      it trains to <out>/steps-<task>.log
+    --preempt_signal KILL            SIGKILL instead (no warning: the backup's step is lost)
     --shard_bytes N                  parameter_server: split variables over the ps tasks
                                      (max_shards 2, min_shard_bytes N); records the shards
     --await_worker1 EPOCH            parameter_server: each training step prints "training step"
@@ -57,6 +58,7 @@ def parse():
     p.add_argument("--kill", type=int)
     p.add_argument("--compression", help="name; exchanged compressed, min_size 1")
     p.add_argument("--ratio", type=float)
+    p.add_argument("--error_feedback", action="store_true")
     p.add_argument("--auto", type=int, help="compression: auto with this many probe steps")
     p.add_argument("--rank", type=int)
     p.add_argument("--local_sgd", type=int, help="period")
@@ -70,6 +72,7 @@ def parse():
     p.add_argument("--shard_bytes", type=int)
     p.add_argument("--policy")
     p.add_argument("--preempt", type=lambda text: tuple(int(v) for v in text.split(",")))
+    p.add_argument("--preempt_signal", default="TERM", choices=["TERM", "KILL"])
     return p.parse_args()
 
 
@@ -132,9 +135,10 @@ class PreemptOnce(keras.callbacks.Callback):
     """worker:`task` gets SIGTERM after step `batch` of `epoch`, the first time only; every
     task logs each step it trains (not the ones a resumed run skips)."""
 
-    def __init__(self, epoch, batch, task, out):
+    def __init__(self, epoch, batch, task, out, kind="TERM"):
         self.at, self.task, self.out, self.epoch = (epoch, batch), task, out, None
         self.marker = os.path.join(out, "preempted")
+        self.signal = getattr(signal, f"SIG{kind}")
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
@@ -150,7 +154,7 @@ class PreemptOnce(keras.callbacks.Callback):
         if task == ("worker", self.task) and (self.epoch, batch) == self.at \
                 and not os.path.exists(self.marker):
             open(self.marker, "w").close()
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.signal)
 
 
 AWAIT_SECONDS = 120  # --await_worker1: how long worker:0's steps wait for worker:1, in all
@@ -274,7 +278,8 @@ def main():
         optimizer = (keras.optimizers.SGD(0.05, gradient_accumulation_steps=args.accumulate)
                      if args.model == "plain" else keras.optimizers.Adam(0.01))
     if args.compression and args.strategy != "parameter_server":
-        options = {k: v for k, v in (("ratio", args.ratio), ("rank", args.rank)) if v}
+        options = {k: v for k, v in (("ratio", args.ratio), ("rank", args.rank),
+                                     ("error_feedback", args.error_feedback)) if v}
         optimizer = tfdist.keras.DistributedOptimizer(optimizer, args.compression, min_size=1,
                                                       strategy=strategy, **options)
     if args.accumulate and args.loop == "fit":  # tfdist's phased accumulation
@@ -285,7 +290,7 @@ def main():
     result = {"replicas": strategy.num_replicas_in_sync}
     callbacks = [tfdist.callbacks.SyncReplicaState()] if args.loop == "fit" else []
     hooks = []
-    if args.accumulate and args.loop == "fit":
+    if (args.accumulate or args.auto or args.compression) and args.loop == "fit":
         callbacks.append(tfdist.callbacks.TrainingHooks())
     if args.local_sgd:
         diloco = {} if not args.diloco else dict(
@@ -306,7 +311,7 @@ def main():
         if args.kill is not None:
             callbacks.append(KillOnce(args.kill, os.path.join(args.out, "killed")))
         if args.preempt is not None:  # first: it logs a step before a backup can end it
-            callbacks.insert(0, PreemptOnce(*args.preempt, args.out))
+            callbacks.insert(0, PreemptOnce(*args.preempt, args.out, args.preempt_signal))
 
     if args.strategy == "parameter_server":
         with strategy.scope():

@@ -151,7 +151,7 @@ class AutoCompression(TrainingHook):
         self.methods = eligible(max_quality_loss)
         self.hooks = {m: _hook(METHODS[m], seed) for m in self.methods}
         self.choice, self.decisions, self.active = "probe", [], None
-        self._since, self._on_trial, self._times = 0, False, []
+        self._since, self._on_trial, self._times = None, False, []
 
     def get_config(self):
         return None  # the choice is made again from fresh measurements
@@ -188,6 +188,8 @@ class AutoCompression(TrainingHook):
         return (self.active or self.hooks["none"]).bytes_per_step()
 
     def after_step(self, model, steps_done):
+        if self._since is None:  # the probe starts at this process's first step (after a
+            self._since = steps_done - 1  # restart the step count comes from the backup)
         self._times = self._times[-self.check_every:] + [time.perf_counter()]
         ran = steps_done - self._since
         measuring = self.choice == "probe" or self._on_trial

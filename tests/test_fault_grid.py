@@ -1,0 +1,60 @@
+"""The fault-injection grid: a chosen task gets SIGTERM (a preemption) or SIGKILL (a machine
+gone) after a chosen step, while the job is in a chosen kind of step, under
+`tfdist launch --max-restarts 1` with `tfdist.callbacks.BackupAndRestore`. Each cell: the job
+finishes, every worker ends with the same weights, the step count is exact (after a
+SIGTERM every step trains once; after a SIGKILL the steps since the last backup run again),
+and the final loss is within the seed noise of a run never interrupted. The ordinary
+synchronous step is in test_multiworker_training.py (4 workers, every step checked);
+a kill during a backup in test_checkpoint_store.py."""
+
+import pytest
+
+from test_multiworker_training import JOB, launch, weights
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("jobs_path")]
+
+CLUSTER = "cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
+STEPS = [(e, b) for e in range(3) for b in range(4)]  # 3 epochs of 4 steps
+KINDS = {
+    "compressed step (top-k + EF)": ("--compression", "topk", "--ratio", "0.25",
+                                     "--error_feedback"),
+    "DiLoCo's outer synchronisation": ("--local_sgd", "2", "--diloco", "1,0"),
+    "Streaming DiLoCo's overlapped exchange": ("--local_sgd", "4", "--diloco", "2,1"),
+    "compression: auto's probe": ("--auto", "6"),
+}
+CELLS = [(kind, "TERM") for kind in KINDS] + [("compressed step (top-k + EF)", "KILL")]
+_clean = {}
+
+
+def clean_run(write_config, tmp_path_factory, kind):
+    """The same job never interrupted (once per kind of step)."""
+    if kind not in _clean:
+        out = tmp_path_factory.mktemp("clean")
+        results, _ = launch(write_config, out, CLUSTER, "--model", "plain", "--epochs", "3",
+                            *KINDS[kind])
+        _clean[kind] = (out, results)
+    return _clean[kind]
+
+
+@pytest.mark.parametrize("kind,signal", CELLS)
+def test_a_fault_in_each_kind_of_step(write_config, tmp_path, tmp_path_factory, kind, signal):
+    out, backup = tmp_path / "out", tmp_path / "backup"
+    results, run = launch(write_config, out, CLUSTER, "--model", "plain", "--epochs", "3",
+                          *KINDS[kind], "--backup", str(backup), "--preempt", "1,1,1",
+                          "--preempt_signal", signal, launcher_args=("--max-restarts", "1"),
+                          timeout=420)
+    code = 143 if signal == "TERM" else 137
+    assert f"exited with code {code}; restarting the whole job (1/1)" in run.stderr, \
+        run.stdout[-3000:] + run.stderr[-2000:]
+    for index in range(2):
+        log = (out / f"steps-worker-{index}.log").read_text().split("\n")[:-1]
+        trained = [tuple(int(v) for v in line.split()[:2]) for line in log]
+        if signal == "TERM":  # saved at the agreed step: each step once
+            assert trained == STEPS, (index, trained)
+        else:  # the steps of epoch 1 before the kill run again from the epoch-0 backup
+            assert trained == STEPS[:6] + STEPS[4:], (index, trained)
+    for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
+        assert (a == b).all()
+    clean_out, clean = clean_run(write_config, tmp_path_factory, kind)
+    resumed, reference = (r["worker-0"]["evaluate"]["loss"] for r in (results, clean))
+    assert abs(resumed - reference) <= 0.05 * reference + 0.01, (resumed, reference)
