@@ -101,6 +101,11 @@ class _Driven:
         with driving(self.optimizers):
             return self.function(*args, **kwargs)
 
+    def schedule(self, coordinator, args):
+        """`coordinator.schedule` of the step (it takes only the `tf.function` itself)."""
+        with driving(self.optimizers):
+            return coordinator.schedule(self.function, args=args)
+
     def __getattr__(self, name):  # the tf.function's own (get_concrete_function, ...)
         return getattr(self.function, name)
 

@@ -103,9 +103,11 @@ class Trainer:
             loss += tf.add_n(self.model.losses) / self.strategy.num_replicas_in_sync
         return loss
 
-    def _update_metrics(self, loss, y, y_pred, sample_weight):
+    def _update_metrics(self, loss, y, y_pred, sample_weight, keep=None):
+        """Updates the loss and the metrics; `keep` (0.0 or 1.0, a tensor) weighs this
+        step's contribution (a step skipped by dynamic loss scaling counts in none)."""
         update = update_metric if self.coordinator is not None else _update_state
-        update(self.loss_tracker, loss)
+        update(self.loss_tracker, loss, *([] if keep is None else [keep]))
         for metric in self.metrics:
             update(metric, y, y_pred, sample_weight)
 
@@ -125,13 +127,10 @@ class Trainer:
                                   self.variables)
             committed = self.optimizer.apply(grads, self.variables)
             self._take_back_if_refused(committed, state, before)
-
-            def update_metrics():  # a skipped step (loss scaling) counts in none
-                self._update_metrics(scaled * strategy.num_replicas_in_sync, y, y_pred,
-                                     sample_weight)
-                return tf.constant(True)
-
-            tf.cond(committed, update_metrics, lambda: tf.constant(False))
+            keep, weight = None, sample_weight
+            if is_loss_scale(self.optimizer):  # a skipped step counts in no metric
+                keep, weight = _weighed_by(committed, y_pred, sample_weight)
+            self._update_metrics(scaled * strategy.num_replicas_in_sync, y, y_pred, weight, keep)
             return self._replica_results()
 
         def step_fn(data):
@@ -275,7 +274,10 @@ class Trainer:
                         else self._test_function)
             logs = {}  # under a coordinator, results stay on the workers until the epoch ends
             if self.coordinator is not None:
-                self.coordinator.schedule(function, args=(iterator,))
+                if training:
+                    function.schedule(self.coordinator, (iterator,))
+                else:
+                    self.coordinator.schedule(function, args=(iterator,))
             else:
                 try:
                     data = next(iterator)
@@ -343,6 +345,17 @@ def _routed(optimizer, hooks):
     for hook in hooks:
         pipeline.add(hook)
     return optimizer
+
+
+def _weighed_by(committed, y_pred, sample_weight):
+    """(the loss's weight, the metrics' sample weights) that count nothing when the step
+    did not commit: weights of 0 rather than a `tf.cond` around the updates (metric
+    variables that aggregate, as under central storage, cannot be written in a cond in
+    replica context)."""
+    keep = tf.cast(committed, tf.float32)
+    if sample_weight is None:
+        sample_weight = tf.ones(tf.shape(tf.nest.flatten(y_pred)[0])[:1])
+    return keep, sample_weight * tf.cast(keep, sample_weight.dtype)
 
 
 def _update_state(metric, *args):
