@@ -116,15 +116,18 @@ def test_every_config_runs_a_few_steps(tmp_path, name):
         assert metrics["steps"] == 3 and metrics["strategy"] == config.strategy.name
         ratio = metrics["bytes_exchanged"]["compression_ratio"]
         if config.compression and config.compression.name == "auto":
-            assert ratio == 1.0  # still measuring: uncompressed for the first 20 steps
+            # still measuring: uncompressed for the first 20 steps (the NaN guard's verdict,
+            # a few bytes a step, rides along: what is sent, counted)
+            assert ratio == pytest.approx(1.0, rel=1e-4)
         elif config.compression:
             assert metrics["compression"] == config.compression.name
             assert ratio > 1.5
-        if config.local_sgd:  # one model average per period
-            compressed = config.local_sgd.compression or config.compression
-            assert ratio >= config.local_sgd.period * (2 if compressed else 1) * 0.99
-        if not (config.compression or config.local_sgd):
-            assert ratio == 1.0
+        if config.local_sgd:  # measured: one synchronous warm-up step, two local steps that
+            # send nothing, and one synchronisation of the model before validation reads it,
+            # where synchronous training all-reduces the gradients 3 times
+            assert ratio >= 1.5 * 0.99
+        if not (config.compression or config.local_sgd):  # the gradients and the verdict
+            assert ratio == pytest.approx(1.0, rel=1e-4)
         assert set(metrics["final"]) >= {"loss", "mean_iou", "pixel_accuracy", "val_mean_iou"}
         assert (out / "predictions.png").stat().st_size > 0 and (out / "curves.png").exists()
         assert "wrote predictions.png" in result.stdout
