@@ -12,6 +12,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.multiprocess
 
 ROOT = pathlib.Path(__file__).parent.parent
 TRAIN = ROOT / "examples" / "unet_segmentation" / "train.py"
+JOB = ROOT / "tests" / "jobs" / "train_job.py"
 TFDIST = [sys.executable, "-m", "tfdist"]
 
 # The UNet example's own main, unchanged; afterwards every task saves its final weights
@@ -209,3 +211,64 @@ def test_parameter_server_step_ends_with_the_chief(slurm, write_config, tmp_path
     assert metrics["steps"] == 3 and metrics["strategy"] == "parameter_server"
     trained, initial = load(out / "chief-0.npz"), load(out / "chief-0.initial.npz")
     assert any((a != b).any() for a, b in zip(initial, trained)), "nothing trained"
+
+
+def job_state(job_id):
+    """(JobState, Restarts) of a job, from `scontrol show job`."""
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True,
+                           text=True, timeout=30).stdout
+    fields = dict(f.split("=", 1) for f in shown.split() if "=" in f)
+    return fields.get("JobState", "?"), int(fields.get("Restarts", "0"))
+
+
+def wait_until(condition, seconds, what, log):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            output = log.read_text()[-6000:] if log.exists() else "(no output file)"
+            pytest.fail(f"{what} did not happen within {seconds} s\n{output}")
+        time.sleep(0.5)
+
+
+def test_a_preempted_batch_job_is_requeued_and_trains_every_step_once(slurm, write_config,
+                                                                      tmp_path, job_name):
+    """The script `tfdist sbatch` prints, submitted to the real SLURM: 2 tasks train
+    tests/jobs/train_job.py (fit, BackupAndRestore with preemption). After step 1 of
+    epoch 1, `scancel --signal=TERM --batch` — what SLURM's `--signal=B:TERM@N` and a
+    preemption send — reaches the batch shell, which passes it through srun to both tasks:
+    they save after one agreed step and exit with 143, the script requeues the job, SLURM
+    starts it again (its begin time moved to now: SLURM otherwise holds a requeued job for
+    2 minutes), and it resumes there: each task's step log holds every step exactly once,
+    and the two end with identical weights."""
+    port = free_port_run(2)
+    config = write_config(f"cluster: {{slurm: {{port: {port}}}}}\n"
+                          "strategy: multi_worker_mirrored\n")
+    out, backup, log = tmp_path / "out", tmp_path / "backup", tmp_path / "slurm.out"
+    out.mkdir()
+    script = run([*TFDIST, "sbatch", config, "--ntasks", "2", "--time", "10",
+                  "--job-name", job_name, "--output", str(log), "--grace-seconds", "30", "--",
+                  sys.executable, str(JOB), "--out", str(out), "--loop", "fit", "--model",
+                  "plain", "--epochs", "3", "--backup", str(backup), "--preempt", "1,1,0",
+                  "--preempt_signal", "EXTERNAL"], timeout=60).stdout
+    job_id = run(["sbatch", "--parsable"], input=script, timeout=60,
+                 cwd=tmp_path).stdout.strip().split(";")[0]
+    wait_until(lambda: (out / "ready").exists(), 300, "step 1 of epoch 1", log)
+    run(["scancel", "--signal=TERM", "--batch", job_id], timeout=30)
+    (out / "signalled").touch()
+    wait_until(lambda: job_state(job_id)[1] == 1, 180, "the requeue", log)
+    run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], timeout=30)
+    wait_until(lambda: job_state(job_id)[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
+               420, "the requeued job's end", log)
+    output = log.read_text()
+    assert job_state(job_id) == ("COMPLETED", 1), output[-6000:]
+    assert f"tfdist: preempted; requeueing job {job_id}" in output, output[-6000:]
+    saved = [line for line in output.splitlines() if "tfdist: preempted: saved" in line]
+    assert len(saved) == 2 and all("after step 3 of epoch 1" in line for line in saved), saved
+    steps = [(e, b) for e in range(3) for b in range(4)]
+    for task in ("worker-0", "worker-1"):
+        log_lines = (out / f"steps-{task}.log").read_text().split("\n")[:-1]
+        trained = [tuple(int(v) for v in line.split()) for line in log_lines]
+        assert [(e, b) for e, b, _ in trained] == steps, (task, trained)  # each step once
+        assert [s for _, _, s in trained] == list(range(1, 13))
+    for a, b in zip(load(out / "worker-0.npz"), load(out / "worker-1.npz")):
+        np.testing.assert_array_equal(a, b)

@@ -359,7 +359,7 @@ def test_sbatch_script(write_config):
     assert "chief×1, ps×1, worker×3" in lines[1]
     assert [l for l in lines if l.startswith("#SBATCH")] == [
         "#SBATCH --ntasks=5", "#SBATCH --signal=B:TERM@60", "#SBATCH --requeue",
-        "#SBATCH --nodes=2", "#SBATCH --time=01:00:00", "#SBATCH --partition=gpu"]
+        "#SBATCH --open-mode=append", "#SBATCH --nodes=2", "#SBATCH --time=01:00:00", "#SBATCH --partition=gpu"]
     assert (f"srun --distribution=block --kill-on-bad-exit=1 --label {sys.executable} -m "
             f"tfdist exec {path} -- python train.py --name 'a b' &") in lines
     assert 'scontrol requeue "$SLURM_JOB_ID"' in result.stdout
@@ -476,18 +476,25 @@ def test_server_tasks_run_through_server_watch_under_slurm(write_config):
 
 
 FAKE_SRUN = """#!/bin/bash
-# stands in for srun: waits for SIGTERM, passes it on as the tasks would (save, exit 143)
+# stands in for srun: its tasks get SIGTERM, save and exit 143
 trap 'echo TERM >> "$OUT/srun.log"; exit 143' TERM
+echo $$ > "$OUT/srun.pid"
 echo started >> "$OUT/srun.log"
 while true; do sleep 0.05; done
+"""
+# stands in for scancel: SLURM signals the step's tasks (here: the stand-in srun)
+FAKE_SCANCEL = """#!/bin/bash
+echo "$@" >> "$OUT/scancel.log"
+kill -TERM "$(cat "$OUT/srun.pid")"
 """
 
 
 def test_the_batch_script_passes_sigterm_to_the_step_and_requeues_a_preemption(write_config,
                                                                                 tmp_path):
-    """The generated script run by bash, with stand-ins for srun and scontrol: SIGTERM to
-    the batch shell (what SLURM's --signal=B:TERM and preemption send) reaches srun; the
-    step's 143 makes the script requeue its job and exit 143."""
+    """The generated script run by bash, with stand-ins for srun, scancel and scontrol:
+    SIGTERM to the batch shell (what SLURM's --signal=B:TERM and preemption send) has
+    SLURM signal the step's tasks; the step's 143 makes the script requeue its job and exit
+    143. (tests/test_slurm.py does the same on a real SLURM.)"""
     import os
     import signal
     import time
@@ -497,8 +504,9 @@ def test_the_batch_script_passes_sigterm_to_the_step_and_requeues_a_preemption(w
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "srun").write_text(FAKE_SRUN)
+    (fake / "scancel").write_text(FAKE_SCANCEL)
     (fake / "scontrol").write_text('#!/bin/bash\necho "$@" >> "$OUT/scontrol.log"\n')
-    for tool in ("srun", "scontrol"):
+    for tool in ("srun", "scancel", "scontrol"):
         (fake / tool).chmod(0o755)
     env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", OUT=str(tmp_path),
                SLURM_JOB_ID="42")
@@ -514,6 +522,7 @@ def test_the_batch_script_passes_sigterm_to_the_step_and_requeues_a_preemption(w
         if job.poll() is None:
             job.kill()
     assert job.returncode == 143, stderr
+    assert (tmp_path / "scancel.log").read_text().split() == ["--signal=TERM", "42"]
     assert (tmp_path / "srun.log").read_text().split() == ["started", "TERM"]
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "42"]
     assert "preempted; requeueing job 42" in stderr

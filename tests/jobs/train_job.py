@@ -20,6 +20,9 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
                                      as an orchestrator would); every task appends each step
                                      it trains to <out>/steps-<task>.log
     --preempt_signal KILL            SIGKILL instead (no warning: the backup's step is lost)
+    --preempt_signal EXTERNAL        no signal of its own: worker:I writes <out>/ready and
+                                     waits (120 s at most) for <out>/signalled, which a test
+                                     writes once it has had the job signalled from outside
     --shard_bytes N                  parameter_server: split variables over the ps tasks
                                      (max_shards 2, min_shard_bytes N); records the shards
     --await_worker1 EPOCH            parameter_server: each training step prints "training step"
@@ -72,7 +75,7 @@ def parse():
     p.add_argument("--shard_bytes", type=int)
     p.add_argument("--policy")
     p.add_argument("--preempt", type=lambda text: tuple(int(v) for v in text.split(",")))
-    p.add_argument("--preempt_signal", default="TERM", choices=["TERM", "KILL"])
+    p.add_argument("--preempt_signal", default="TERM", choices=["TERM", "KILL", "EXTERNAL"])
     return p.parse_args()
 
 
@@ -137,8 +140,8 @@ class PreemptOnce(keras.callbacks.Callback):
 
     def __init__(self, epoch, batch, task, out, kind="TERM"):
         self.at, self.task, self.out, self.epoch = (epoch, batch), task, out, None
-        self.marker = os.path.join(out, "preempted")
-        self.signal = getattr(signal, f"SIG{kind}")
+        self.marker = os.path.join(out, "preempted" if kind != "EXTERNAL" else "ready")
+        self.signal = getattr(signal, f"SIG{kind}", None)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
@@ -154,7 +157,12 @@ class PreemptOnce(keras.callbacks.Callback):
         if task == ("worker", self.task) and (self.epoch, batch) == self.at \
                 and not os.path.exists(self.marker):
             open(self.marker, "w").close()
-            os.kill(os.getpid(), self.signal)
+            if self.signal is not None:
+                os.kill(os.getpid(), self.signal)
+                return
+            signalled, deadline = os.path.join(self.out, "signalled"), time.monotonic() + 120
+            while not os.path.exists(signalled) and time.monotonic() < deadline:
+                time.sleep(0.1)
 
 
 AWAIT_SECONDS = 120  # --await_worker1: how long worker:0's steps wait for worker:1, in all

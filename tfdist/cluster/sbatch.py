@@ -5,9 +5,11 @@ task running ``tfdist exec CONFIG -- COMMAND``, which derives its TF_CONFIG from
 environment (`tfdist.cluster.slurm`).
 
 Preemption: the script asks SLURM for SIGTERM `grace_seconds` before the end
-(``--signal=B:TERM@N``) and to be requeued (``--requeue``). The signal — also SLURM's
+(``--signal=B:TERM@N``) and to be requeued (``--requeue``; ``--open-mode=append``
+keeps the output of the run before). The signal — also SLURM's
 preemption, ``scancel --signal=TERM --batch``, ``scontrol requeue`` — reaches the batch shell,
-which passes it to srun, which passes it to every task: they save at one agreed step
+which has SLURM pass it to every task of the step (``scancel --signal=TERM JOBID``: a
+SIGTERM to srun would kill them outright): they save at one agreed step
 (`tfdist.callbacks.BackupAndRestore`) and exit with 143, and the script requeues the job,
 which resumes from that backup when SLURM starts it again.
 """
@@ -63,7 +65,8 @@ def batch_script(config, command, *, ntasks=None, options=(), tfdist=None,
     lines = ["#!/bin/bash", f"# Written by tfdist sbatch for {one_line(config.path or 'a config')}: "
              f"{ntasks} TF task(s), {_layout(slurm, ntasks)}.",
              f"#SBATCH --ntasks={ntasks}", f"#SBATCH --signal=B:TERM@{grace_seconds}",
-             "#SBATCH --requeue"]
+             "#SBATCH --requeue", "#SBATCH --open-mode=append"]  # a requeued run's log after
+    # the preempted one's, not over it
     lines += [f"#SBATCH --{name}={_checked(name, value)}" for name, value in options
               if value is not None]
     config_path = os.path.abspath(config.path) if config.path else "CONFIG"
@@ -73,14 +76,14 @@ def batch_script(config, command, *, ntasks=None, options=(), tfdist=None,
 
 
 def _PREEMPTIBLE(srun):  # noqa: N802 (the script's body)
-    """srun in the background, SIGTERM passed on to it, a preempted step requeued."""
+    """srun in the background, SIGTERM passed on to its tasks, a preempted step requeued."""
     return [
-        "# SIGTERM (preemption, the time limit's --signal, scancel --signal=TERM) goes on to",
-        "# every task through srun; tasks that saved at the agreed step exit with "
-        f"{PREEMPTED_EXIT_CODE}.",
+        "# SIGTERM (preemption, the time limit's --signal, scancel --signal=TERM --batch) goes",
+        "# on to every task of the step, through SLURM: srun itself would kill the tasks",
+        f"# outright. Tasks that saved at the agreed step exit with {PREEMPTED_EXIT_CODE}.",
         f"{srun} &",
         "step=$!",
-        'trap \'kill -TERM "$step" 2>/dev/null\' TERM',
+        'trap \'scancel --signal=TERM "$SLURM_JOB_ID"\' TERM',
         "status=0",
         'wait "$step" || status=$?',
         'while kill -0 "$step" 2>/dev/null; do status=0; wait "$step" || status=$?; done',
