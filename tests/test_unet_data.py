@@ -130,3 +130,26 @@ def test_train_section_errors_are_located(write_config):
     with pytest.raises(tfdist.ConfigError, match="divisible by 2\\*\\*depth=8"):
         train_config(config)
     assert train_config(config, {"image_size": 40}).image_size == 40
+
+
+@pytest.mark.parametrize("value,fragment", [
+    ("5", "train.backup_dir: expected a non-empty string"),
+    ("''", "train.backup_dir: expected a non-empty string"),
+    ('"a\\0b"', "a path cannot hold a NUL character"),
+    ("x" * 5000, "a path is at most 4,096 bytes (MAX_PATH_BYTES). Received: 5,000 bytes"),
+    ("[a]", "train.backup_dir: expected a non-empty string"),
+])
+def test_a_bad_backup_dir_is_refused_in_one_line(write_config, value, fragment):
+    """train.backup_dir (and --backup_dir, checked the same): a path, or a located error."""
+    import tfdist
+    from train_config import train_config
+
+    config = tfdist.load_config(write_config(f"train:\n  backup_dir: {value}\n"))
+    with pytest.raises(tfdist.ConfigError) as raised:
+        train_config(config)
+    message = str(raised.value)
+    assert fragment in message and message.startswith(f"{config.path}:2:"), message
+    assert "\n" not in message and len(message) < 400, message
+    with pytest.raises(tfdist.ConfigError, match="a path cannot hold a NUL"):
+        train_config(tfdist.load_config(write_config("strategy: default\n")),
+                     {"backup_dir": "a\0b"})  # the flag: located at the train section

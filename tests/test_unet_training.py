@@ -153,3 +153,70 @@ def test_unet_really_learns(tmp_path, write_config):
     assert baseline < 0.25
     assert final["val_mean_iou"] > baseline + 0.35, (final, baseline)
     assert final["val_pixel_accuracy"] > np.mean(masks == 0) + 0.05
+
+
+def task_pid(launcher, task_type, index):
+    """The pid of the process `launcher` (a Popen of `tfdist launch`) runs as task
+    `task_type:index`, found by its environment, or None while it is not running."""
+    import re
+
+    wanted = re.compile(rf'"task":\s*\{{"type":\s*"{task_type}",\s*"index":\s*{index}\}}')
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == launcher.pid:
+            continue
+        try:
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] != str(launcher.pid):
+                continue  # not a child of this launcher
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        for variable in environ:
+            if variable.startswith(b"TF_CONFIG=") and wanted.search(variable.decode()):
+                return int(entry.name)
+    return None
+
+
+@pytest.mark.multiprocess
+def test_sigterm_to_one_of_four_unet_workers_loses_no_step(tmp_path, write_config):
+    """The UNet example on 4 workers with `train.backup_dir`, under `tfdist launch
+    --max-restarts 1 --grace-seconds 10`: worker:2 gets SIGTERM once the first epoch's
+    backup is written. All 4 save after the same step, within the grace period, exit 143;
+    the relaunched job resumes there and ends with the optimizer's step count equal to the
+    schedule's (a step trained twice or lost would show)."""
+    import os
+    import re
+    import signal
+    import time
+
+    config = write_config("cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
+                          "train: {image_size: 16, batch_size: 8, epochs: 2, steps_per_epoch: 20,"
+                          " validation_steps: 1}\n")
+    out, backup = tmp_path / "out", tmp_path / "backup"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tfdist", "launch", "--max-restarts", "1", "--grace-seconds",
+         "10", config, "--", sys.executable, str(TRAIN), "--config", config, "--output_dir",
+         str(out), "--backup_dir", str(backup)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (backup / "latest").exists():  # the first epoch's backup
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+            time.sleep(0.05)
+        pid = task_pid(launcher, "worker", 2)
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+        stdout, stderr = launcher.communicate(timeout=420)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert "exited with code 143; restarting the whole job (1/1)" in stderr, stderr[-3000:]
+    saved = re.findall(r"^\[worker:(\d)\] tfdist: preempted: saved the backup after step (\d+) "
+                       r"of epoch (\d+)(?:, ([\d.]+) s after the signal)?", stdout, re.M)
+    assert sorted(s[0] for s in saved) == ["0", "1", "2", "3"], stdout[-3000:]
+    assert len({s[1:3] for s in saved}) == 1, saved  # one agreed step
+    seconds = [float(s[3]) for s in saved if s[3]]
+    assert seconds and max(seconds) < 10, saved  # within the grace period
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["optimizer_steps"] == metrics["steps"] == 40, metrics["optimizer_steps"]

@@ -36,12 +36,14 @@ flags.DEFINE_string("dataset", None, "override train.dataset")
 flags.DEFINE_string("data_dir", None, "override train.data_dir")
 flags.DEFINE_enum("policy", None, ["float32", "mixed_float16", "mixed_bfloat16"],
                   "override train.policy (Keras dtype policy)")
+flags.DEFINE_string("backup_dir", None, "override train.backup_dir: back up every epoch "
+                    "there; a SIGTERM saves after the next step, a relaunch resumes there")
 flags.DEFINE_integer("start_step", None, "override compression.start_step")
 flags.DEFINE_integer("warmup_steps", None, "override local_sgd.warmup_steps")
 flags.DEFINE_integer("period", None, "override local_sgd.period")
 FLAGS = flags.FLAGS
 OVERRIDES = ("epochs", "steps_per_epoch", "validation_steps", "batch_size", "image_size",
-             "learning_rate", "seed", "loop", "dataset", "data_dir", "policy")
+             "learning_rate", "seed", "loop", "dataset", "data_dir", "policy", "backup_dir")
 
 
 def network_bytes():
@@ -155,6 +157,8 @@ def main(argv):
     callbacks = [tfdist.callbacks.TrainingHooks(),  # phases, local SGD, one model per read
                  tfdist.callbacks.CommStats(),      # bytes per step, in every run
                  *([progress] if chief else [])]
+    if train.backup_dir:  # preemption: every worker saves after one agreed step, exits 143
+        callbacks.append(tfdist.callbacks.BackupAndRestore(train.backup_dir))
     fit_args = dict(epochs=train.epochs, steps_per_epoch=train.steps_per_epoch,
                     validation_steps=train.validation_steps, callbacks=callbacks, verbose=0)
     start = time.time()
@@ -171,6 +175,7 @@ def main(argv):
         history = trainer.fit(data.dataset_fn(train, "train"),
                               validation_data=data.dataset_fn(train, "validation"), **fit_args)
     wall = time.time() - start
+    trained = model.optimizer if train.loop == "fit" else trainer.optimizer
     if chief:
         sample = next(iter(data.examples(train, "validation").batch(6)))
         paths = report.write_all(FLAGS.output_dir, model, [np.asarray(t) for t in sample],
@@ -180,6 +185,9 @@ def main(argv):
                                      "policy": train.policy,
                                      "replicas": strategy.num_replicas_in_sync,
                                      "steps": train.epochs * train.steps_per_epoch,
+                                     # the optimizer's step count: `steps` when each step
+                                     # trained once, across a preemption too
+                                     "optimizer_steps": int(trained.iterations.numpy()),
                                      "wall_time_seconds": round(wall, 2),
                                      # wall time over every step after the first 10 (tracing),
                                      # averages and phase switches included, validation not

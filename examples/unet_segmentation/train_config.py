@@ -17,7 +17,10 @@ class TrainConfig:
 
     `batch_size` is the global batch, split across all replicas of all workers;
     `loop` is "fit" (Keras `model.fit`) or "ctl" (`tfdist.Trainer`); `policy` is the
-    Keras dtype policy (mixed_float16 adds dynamic loss scaling; the logits stay float32).
+    Keras dtype policy (mixed_float16 adds dynamic loss scaling; the logits stay float32);
+    `backup_dir` (shared by every worker) turns on `tfdist.callbacks.BackupAndRestore`: a
+    SIGTERM to any task saves every worker after one agreed step and exits 143, and the
+    relaunched job resumes there.
     """
 
     image_size: int = 32
@@ -36,6 +39,7 @@ class TrainConfig:
     depth: int = 3
     dropout: float = 0.1
     policy: str = "float32"
+    backup_dir: str | None = None
 
 
 _positive = functools.partial(checks.integer, minimum=1)
@@ -49,13 +53,14 @@ _CHECKS = {
     "seed": functools.partial(checks.integer, minimum=0),
     "loop": functools.partial(checks.string, choices=LOOPS),
     "dataset": functools.partial(checks.string, choices=DATASETS),
-    "data_dir": checks.string,
+    "data_dir": checks.path,
     "num_classes": functools.partial(checks.integer, minimum=2),
     "num_examples": _positive,
     "base_filters": _positive,
     "depth": _positive,
     "dropout": functools.partial(checks.number, minimum=0, maximum=0.9),
     "policy": functools.partial(checks.string, choices=POLICIES),
+    "backup_dir": checks.path,
 }
 
 

@@ -92,6 +92,20 @@ def string(source, path, value, choices=None):
     return value
 
 
+def path(source, key_path, value):
+    """A file system path: a non-empty string with no NUL (which no system call takes) and
+    at most `limits.MAX_PATH_BYTES` bytes in UTF-8 (Linux's PATH_MAX)."""
+    string(source, key_path, value)
+    if "\0" in value:
+        raise source.error(key_path, f"a path cannot hold a NUL character. "
+                                     f"Received: {path_name(key_path)}={shown(value)}")
+    size = len(value.encode("utf-8", "surrogateescape"))
+    if size > limits.MAX_PATH_BYTES:
+        raise source.error(key_path, f"a path is at most {limits.MAX_PATH_BYTES:,} bytes "
+                                     f"(MAX_PATH_BYTES). Received: {size:,} bytes")
+    return value
+
+
 def boolean(source, path, value):
     if not isinstance(value, bool):
         raise type_error(source, path, "true or false", value)

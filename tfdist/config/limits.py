@@ -26,6 +26,8 @@ INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 MAX_TASKS = 10,000
     The most tasks in a cluster, summed over its jobs, whether given as counts or as
     address lists: ``worker: 100000000`` would otherwise build 10^8 addresses.
+MAX_PATH_BYTES = 4,096
+    The longest path a config gives (Linux's PATH_MAX, in UTF-8 bytes).
 
 Recursive structures (an alias inside its own anchor, ``a: &a [*a]``) are refused
 whatever their size: they have no finite expansion.
@@ -38,3 +40,4 @@ MAX_NUMBER_CHARS = 100
 INT64_MIN = -2**63
 INT64_MAX = 2**63 - 1
 MAX_TASKS = 10_000
+MAX_PATH_BYTES = 4096
