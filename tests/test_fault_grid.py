@@ -3,10 +3,13 @@ gone) after a chosen step, while the job is in a chosen kind of step, under
 `tfdist launch --max-restarts 1` with `tfdist.callbacks.BackupAndRestore`. Each cell: the job
 finishes, every worker ends with the same weights, the step count is exact (after a
 SIGTERM every step trains once; after a SIGKILL the steps since the last backup run again),
-and the final loss is within the seed noise of a run never interrupted. The ordinary
+and the final loss is within the seed noise of a run never interrupted (after a SIGTERM in
+a compressed step, the weights are those of that run: every replica's error-feedback
+residuals come back from the backup). The ordinary
 synchronous step is in test_multiworker_training.py (4 workers, every step checked);
 a kill during a backup in test_checkpoint_store.py."""
 
+import numpy as np
 import pytest
 
 from test_multiworker_training import JOB, launch, weights
@@ -58,3 +61,6 @@ def test_a_fault_in_each_kind_of_step(write_config, tmp_path, tmp_path_factory, 
     clean_out, clean = clean_run(write_config, tmp_path_factory, kind)
     resumed, reference = (r["worker-0"]["evaluate"]["loss"] for r in (results, clean))
     assert abs(resumed - reference) <= 0.05 * reference + 0.01, (resumed, reference)
+    if kind.startswith("compressed") and signal == "TERM":  # every replica's residuals
+        for mine, theirs in zip(weights(out, "worker-0"), weights(clean_out, "worker-0")):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)  # came back

@@ -1,10 +1,10 @@
-"""State that is not in a checkpoint, and a resumed run that must not diverge.
+"""The exchange's own state in a backup, and a resumed run that ends where an
+uninterrupted one does.
 
-Error-feedback residuals, PowerSGD's Q and local SGD's anchors live in the gradient
-exchange, not in the model: a backup does not hold them, and a resumed run starts them
-afresh (residuals zero, Q from its seed, anchors = the restored, averaged weights) — a
-deliberate reset (docs/reliability.md). What the reset costs is one step's compression
-error; these tests show the resumed run ends where the uninterrupted one does.
+Error-feedback residuals, PowerSGD's P and Q and a compressed average's residuals live in
+the gradient exchange, each replica its own: `BackupAndRestore` gathers them from every
+replica into the backup (`replica_state.npz`) and gives each replica its own back, so a
+resumed run continues exactly; local SGD's anchors are the restored (averaged) weights.
 """
 
 import keras
@@ -53,3 +53,31 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(strategies, tmp_path
     assert all(np.all(np.isfinite(w.numpy())) for w in resumed_model.weights)
     assert resumed["loss"][-1] < clean["loss"][0] / 2
     assert resumed["loss"][-1] == pytest.approx(clean["loss"][-1], rel=0.25, abs=0.02)
+    clean_model, _ = train(strategy, SETUPS[name], [])
+    for mine, theirs in zip(resumed_model.weights, clean_model.weights):  # the same run
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_exchange_state_of_another_layout_or_damaged_is_named_in_one_line(strategies,
+                                                                          tmp_path, capfd):
+    """A backup whose exchange state does not fit (here: sign's residuals resumed under
+    PowerSGD) trains on with that state afresh and says so; a damaged replica_state.npz
+    makes the backup unreadable: it is named and the previous one used."""
+    from faults import Interrupt
+
+    strategy = strategies("mirrored")
+    backup = str(tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        train(strategy, SETUPS["sign"], [tfdist.callbacks.BackupAndRestore(backup),
+                                         Interrupt(epoch=3)])
+    _, resumed = train(strategy, SETUPS["powersgd"], [tfdist.callbacks.BackupAndRestore(
+        backup, delete_checkpoint=False)], epochs=4)
+    out = capfd.readouterr().out
+    assert len(resumed["loss"]) == 1 and "holds the exchange state of another layout" in out
+    newest = tmp_path / "backup" / (tmp_path / "backup" / "latest").read_text().strip()
+    (newest / "replica_state.npz").write_bytes(b"\x00" * 64)
+    _, again = train(strategy, SETUPS["powersgd"], [tfdist.callbacks.BackupAndRestore(backup)],
+                     epochs=4)
+    out = capfd.readouterr().out
+    assert f"skipping checkpoint {newest}: it cannot be read" in out, out
+    assert len(again["loss"]) == 1  # the previous backup (epoch 3 of 4 done) resumed

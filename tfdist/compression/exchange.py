@@ -243,6 +243,9 @@ class GradientCompression(TrainingHook):
         self.state = {key: tf.Variable(value, name=f"tfdist_{key}", **local)
                       for key, value in self.transform.init_state(self.shapes, self.seed).items()}
 
+    def replica_state(self):
+        return [self.state[key] for key in sorted(self.state)]
+
     # --- the exchange ---------------------------------------------------------------
 
     def exchange(self, grads, variables, step):

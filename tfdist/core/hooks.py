@@ -106,6 +106,12 @@ class TrainingHook:
         must hold (`BackupAndRestore` resumes them); available after `build`."""
         return []
 
+    def replica_state(self):
+        """Variables each replica holds its own value of (error-feedback residuals,
+        PowerSGD's P and Q, ...), which `BackupAndRestore` gathers from every replica of
+        every worker and gives back to each (`tfdist.checkpoint.replica_state`)."""
+        return []
+
 
 def all_reduce_sum(grads, bucket_bytes=None):
     """The exchange Keras 3 performs: a SUM all-reduce over the replicas in sync (which
@@ -187,6 +193,10 @@ class GradientPipeline:
     def saveables(self):
         """Every hook's `saveables()`, in order."""
         return [s for hook in self.hooks for s in hook.saveables()]
+
+    def replica_state(self):
+        """Every hook's `replica_state()`, in order."""
+        return [v for hook in self.hooks for v in hook.replica_state()]
 
     def push_codec(self):
         """The codec of the gradient push to parameter servers, if a hook has one."""

@@ -52,3 +52,34 @@ def average_over_replicas(strategy, variables):
             variable.assign(mean)
 
     return tf.function(lambda: strategy.run(replica_fn))
+
+
+def gather_replica_values(strategy, variables):
+    """Each of `variables` (each replica holding its own value) as one NumPy array stacked
+    over every replica of every worker, in global replica order: [replicas, *shape].
+    Call it on every worker at the same point: it runs a collective (an all-gather, whose
+    bytes `CommStats` counts)."""
+    if not variables:
+        return []
+
+    def replica_fn():
+        context = tf.distribute.get_replica_context()
+        return [wire.all_gather(context, v.read_value()[None], axis=0) for v in variables]
+
+    gathered = tf.function(lambda: strategy.run(replica_fn))()
+    return [strategy.experimental_local_results(g)[0].numpy() for g in gathered]
+
+
+def set_replica_values(strategy, variables, arrays):
+    """Gives each replica its own row of `arrays` (as `gather_replica_values` returned
+    them) for each of `variables`; the number of replicas must be the same."""
+    if not variables:
+        return
+    constants = [tf.constant(a) for a in arrays]
+
+    def replica_fn():
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        for variable, values in zip(variables, constants):
+            variable.assign(tf.cast(tf.gather(values, replica), variable.dtype))
+
+    tf.function(lambda: strategy.run(replica_fn))()

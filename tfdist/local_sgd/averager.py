@@ -145,6 +145,11 @@ class ModelAverager(TrainingHook):
         anchors are the weights right after a synchronisation, which a backup follows."""
         return [self.outer_optimizer] if self.outer_optimizer is not None else []
 
+    def replica_state(self):
+        """The compressed averages' own state (e.g. error-feedback residuals), if any."""
+        exchanges = self.exchanges if self.compression is not None else []
+        return [v for hook in exchanges for v in hook.replica_state()]
+
     def phase(self, step):
         """Synchronous (True) during the warm-up."""
         return step < self.warmup_steps

@@ -3,12 +3,14 @@
 import os
 
 import keras
+import numpy as np
 
 from tfdist.checkpoint import CheckpointError, CheckpointStore
 from tfdist.core.driver import before_read
 from tfdist.core.loss_scale import inner_of
-from tfdist.core.optimizer import is_routed
+from tfdist.core.optimizer import is_routed, pipeline_of
 from tfdist.core.owned import optimizers_of
+from tfdist.core.variables import gather_replica_values, set_replica_values
 from tfdist.core.preemption import (Preempted, preemption, resume_at, seconds_since_signal,
                                     skipping)
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
@@ -16,6 +18,9 @@ from tfdist.strategies.kind import capabilities_of
 from tfdist.strategies.task import barrier
 
 WEIGHTS = "backup.weights.h5"
+#: Each replica's own state of the exchange (error-feedback residuals, PowerSGD's P and
+#: Q, EF21's estimates, a compressed average's residuals), stacked over all replicas.
+REPLICA_STATE = "replica_state.npz"
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -32,8 +37,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     then — a kill at any moment leaves a good backup. A backup that cannot be read is
     named in one line and the previous one used; one that does not fit the model, or
     claims more epochs than this run has, is an error that says so. A job killed
-    killed mid-epoch and relaunched resumes after the last completed epoch (or the last
+    mid-epoch and relaunched resumes after the last completed epoch (or the last
     `save_freq` batch). Under local SGD the replicas are averaged before each backup.
+    Each replica's own exchange state (error-feedback residuals, PowerSGD's P and Q) is
+    gathered from every replica of every worker into the backup and given back to each on
+    restore, so a resumed run goes on exactly as an uninterrupted one.
 
     **Preemption** (`preemption=True`): a SIGTERM to any one task — Kubernetes evicting a
     pod, SLURM preempting, a spot VM reclaimed — rides the next step's all-reduce to every
@@ -133,8 +141,15 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         metadata = {"epoch": self._current_epoch, "batch": self._done_in_epoch,
                     "epochs": self.params.get("epochs") if self.params else None,
                     "steps": _steps(self.model)}
-        self._store.save(lambda path: self.model.save_weights(os.path.join(path, WEIGHTS)),
-                         metadata)
+        # every worker gathers (a collective), so the chief holds every replica's state
+        values = gather_replica_values(strategy_of(self.model), _replica_state(self.model))
+
+        def write(path):
+            self.model.save_weights(os.path.join(path, WEIGHTS))
+            if values:
+                np.savez(os.path.join(path, REPLICA_STATE), *values)
+
+        self._store.save(write, metadata)
 
     def _load_model(self):
         if not self.model.built:
@@ -167,6 +182,36 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         except ValueError as error:
             raise CheckpointError(f"the backup {path} does not fit this model: "
                                   f"{' '.join(str(error).split())[:300]}") from None
+        self._read_replica_state(path)
+
+    def _read_replica_state(self, path):
+        """Gives each replica its own exchange state back, if the backup holds it for this
+        layout; else (another number of replicas, other compression) the state starts
+        afresh, as in a new run, and one line says so."""
+        state, file = _replica_state(self.model), os.path.join(path, REPLICA_STATE)
+        if not state or not os.path.exists(file):
+            if state:
+                print(f"tfdist: the backup {path} holds no exchange state (residuals, "
+                      "PowerSGD's Q): it starts afresh", flush=True)
+            return
+        with np.load(file) as saved:
+            arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        strategy = strategy_of(self.model)
+        replicas = strategy.num_replicas_in_sync
+        wanted = [(replicas, *v.shape) for v in state]
+        if [a.shape for a in arrays] != wanted:
+            print(f"tfdist: the backup {path} holds the exchange state of another layout "
+                  f"({len(arrays)} variables over {arrays[0].shape[0] if arrays else 0} "
+                  f"replicas; this run: {len(state)} over {replicas}): it starts afresh",
+                  flush=True)
+            return
+        set_replica_values(strategy, state, arrays)
+
+
+def _replica_state(model):
+    """The per-replica state of every tfdist optimizer `model` trains with."""
+    return [v for optimizer in optimizers_of(model)
+            for v in (pipeline_of(optimizer).replica_state() if optimizer.built else [])]
 
 
 def _steps(model):
