@@ -9,6 +9,10 @@ residuals come back from the backup). The ordinary
 synchronous step is in test_multiworker_training.py (4 workers, every step checked);
 a kill during a backup in test_checkpoint_store.py."""
 
+import json
+import os
+import re
+
 import numpy as np
 import pytest
 
@@ -25,8 +29,22 @@ KINDS = {
     "Streaming DiLoCo's overlapped exchange": ("--local_sgd", "4", "--diloco", "2,1"),
     "compression: auto's probe": ("--auto", "6"),
 }
+VALIDATION = "validation (top-k + EF)"
+KINDS[VALIDATION] = (*KINDS["compressed step (top-k + EF)"], "--validate")
 CELLS = [(kind, "TERM") for kind in KINDS] + [("compressed step (top-k + EF)", "KILL")]
+PREEMPT_AT = {VALIDATION: "0,-1,1"}  # else after step 1 of epoch 1
 _clean = {}
+
+
+def report(kind, signal, seconds, lost, saved):
+    """Appends a cell's measurements to $TFDIST_GRID_REPORT, if set (benchmarks/fault_grid.py
+    runs the grid and tabulates them)."""
+    path = os.environ.get("TFDIST_GRID_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"cell": kind, "signal": signal, "steps_lost": lost,
+                                "seconds_to_training_again": round(seconds, 2),
+                                "save_seconds_after_signal": [float(s) for s in saved]}) + "\n")
 
 
 def clean_run(write_config, tmp_path_factory, kind):
@@ -43,24 +61,34 @@ def clean_run(write_config, tmp_path_factory, kind):
 def test_a_fault_in_each_kind_of_step(write_config, tmp_path, tmp_path_factory, kind, signal):
     out, backup = tmp_path / "out", tmp_path / "backup"
     results, run = launch(write_config, out, CLUSTER, "--model", "plain", "--epochs", "3",
-                          *KINDS[kind], "--backup", str(backup), "--preempt", "1,1,1",
+                          *KINDS[kind], "--backup", str(backup), "--preempt",
+                          PREEMPT_AT.get(kind, "1,1,1"),
                           "--preempt_signal", signal, launcher_args=("--max-restarts", "1"),
                           timeout=420)
     code = 143 if signal == "TERM" else 137
     assert f"exited with code {code}; restarting the whole job (1/1)" in run.stderr, \
         run.stdout[-3000:] + run.stderr[-2000:]
     for index in range(2):
-        log = (out / f"steps-worker-{index}.log").read_text().split("\n")[:-1]
-        trained = [tuple(int(v) for v in line.split()[:2]) for line in log]
+        log = [line.split() for line in (out / f"steps-worker-{index}.log").read_text()
+               .split("\n")[:-1]]
+        trained = [(int(epoch), int(step)) for epoch, step, *_ in log]
         if signal == "TERM":  # saved at the agreed step: each step once
             assert trained == STEPS, (index, trained)
         else:  # the steps of epoch 1 before the kill run again from the epoch-0 backup
             assert trained == STEPS[:6] + STEPS[4:], (index, trained)
+    # the first step of the relaunched job: after a SIGTERM, the second step logged after
+    # the signal (the first carried it to every worker, who saved after it); after a
+    # SIGKILL, the first
+    signalled = float((out / "preempted").read_text())
+    after = [float(line[3]) for line in log if float(line[3]) > signalled]
+    report(kind, signal, seconds=after[1 if signal == "TERM" else 0] - signalled,
+           lost=len(trained) - len(STEPS), saved=re.findall(
+               r"preempted: saved .*?, ([\d.]+) s after the signal", run.stdout))
     for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
         assert (a == b).all()
     clean_out, clean = clean_run(write_config, tmp_path_factory, kind)
     resumed, reference = (r["worker-0"]["evaluate"]["loss"] for r in (results, clean))
     assert abs(resumed - reference) <= 0.05 * reference + 0.01, (resumed, reference)
-    if kind.startswith("compressed") and signal == "TERM":  # every replica's residuals
+    if "top-k" in kind and signal == "TERM":  # every replica's residuals
         for mine, theirs in zip(weights(out, "worker-0"), weights(clean_out, "worker-0")):
             np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)  # came back

@@ -16,9 +16,13 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
     --pause_after E1,E2              after epoch E the chief writes <out>/paused-E and waits
                                      for <out>/resume-E (for a test to kill a task meanwhile)
     --policy NAME                    a Keras dtype policy (e.g. mixed_float16)
-    --preempt E,B,I                  worker:I SIGTERMs itself after step B of epoch E (once,
+    --validate                       fit validates on 2 batches after each epoch
+    --preempt E,B,I                  worker:I SIGTERMs itself after step B of epoch E (B = -1:
+                                     during epoch E's validation) (once,
                                      as an orchestrator would); every task appends each step
-                                     it trains to <out>/steps-<task>.log
+                                     it trains to <out>/steps-<task>.log ("epoch step
+                                     optimizer-step wall-time"); <out>/preempted holds the
+                                     signal's wall time
     --preempt_signal KILL            SIGKILL instead (no warning: the backup's step is lost)
     --preempt_signal EXTERNAL        no signal of its own: worker:I writes <out>/ready and
                                      waits (120 s at most) for <out>/signalled, which a test
@@ -75,6 +79,7 @@ def parse():
     p.add_argument("--shard_bytes", type=int)
     p.add_argument("--policy")
     p.add_argument("--preempt", type=lambda text: tuple(int(v) for v in text.split(",")))
+    p.add_argument("--validate", action="store_true", help="fit validates on 2 batches")
     p.add_argument("--preempt_signal", default="TERM", choices=["TERM", "KILL", "EXTERNAL"])
     return p.parse_args()
 
@@ -135,8 +140,9 @@ class KillOnce(keras.callbacks.Callback):
 
 
 class PreemptOnce(keras.callbacks.Callback):
-    """worker:`task` gets SIGTERM after step `batch` of `epoch`, the first time only; every
-    task logs each step it trains (not the ones a resumed run skips)."""
+    """worker:`task` gets SIGTERM after step `batch` of `epoch` (-1: after the first batch of
+    that epoch's validation), the first time only; every task logs each step it trains
+    (not the ones a resumed run skips)."""
 
     def __init__(self, epoch, batch, task, out, kind="TERM"):
         self.at, self.task, self.out, self.epoch = (epoch, batch), task, out, None
@@ -153,10 +159,19 @@ class PreemptOnce(keras.callbacks.Callback):
             return
         task = tfdist.strategies.task_of()
         with open(os.path.join(self.out, f"steps-{task[0]}-{task[1]}.log"), "a") as f:
-            f.write(f"{self.epoch} {batch} {int(self.model.optimizer.iterations.numpy())}\n")
-        if task == ("worker", self.task) and (self.epoch, batch) == self.at \
-                and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
+            f.write(f"{self.epoch} {batch} {int(self.model.optimizer.iterations.numpy())} "
+                    f"{time.time():.3f}\n")  # epoch, step, optimizer step, wall time
+        if (self.epoch, batch) == self.at:
+            self._signal(task)
+
+    def on_test_batch_end(self, batch, logs=None):  # step -1: during that epoch's validation
+        if self.at == (self.epoch, -1) and batch == 0:
+            self._signal(tfdist.strategies.task_of())
+
+    def _signal(self, task):
+        if task == ("worker", self.task) and not os.path.exists(self.marker):
+            with open(self.marker, "w") as marker:
+                marker.write(f"{time.time():.3f}")  # when the signal is sent
             if self.signal is not None:
                 os.kill(os.getpid(), self.signal)
                 return
@@ -354,7 +369,9 @@ def main():
         with strategy.scope():
             model.compile(optimizer, loss(), metrics=["sparse_categorical_accuracy"])
         data = dataset(128, args.batch, dict_inputs=dict_inputs)
-        history = model.fit(data, epochs=args.epochs, verbose=0, callbacks=callbacks)
+        validation = dict(validation_data=data, validation_steps=2) if args.validate else {}
+        history = model.fit(data, epochs=args.epochs, verbose=0, callbacks=callbacks,
+                            **validation)
         result["evaluate"] = model.evaluate(data, verbose=0, return_dict=True)
         result["predict_shape"] = list(model.predict(data, verbose=0).shape)
     else:
