@@ -248,3 +248,62 @@ def test_auto_measures_the_real_collectives_and_predicts_a_free_in_process_link(
     assert decision["link"].bandwidth_bits > 1e9
     assert hook.choice == choose(decision["to_target"])
     assert decision["compute_seconds"] >= 0
+
+
+def test_a_resumed_run_keeps_autos_choice_and_its_residuals(strategies, tmp_path, capsys):
+    """A backup taken after auto chose (and confirmed) a compressing exchange on a 20 Mbit/s
+    link: a new run restored from it exchanges that way from its first step, without
+    probing again, with every replica's residuals as they were saved."""
+    import keras
+    import tensorflow as tf
+
+    import tfdist
+
+    strategy = strategies("mirrored")
+    x = np.random.default_rng(0).normal(size=(64, 8, 8, 3)).astype("float32")
+    y = np.random.default_rng(1).integers(0, 4, size=64)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
+
+    def run(epochs):
+        hook = SlowLinkAuto(20e6, probe_steps=6)
+        keras.utils.set_random_seed(1)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(),
+                                      keras.layers.Dense(64), keras.layers.Dense(4)])
+            optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.05), hook)
+        trainer = tfdist.Trainer(model, optimizer,
+                                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                                 strategy=strategy)
+        backup = tfdist.callbacks.BackupAndRestore(str(tmp_path / "backup"),
+                                                   delete_checkpoint=False)
+        trainer.fit(data, epochs=epochs, steps_per_epoch=16, verbose=0, callbacks=[backup])
+        return hook
+
+    first = run(1)
+    chosen = first.choice
+    assert chosen not in ("none", "probe") and first.decisions[-1]["measured"] is not None
+    saved = [np.stack([r.numpy() for r in v.values])
+             for v in first.hooks[chosen].replica_state()]
+    assert saved and any(np.abs(s).sum() > 0 for s in saved)
+    capsys.readouterr()
+    resumed = run(2)
+    assert f"resumed with {chosen}, chosen at step 6" in capsys.readouterr().out
+    decision, = resumed.decisions  # restored: no probe in the resumed epoch
+    assert decision["restored"] and decision["choice"] == chosen
+    assert resumed.current_phase == chosen
+
+
+@pytest.mark.parametrize("state", [
+    "topk+EF", {"choice": "gzip"}, {"choice": "topk+EF", "step": "6", "measured": 0.1,
+                                    "link": [1e6, 1e-3], "bucket_bytes": None},
+    {"choice": "topk+EF", "step": 6, "measured": 0.1, "link": [1e6], "bucket_bytes": None},
+    {"choice": "topk+EF", "step": 6, "measured": 0.1, "link": [1e6, 1e-3],
+     "bucket_bytes": -1},
+])
+def test_a_saved_decision_auto_cannot_use_is_ignored_in_one_line(state, capsys):
+    hook = AutoCompression(probe_steps=6)
+    hook.chief = True
+    hook.restore_checkpoint_state(state)
+    assert hook.choice == "probe" and not hook.decisions
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("tfdist compression auto ignores a saved decision") and "\n" not in out

@@ -106,6 +106,17 @@ def choose(predicted, min_gain=0.05):
     return best if none is None or predicted[best] < (1 - min_gain) * none else "none"
 
 
+def _valid_state(state, hooks):
+    """Whether `state` is what `AutoCompression.checkpoint_state` writes, for these hooks."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    return (isinstance(state, dict) and state.get("choice") in hooks
+            and isinstance(state.get("step"), int) and number(state.get("measured"))
+            and isinstance(state.get("link"), list) and len(state["link"]) == 2
+            and all(number(v) for v in state["link"])
+            and (state.get("bucket_bytes") is None or (isinstance(state["bucket_bytes"], int)
+                                                       and state["bucket_bytes"] >= 0)))
+
+
 def worth_timing(floats, last_floats, last_seconds, timed, budget=0.25):
     """Whether to time an all-reduce of `floats` after `timed` sizes, the last of
     `last_floats` in `last_seconds`: at least two sizes (a line needs two points), then
@@ -172,6 +183,34 @@ class AutoCompression(TrainingHook):
 
     def phase(self, step):
         return "none" if self.choice == "probe" else self.choice  # the probe is uncompressed
+
+    def replica_state(self):
+        return [v for method in self.methods for v in self.hooks[method].replica_state()]
+
+    def checkpoint_state(self):
+        """A kept choice (not while probing or trying it: that is measured again)."""
+        if self.choice == "probe" or self._on_trial or not self.decisions:
+            return None
+        decision = self.decisions[-1]
+        return {"choice": self.choice, "step": decision["step"],
+                "measured": decision["measured"],
+                "link": [decision["link"].bandwidth_bits, decision["link"].latency],
+                "bucket_bytes": self.hooks[self.choice].bucket_bytes}
+
+    def restore_checkpoint_state(self, state):
+        """Resumes with the backup's choice; it is measured again only if the step time
+        drifts from what it measured (`check_every`, `drift`)."""
+        if not _valid_state(state, self.hooks):
+            self._say(f"ignores a saved decision it cannot use ({str(state)[:200]}); "
+                      "probing again")
+            return
+        self.choice = state["choice"]
+        self.hooks[self.choice].bucket_bytes = state["bucket_bytes"]
+        self.decisions.append({"step": state["step"], "link": cost_model.Link(*state["link"]),
+                               "choice": self.choice, "measured": state["measured"],
+                               "bucket_bytes": state["bucket_bytes"], "restored": True})
+        self._say(f"resumed with {self.choice}, chosen at step {state['step']} (measured "
+                  f"{state['measured']:.3f} s/step); measuring again if the step time drifts")
 
     def enter_phase(self, phase):
         super().enter_phase(phase)

@@ -109,8 +109,16 @@ class TrainingHook:
     def replica_state(self):
         """Variables each replica holds its own value of (error-feedback residuals,
         PowerSGD's P and Q, ...), which `BackupAndRestore` gathers from every replica of
-        every worker and gives back to each (`tfdist.checkpoint.replica_state`)."""
+        every worker and gives back to each."""
         return []
+
+    def checkpoint_state(self):
+        """What a backup keeps of this hook beyond variables (JSON values, the same on
+        every worker; e.g. `compression: auto`'s decision), or None."""
+        return None
+
+    def restore_checkpoint_state(self, state):
+        """Takes back a `checkpoint_state()` value, on every worker, before training."""
 
 
 def all_reduce_sum(grads, bucket_bytes=None):
@@ -197,6 +205,20 @@ class GradientPipeline:
     def replica_state(self):
         """Every hook's `replica_state()`, in order."""
         return [v for hook in self.hooks for v in hook.replica_state()]
+
+    def checkpoint_states(self):
+        """Every hook's `checkpoint_state()`, in order."""
+        return [hook.checkpoint_state() for hook in self.hooks]
+
+    def restore_checkpoint_states(self, states):
+        """Gives each hook its state of `checkpoint_states()` back; False (nothing given)
+        when the hooks are not those the states came from."""
+        if not isinstance(states, list) or len(states) != len(self.hooks):
+            return False
+        for hook, state in zip(self.hooks, states):
+            if state is not None:
+                hook.restore_checkpoint_state(state)
+        return True
 
     def push_codec(self):
         """The codec of the gradient push to parameter servers, if a hook has one."""

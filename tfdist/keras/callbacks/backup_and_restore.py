@@ -41,7 +41,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     `save_freq` batch). Under local SGD the replicas are averaged before each backup.
     Each replica's own exchange state (error-feedback residuals, PowerSGD's P and Q) is
     gathered from every replica of every worker into the backup and given back to each on
-    restore, so a resumed run goes on exactly as an uninterrupted one.
+    restore, so a resumed run goes on exactly as an uninterrupted one; `compression:
+    auto` resumes with its kept choice (`TrainingHook.checkpoint_state`).
 
     **Preemption** (`preemption=True`): a SIGTERM to any one task — Kubernetes evicting a
     pod, SLURM preempting, a spot VM reclaimed — rides the next step's all-reduce to every
@@ -140,7 +141,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         before_read(self.model)
         metadata = {"epoch": self._current_epoch, "batch": self._done_in_epoch,
                     "epochs": self.params.get("epochs") if self.params else None,
-                    "steps": _steps(self.model)}
+                    "steps": _steps(self.model),
+                    "hooks": [pipeline_of(o).checkpoint_states() for o in _built(self.model)]}
         # every worker gathers (a collective), so the chief holds every replica's state
         values = gather_replica_values(strategy_of(self.model), _replica_state(self.model))
 
@@ -183,6 +185,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             raise CheckpointError(f"the backup {path} does not fit this model: "
                                   f"{' '.join(str(error).split())[:300]}") from None
         self._read_replica_state(path)
+        for optimizer, states in zip(_built(self.model), metadata.get("hooks") or []):
+            pipeline_of(optimizer).restore_checkpoint_states(states)
 
     def _read_replica_state(self, path):
         """Gives each replica its own exchange state back, if the backup holds it for this
@@ -208,10 +212,14 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         set_replica_values(strategy, state, arrays)
 
 
+def _built(model):
+    """The tfdist optimizers `model` trains with that are built (their hooks too)."""
+    return [optimizer for optimizer in optimizers_of(model) if optimizer.built]
+
+
 def _replica_state(model):
     """The per-replica state of every tfdist optimizer `model` trains with."""
-    return [v for optimizer in optimizers_of(model)
-            for v in (pipeline_of(optimizer).replica_state() if optimizer.built else [])]
+    return [v for optimizer in _built(model) for v in pipeline_of(optimizer).replica_state()]
 
 
 def _steps(model):
