@@ -5,7 +5,7 @@ finishes, every worker ends with the same weights, the step count is exact (afte
 SIGTERM every step trains once; after a SIGKILL the steps since the last backup run again),
 and the final loss is within the seed noise of a run never interrupted (after a SIGTERM in
 a compressed step, the weights are those of that run: every replica's error-feedback
-residuals come back from the backup). The ordinary
+residuals come back from the backup), on 4 workers. The ordinary
 synchronous step is in test_multiworker_training.py (4 workers, every step checked);
 a kill during a backup in test_checkpoint_store.py."""
 
@@ -20,7 +20,8 @@ from test_multiworker_training import JOB, launch, weights
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("jobs_path")]
 
-CLUSTER = "cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
+WORKERS = 4
+CLUSTER = f"cluster: {{worker: {WORKERS}}}\nstrategy: multi_worker_mirrored\n"
 STEPS = [(e, b) for e in range(3) for b in range(4)]  # 3 epochs of 4 steps
 KINDS = {
     "compressed step (top-k + EF)": ("--compression", "topk", "--ratio", "0.25",
@@ -68,7 +69,7 @@ def test_a_fault_in_each_kind_of_step(write_config, tmp_path, tmp_path_factory, 
     code = 143 if signal == "TERM" else 137
     assert f"exited with code {code}; restarting the whole job (1/1)" in run.stderr, \
         run.stdout[-3000:] + run.stderr[-2000:]
-    for index in range(2):
+    for index in range(WORKERS):
         log = [line.split() for line in (out / f"steps-worker-{index}.log").read_text()
                .split("\n")[:-1]]
         trained = [(int(epoch), int(step)) for epoch, step, *_ in log]
@@ -76,6 +77,7 @@ def test_a_fault_in_each_kind_of_step(write_config, tmp_path, tmp_path_factory, 
             assert trained == STEPS, (index, trained)
         else:  # the steps of epoch 1 before the kill run again from the epoch-0 backup
             assert trained == STEPS[:6] + STEPS[4:], (index, trained)
+    log = [line.split() for line in (out / "steps-worker-1.log").read_text().split("\n")[:-1]]
     # the first step of the relaunched job: after a SIGTERM, the second step logged after
     # the signal (the first carried it to every worker, who saved after it); after a
     # SIGKILL, the first
@@ -84,8 +86,9 @@ def test_a_fault_in_each_kind_of_step(write_config, tmp_path, tmp_path_factory, 
     report(kind, signal, seconds=after[1 if signal == "TERM" else 0] - signalled,
            lost=len(trained) - len(STEPS), saved=re.findall(
                r"preempted: saved .*?, ([\d.]+) s after the signal", run.stdout))
-    for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
-        assert (a == b).all()
+    for index in range(1, WORKERS):
+        for a, b in zip(weights(out, "worker-0"), weights(out, f"worker-{index}")):
+            assert (a == b).all()
     clean_out, clean = clean_run(write_config, tmp_path_factory, kind)
     resumed, reference = (r["worker-0"]["evaluate"]["loss"] for r in (results, clean))
     assert abs(resumed - reference) <= 0.05 * reference + 0.01, (resumed, reference)
