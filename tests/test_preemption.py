@@ -4,6 +4,7 @@ agreed step; the backup holds that step and a new run resumes exactly there. The
 multi-worker version (4 processes, one preempted) is in test_multiworker_training.py."""
 
 import os
+import shutil
 import signal
 
 import keras
@@ -114,3 +115,58 @@ def test_your_own_loop_learns_of_a_preemption_after_the_same_step(strategies):
     finally:
         tfdist.core.preemption.preemption().reset()
     assert said == [False, False, True, True]
+
+
+def test_your_own_loop_saves_at_the_agreed_step_and_resumes_exactly(strategies, tmp_path):
+    """TensorFlow's custom-loop tutorial step with top-k + EF, `tfdist.function(preemption=
+    True)` and `tfdist.keras.ModelBackup`: SIGTERM after step 1; `step.preempted()` says
+    so after step 2 (the flag rode its all-reduce); the loop saves there and stops. A new
+    process's loop restores (weights, Adam's state, every replica's residuals), skips the
+    3 batches trained and ends with the weights of a run never interrupted."""
+    strategy = strategies("mirrored")
+    x, y = data()
+    batches = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH))
+
+    def run(preempt_after=None):
+        model = compiled(strategy, "topk")
+        optimizer = model.optimizer
+        with strategy.scope():
+            optimizer.build(model.trainable_variables)
+        backup = tfdist.keras.ModelBackup(str(tmp_path / "backup"), model)
+        start = (backup.restore() or {}).get("step", 0)
+
+        def replica_step(bx, by):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(
+                    keras.losses.mean_squared_error(by, model(bx, training=True)),
+                    global_batch_size=BATCH)
+            optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                            model.trainable_variables)
+
+        @tfdist.function(model=model, preemption=True)
+        def train_step(bx, by):
+            strategy.run(replica_step, args=(bx, by))
+
+        try:
+            for step, (bx, by) in enumerate(batches):
+                if step < start:
+                    continue  # trained before the preemption
+                train_step(bx, by)
+                if train_step.preempted():
+                    backup.save(step=step + 1)
+                    return model, step + 1
+                if step == preempt_after:
+                    os.kill(os.getpid(), signal.SIGTERM)
+        finally:
+            tfdist.core.preemption.preemption().reset()
+        return model, STEPS
+
+    _, stopped = run(preempt_after=1)
+    assert stopped == 3
+    resumed, done = run()
+    assert done == STEPS and int(resumed.optimizer.iterations.numpy()) == STEPS
+    shutil.rmtree(tmp_path / "backup")  # never interrupted
+    clean, _ = run()
+    for mine, theirs in zip(resumed.weights, clean.weights):
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-6, atol=1e-7)

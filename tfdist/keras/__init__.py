@@ -1,7 +1,9 @@
 """Thin Keras 3 adapters over tfdist's core: the optimizer wrapper, saving, callbacks."""
 
 from tfdist.core.optimizer import with_gradient_pipeline
+from tfdist.keras.backup import ModelBackup
 from tfdist.keras import saving  # noqa: F401  (registers the loader of saved routed optimizers)
 from tfdist.keras.distributed_optimizer import DistributedOptimizer, optimizer_from_config
 
-__all__ = ["DistributedOptimizer", "optimizer_from_config", "with_gradient_pipeline"]
+__all__ = ["DistributedOptimizer", "ModelBackup", "optimizer_from_config",
+           "with_gradient_pipeline"]

@@ -1,26 +1,18 @@
 """`BackupAndRestore` that several workers can share and a kill cannot break."""
 
-import os
-
 import keras
-import numpy as np
 
 from tfdist.checkpoint import CheckpointError, CheckpointStore
-from tfdist.core.driver import before_read
 from tfdist.core.loss_scale import inner_of
-from tfdist.core.optimizer import is_routed, pipeline_of
+from tfdist.core.optimizer import is_routed
 from tfdist.core.owned import optimizers_of
-from tfdist.core.variables import gather_replica_values, set_replica_values
 from tfdist.core.preemption import (Preempted, preemption, resume_at, seconds_since_signal,
                                     skipping)
+from tfdist.keras.backup import capture, restore
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
 from tfdist.strategies.kind import capabilities_of
 from tfdist.strategies.task import barrier
 
-WEIGHTS = "backup.weights.h5"
-#: Each replica's own state of the exchange (error-feedback residuals, PowerSGD's P and
-#: Q, EF21's estimates, a compressed average's residuals), stacked over all replicas.
-REPLICA_STATE = "replica_state.npz"
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -138,20 +130,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         return {}
 
     def _save_model(self):
-        before_read(self.model)
-        metadata = {"epoch": self._current_epoch, "batch": self._done_in_epoch,
-                    "epochs": self.params.get("epochs") if self.params else None,
-                    "steps": _steps(self.model),
-                    "hooks": [pipeline_of(o).checkpoint_states() for o in _built(self.model)]}
-        # every worker gathers (a collective), so the chief holds every replica's state
-        values = gather_replica_values(strategy_of(self.model), _replica_state(self.model))
-
-        def write(path):
-            self.model.save_weights(os.path.join(path, WEIGHTS))
-            if values:
-                np.savez(os.path.join(path, REPLICA_STATE), *values)
-
-        self._store.save(write, metadata)
+        metadata, write = capture(self.model, strategy_of(self.model))
+        self._store.save(write, {"epoch": self._current_epoch, "batch": self._done_in_epoch,
+                                 "epochs": self.params.get("epochs") if self.params else None,
+                                 **metadata})
 
     def _load_model(self):
         if not self.model.built:
@@ -176,52 +158,4 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if epoch == epochs:
             print(f"tfdist: the backup {path} is of the last epoch ({epoch} of {epochs}): "
                   "nothing is left to train", flush=True)
-        optimizer = self.model.optimizer
-        if optimizer is not None and not optimizer.built:
-            optimizer.build(self.model.trainable_variables)
-        try:
-            self.model.load_weights(os.path.join(path, WEIGHTS))
-        except ValueError as error:
-            raise CheckpointError(f"the backup {path} does not fit this model: "
-                                  f"{' '.join(str(error).split())[:300]}") from None
-        self._read_replica_state(path)
-        for optimizer, states in zip(_built(self.model), metadata.get("hooks") or []):
-            pipeline_of(optimizer).restore_checkpoint_states(states)
-
-    def _read_replica_state(self, path):
-        """Gives each replica its own exchange state back, if the backup holds it for this
-        layout; else (another number of replicas, other compression) the state starts
-        afresh, as in a new run, and one line says so."""
-        state, file = _replica_state(self.model), os.path.join(path, REPLICA_STATE)
-        if not state or not os.path.exists(file):
-            if state:
-                print(f"tfdist: the backup {path} holds no exchange state (residuals, "
-                      "PowerSGD's Q): it starts afresh", flush=True)
-            return
-        with np.load(file) as saved:
-            arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-        strategy = strategy_of(self.model)
-        replicas = strategy.num_replicas_in_sync
-        wanted = [(replicas, *v.shape) for v in state]
-        if [a.shape for a in arrays] != wanted:
-            print(f"tfdist: the backup {path} holds the exchange state of another layout "
-                  f"({len(arrays)} variables over {arrays[0].shape[0] if arrays else 0} "
-                  f"replicas; this run: {len(state)} over {replicas}): it starts afresh",
-                  flush=True)
-            return
-        set_replica_values(strategy, state, arrays)
-
-
-def _built(model):
-    """The tfdist optimizers `model` trains with that are built (their hooks too)."""
-    return [optimizer for optimizer in optimizers_of(model) if optimizer.built]
-
-
-def _replica_state(model):
-    """The per-replica state of every tfdist optimizer `model` trains with."""
-    return [v for optimizer in _built(model) for v in pipeline_of(optimizer).replica_state()]
-
-
-def _steps(model):
-    optimizer = getattr(model, "optimizer", None)
-    return None if optimizer is None else int(optimizer.iterations.numpy())
+        restore(self.model, strategy_of(self.model), path, metadata)
