@@ -170,3 +170,30 @@ def test_your_own_loop_saves_at_the_agreed_step_and_resumes_exactly(strategies, 
     clean, _ = run()
     for mine, theirs in zip(resumed.weights, clean.weights):
         np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("directory,model,error,fragment", [
+    ("", "model", ValueError, "non-empty path"),
+    ("a\0b", "model", ValueError, "without NUL"),
+    (3, "model", ValueError, "Received: directory='3'"),
+    ("ok", "not a model", TypeError, "must be a keras.Model. Received: str"),
+])
+def test_model_backup_refuses_bad_arguments_in_one_line(strategies, tmp_path, directory, model,
+                                                        error, fragment):
+    built = compiled(strategies("mirrored"), None) if model == "model" else model
+    with pytest.raises(error) as raised:
+        tfdist.keras.ModelBackup(directory, built)
+    assert fragment in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("metadata,fragment", [
+    ({"steps": 3}, "steps belong to tfdist's own part"),
+    ({"step": float("nan")}, "must be JSON values"),
+    ({"step": object()}, "must be JSON values"),
+])
+def test_model_backup_refuses_metadata_it_cannot_keep(strategies, tmp_path, metadata, fragment):
+    model = compiled(strategies("mirrored"), "topk")
+    backup = tfdist.keras.ModelBackup(str(tmp_path / "backup"), model)
+    with pytest.raises(ValueError, match=fragment):
+        backup.save(**metadata)
+    assert not (tmp_path / "backup").exists()  # nothing written

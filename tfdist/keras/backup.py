@@ -9,6 +9,7 @@ state (`compression: auto`'s choice). Each backup is a `tfdist.checkpoint.Checkp
 checkpoint: written apart, made durable, then switched to.
 """
 
+import json
 import os
 
 import numpy as np
@@ -23,6 +24,8 @@ from tfdist.strategies.task import barrier, is_chief
 WEIGHTS = "backup.weights.h5"
 #: Each replica's own state of the exchange, stacked over all replicas.
 REPLICA_STATE = "replica_state.npz"
+#: The metadata keys tfdist writes itself (BackupAndRestore adds epoch, batch, epochs).
+RESERVED = ("steps", "hooks")
 
 
 def capture(model, strategy):
@@ -78,8 +81,15 @@ class ModelBackup:
     """
 
     def __init__(self, directory, model, strategy=None):
+        import keras
         import tensorflow as tf
 
+        if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory) \
+                or "\0" in os.fspath(directory):
+            raise ValueError("directory must be a non-empty path without NUL characters. "
+                             f"Received: directory={str(directory)[:200]!r}")
+        if not isinstance(model, keras.Model):
+            raise TypeError(f"model must be a keras.Model. Received: {type(model).__name__}")
         self.store = CheckpointStore(directory)
         self.model = model
         self.strategy = strategy or getattr(model, "distribute_strategy", None) \
@@ -87,6 +97,15 @@ class ModelBackup:
 
     def save(self, **metadata):
         """Writes a backup of the model now, with `metadata` (JSON values) beside it."""
+        taken = sorted(set(metadata) & set(RESERVED))
+        if taken:
+            raise ValueError(f"{', '.join(taken)} belong to tfdist's own part of the backup's "
+                             f"metadata; name yours otherwise. Received: {', '.join(taken)}")
+        try:
+            json.dumps(metadata, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"a backup's metadata must be JSON values (finite numbers, "
+                             f"strings, lists, dicts): {error}") from None
         captured, write = capture(self.model, self.strategy)
         if is_chief(self.strategy):
             self.store.save(write, {**metadata, **captured})
