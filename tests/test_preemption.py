@@ -55,9 +55,14 @@ def compiled(strategy, compression):
     return model
 
 
-@pytest.mark.parametrize("compression", [None, "fp16"])  # Keras' own step, tfdist's step
+@pytest.mark.parametrize("compression,policy", [
+    (None, None), ("fp16", None),  # Keras' own step, tfdist's step
+    ("topk", "mixed_float16")])    # the loss scale and its counter saved and restored
 def test_a_sigterm_saves_at_the_next_step_and_the_rerun_trains_each_step_once(
-        strategies, tmp_path, compression):
+        strategies, tmp_path, compression, policy, request):
+    if policy:
+        keras.mixed_precision.set_global_policy(policy)
+        request.addfinalizer(lambda: keras.mixed_precision.set_global_policy("float32"))
     strategy = strategies("mirrored")
     x, y = data()
     backup = str(tmp_path / "backup")
@@ -77,9 +82,15 @@ def test_a_sigterm_saves_at_the_next_step_and_the_rerun_trains_each_step_once(
     resumed.fit(x, y, **fit, callbacks=[again, tfdist.callbacks.TrainingHooks(),
                                         tfdist.callbacks.BackupAndRestore(backup)])
     assert again.trained == [(1, 3), (2, 0), (2, 1), (2, 2), (2, 3)]  # the rest, once
-    assert int(resumed.optimizer.iterations.numpy()) == 12
     clean = compiled(strategy, compression)
     clean.fit(x, y, **fit)
+    # 12 steps ran; under mixed_float16 the first overflowed and was skipped, alike in both
+    assert int(resumed.optimizer.iterations.numpy()) == int(clean.optimizer.iterations.numpy()) \
+        == (11 if policy else 12)
+    if policy:  # compile wrapped it in loss scaling, which tfdist took over; same scale
+        assert isinstance(resumed.optimizer, keras.optimizers.LossScaleOptimizer)
+        assert float(resumed.optimizer.dynamic_scale.numpy()) == \
+            float(clean.optimizer.dynamic_scale.numpy()) < 32768  # it moved
     for a, b in zip(resumed.weights, clean.weights):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
 
