@@ -255,7 +255,7 @@ def test_a_preempted_batch_job_is_requeued_and_trains_every_step_once(slurm, wri
     wait_until(lambda: (out / "ready").exists(), 300, "step 1 of epoch 1", log)
     run(["scancel", "--signal=TERM", "--batch", job_id], timeout=30)
     (out / "signalled").touch()
-    wait_until(lambda: job_state(job_id)[1] == 1, 180, "the requeue", log)
+    wait_until(lambda: job_state(job_id) == ("PENDING", 1), 180, "the requeue", log)
     run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], timeout=30)
     wait_until(lambda: job_state(job_id)[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
                420, "the requeued job's end", log)

@@ -489,12 +489,20 @@ kill -TERM "$(cat "$OUT/srun.pid")"
 """
 
 
+# stands in for scontrol: a requeue has SLURM end the batch script (the script waits for it)
+FAKE_SCONTROL = """#!/bin/bash
+echo "$@" >> "$OUT/scontrol.log"
+kill -TERM "$PPID"
+"""
+
+
 def test_the_batch_script_passes_sigterm_to_the_step_and_requeues_a_preemption(write_config,
                                                                                 tmp_path):
     """The generated script run by bash, with stand-ins for srun, scancel and scontrol:
     SIGTERM to the batch shell (what SLURM's --signal=B:TERM and preemption send) has
-    SLURM signal the step's tasks; the step's 143 makes the script requeue its job and exit
-    143. (tests/test_slurm.py does the same on a real SLURM.)"""
+    SLURM signal the step's tasks; the step's 143 makes the script requeue its job and wait
+    for SLURM to end it (here: the stand-in scontrol's SIGTERM, which the script no longer
+    traps). (tests/test_slurm.py does the same on a real SLURM.)"""
     import os
     import signal
     import time
@@ -505,7 +513,7 @@ def test_the_batch_script_passes_sigterm_to_the_step_and_requeues_a_preemption(w
     fake.mkdir()
     (fake / "srun").write_text(FAKE_SRUN)
     (fake / "scancel").write_text(FAKE_SCANCEL)
-    (fake / "scontrol").write_text('#!/bin/bash\necho "$@" >> "$OUT/scontrol.log"\n')
+    (fake / "scontrol").write_text(FAKE_SCONTROL)
     for tool in ("srun", "scancel", "scontrol"):
         (fake / tool).chmod(0o755)
     env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", OUT=str(tmp_path),
@@ -521,7 +529,7 @@ def test_the_batch_script_passes_sigterm_to_the_step_and_requeues_a_preemption(w
     finally:
         if job.poll() is None:
             job.kill()
-    assert job.returncode == 143, stderr
+    assert job.returncode == -signal.SIGTERM, stderr  # ended by "SLURM", not by exiting
     assert (tmp_path / "scancel.log").read_text().split() == ["--signal=TERM", "42"]
     assert (tmp_path / "srun.log").read_text().split() == ["started", "TERM"]
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "42"]

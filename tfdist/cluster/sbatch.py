@@ -10,8 +10,8 @@ keeps the output of the run before). The signal — also SLURM's
 preemption, ``scancel --signal=TERM --batch``, ``scontrol requeue`` — reaches the batch shell,
 which has SLURM pass it to every task of the step (``scancel --signal=TERM JOBID``: a
 SIGTERM to srun would kill them outright): they save at one agreed step
-(`tfdist.callbacks.BackupAndRestore`) and exit with 143, and the script requeues the job,
-which resumes from that backup when SLURM starts it again.
+(`tfdist.callbacks.BackupAndRestore`) and exit with 143, and the script requeues the job
+and waits for SLURM to end it; the job resumes from that backup when SLURM starts it again.
 """
 
 import os
@@ -31,6 +31,7 @@ _VALUE = re.compile(r"[!-~]+")  # visible ASCII: a value cannot end its #SBATCH 
 # one failed task ends the step instead of leaving the others waiting for it; output
 # lines start with the task's SLURM_PROCID ("0: ...").
 SRUN_OPTIONS = ("--distribution=block", "--kill-on-bad-exit=1", "--label")
+REQUEUE_WAIT_SECONDS = 120  # after `scontrol requeue`, for SLURM to end the batch script
 
 
 def batch_script(config, command, *, ntasks=None, options=(), tfdist=None,
@@ -89,7 +90,10 @@ def _PREEMPTIBLE(srun):  # noqa: N802 (the script's body)
         'while kill -0 "$step" 2>/dev/null; do status=0; wait "$step" || status=$?; done',
         f'if [ "$status" -eq {PREEMPTED_EXIT_CODE} ]; then',
         '  echo "tfdist: preempted; requeueing job $SLURM_JOB_ID" >&2',
-        '  scontrol requeue "$SLURM_JOB_ID"',
+        "  # SLURM ends this script once the requeue is under way; exiting first would race",
+        "  # it (the job could end FAILED instead of pending again).",
+        "  trap - TERM",
+        f'  scontrol requeue "$SLURM_JOB_ID" && sleep {REQUEUE_WAIT_SECONDS}',
         "fi",
         'exit "$status"']
 
