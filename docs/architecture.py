@@ -12,7 +12,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: Bottom to top; within a layer, a package may import the ones listed before it.
 LAYERS = (
-    ("errors", "versions", "strategies.errors", "strategies.capabilities"),  # leaves
+    ("errors", "versions", "capabilities"),  # leaves
     ("cluster", "config", "checkpoint"),    # YAML, TF_CONFIG, checkpoint files; no TensorFlow
     ("strategies",),                        # get_strategy and the subclasses
     ("core",),                              # the step: hooks, driver, optimizer seam

@@ -9,7 +9,7 @@ import pytest
 from tfdist.cluster.roles import SERVER_MODULE
 from tfdist.config import ConfigError, config_from_dict
 from tfdist.config.schema import COMPRESSORS, JOB_TYPES, STRATEGIES
-from tfdist.strategies.capabilities import CAPABILITIES, Capabilities, capabilities
+from tfdist.capabilities import CAPABILITIES, Capabilities, capabilities
 from tfdist.strategies.errors import StrategyError
 
 ROWS = list(CAPABILITIES.values())

@@ -24,10 +24,10 @@ def test_nothing_imports_tfdist_inside_a_function():
 
 
 def test_the_leaves_import_nothing_from_tfdist():
-    for name in ("tfdist.errors", "tfdist.strategies.capabilities",
+    for name in ("tfdist.errors", "tfdist.capabilities",
                  "tfdist.config.hyperparameters"):
         path = architecture.modules()[name]
-        allowed = {"tfdist.errors", "tfdist.strategies.errors"}
+        allowed = {"tfdist.errors"}
         assert [m for m, _ in architecture.imports(path) if m not in allowed] == [], name
 
 
@@ -35,4 +35,5 @@ def test_the_check_can_fail():
     """An import of the Trainer from the core would be reported."""
     assert architecture.rank("training") > architecture.rank("core")
     assert architecture.unit_of("tfdist.strategies.kind") == "strategies"
-    assert architecture.unit_of("tfdist.strategies.capabilities") == "strategies.capabilities"
+    assert architecture.unit_of("tfdist.capabilities") == "capabilities"
+    assert architecture.rank("capabilities") < architecture.rank("cluster")

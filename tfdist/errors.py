@@ -15,6 +15,14 @@ class UnsupportedError(TfdistError, ValueError):
     """This strategy does not allow that combination; the message says what does."""
 
 
+class StrategyError(TfdistError, ValueError):
+    """A strategy that cannot be built as asked (missing TF_CONFIG, devices too late...)."""
+
+
+class UnsupportedByKerasError(TfdistError, NotImplementedError):
+    """A Keras 3 entry point that cannot work under this strategy; the message says what does."""
+
+
 def one_line(text):
     """`text` as one printable line: each non-printable character escaped as `repr` would.
 

@@ -6,7 +6,7 @@ drives. Every other strategy runs the script in every task. The capability table
 (`Capabilities.server_tasks`) says which.
 """
 
-from tfdist.strategies.capabilities import capabilities
+from tfdist.capabilities import capabilities
 
 SERVER_MODULE = "tfdist.launch.server"
 

@@ -14,7 +14,7 @@ from tfdist.config.schema import (COMPRESSORS, JOB_TYPES, STRATEGIES, ClusterCon
                                   StrategyConfig)
 from tfdist.config.hyperparameters import EF21_COMPRESSORS, HYPERPARAMETERS, OUTER_OPTIMIZERS
 from tfdist.config.yaml_source import Source, read_yaml
-from tfdist.strategies.capabilities import CAPABILITIES, capabilities, names_with
+from tfdist.capabilities import CAPABILITIES, capabilities, names_with
 
 SECTIONS = ("cluster", "strategy", "compression", "local_sgd")
 
@@ -367,7 +367,7 @@ def _outer(source, path, value):
 def _check_together(config, source):
     """Rules that span sections: the cluster must fit the strategy, and so on.
 
-    What each strategy allows comes from `tfdist.strategies.capabilities`.
+    What each strategy allows comes from `tfdist.capabilities`.
     """
     name = config.strategy.name if config.strategy else None
     with_ps = tuple(n for n, row in CAPABILITIES.items() if "ps" in row.required_jobs)

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Mapping
 from tfdist.cluster.address import Address
 from tfdist.cluster.errors import ClusterError
 from tfdist.config.hyperparameters import NAMES
-from tfdist.strategies.capabilities import CAPABILITIES
+from tfdist.capabilities import CAPABILITIES
 
 JOB_TYPES = ("chief", "worker", "ps", "evaluator")
 STRATEGIES = tuple(CAPABILITIES)

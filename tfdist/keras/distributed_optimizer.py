@@ -7,7 +7,7 @@ from tfdist.core.hooks import GradientPipeline
 from tfdist.core.optimizer import with_gradient_pipeline
 from tfdist.errors import UnsupportedError
 from tfdist.local_sgd import ModelAverager
-from tfdist.strategies.capabilities import names_with
+from tfdist.capabilities import names_with
 from tfdist.strategies.kind import capabilities_of
 
 

@@ -19,7 +19,7 @@ from tfdist.launch import reaper
 from tfdist.launch.output import Sink
 from tfdist.launch.summary import summary
 from tfdist.launch.task_process import TaskProcess, exit_code
-from tfdist.strategies.capabilities import capabilities
+from tfdist.capabilities import capabilities
 
 _POLL_SECONDS = 0.05
 _HANG_CHECK_SECONDS = 1.0

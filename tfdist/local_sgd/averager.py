@@ -35,7 +35,7 @@ from tfdist.core.variables import per_replica_state, underlying
 from tfdist.errors import UnsupportedError
 from tfdist.local_sgd import fragments as fragmenting
 from tfdist.local_sgd.outer import is_plain_average, outer_optimizer
-from tfdist.strategies.capabilities import names_with
+from tfdist.capabilities import names_with
 from tfdist.strategies.kind import capabilities_of
 
 

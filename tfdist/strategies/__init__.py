@@ -1,7 +1,7 @@
 """Strategies: `get_strategy` and the subclasses that make Keras 3 work on each.
 
 Names load on first use, so the capability table and the errors import without
-TensorFlow: ``from tfdist.strategies.capabilities import capabilities`` gives a row by
+TensorFlow: ``from tfdist.capabilities import capabilities`` gives a row by
 config name (the submodule's name, so the function is not re-exported here).
 """
 
@@ -10,8 +10,8 @@ import importlib
 from tfdist.versions import require_supported
 
 _LAZY = {
-    "CAPABILITIES": "tfdist.strategies.capabilities",
-    "Capabilities": "tfdist.strategies.capabilities",
+    "CAPABILITIES": "tfdist.capabilities",
+    "Capabilities": "tfdist.capabilities",
     "CentralStorageStrategy": "tfdist.strategies.central_storage",
     "MirroredStrategy": "tfdist.strategies.mirrored",
     "MultiWorkerMirroredStrategy": "tfdist.strategies.multi_worker_mirrored",
@@ -30,7 +30,7 @@ _LAZY = {
 }
 
 __all__ = list(_LAZY)
-_WITHOUT_TENSORFLOW = ("tfdist.strategies.capabilities", "tfdist.strategies.errors")
+_WITHOUT_TENSORFLOW = ("tfdist.capabilities", "tfdist.strategies.errors")
 
 
 def __getattr__(name):

@@ -1,11 +1,6 @@
-"""Errors of the strategies package."""
+"""Errors of the strategies package (defined among the leaves, `tfdist.errors`, so that
+the capability table can raise them)."""
 
-from tfdist.errors import TfdistError
+from tfdist.errors import StrategyError, UnsupportedByKerasError
 
-
-class StrategyError(TfdistError, ValueError):
-    """A strategy that cannot be built as asked (missing TF_CONFIG, devices too late...)."""
-
-
-class UnsupportedByKerasError(TfdistError, NotImplementedError):
-    """A Keras 3 entry point that cannot work under this strategy; the message says what does."""
+__all__ = ["StrategyError", "UnsupportedByKerasError"]

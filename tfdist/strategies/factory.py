@@ -8,7 +8,7 @@ from tfdist.cluster.spec import ClusterError, check_resolvable
 from tfdist.cluster.tf_config import check_matches, has_tf_config, read_tf_config
 from tfdist.config.load import strategy_from_dict
 from tfdist.config.schema import Config, StrategyConfig
-from tfdist.strategies.capabilities import capabilities
+from tfdist.capabilities import capabilities
 from tfdist.strategies.central_storage import CentralStorageStrategy
 from tfdist.strategies.devices import default_compute_devices, ensure_logical_cpus
 from tfdist.strategies.errors import StrategyError

@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from tfdist.strategies.capabilities import CAPABILITIES
+from tfdist.capabilities import CAPABILITIES
 
 # Most specific first; tfdist's classes subclass these, so they match too.
 _CLASSES = (

@@ -1,13 +1,14 @@
 """What each strategy allows: the one table that config checks, launcher and runtime read.
 
 Keyed by the config's strategy names; `capabilities_of` (in `tfdist.strategies.kind`)
-finds the row of a strategy instance. This module imports no TensorFlow, so the
-command line can read it.
+finds the row of a strategy instance. A leaf of the package (it imports only
+`tfdist.errors` and no TensorFlow), so the config, the cluster and the command line below
+the strategies read it without importing upwards.
 """
 
 import dataclasses
 
-from tfdist.strategies.errors import StrategyError
+from tfdist.errors import StrategyError
 
 PUSH_COMPRESSORS = ("none", "fp16", "bf16", "int8")
 
