@@ -12,7 +12,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: Bottom to top; within a layer, a package may import the ones listed before it.
 LAYERS = (
-    ("errors", "versions", "capabilities"),  # leaves
+    ("errors", "limits", "versions", "capabilities"),  # leaves
     ("cluster", "config", "checkpoint"),    # YAML, TF_CONFIG, checkpoint files; no TensorFlow
     ("strategies",),                        # get_strategy and the subclasses
     ("core",),                              # the step: hooks, driver, optimizer seam
@@ -58,7 +58,9 @@ def imports(path):
     found = []
     for node in ast.walk(tree):
         names = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        if isinstance(node, ast.ImportFrom) and node.module == "tfdist" and node.level == 0:
+            names = [f"tfdist.{a.name}" for a in node.names]  # from tfdist import limits
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]

@@ -223,7 +223,7 @@ def test_auto_probes_fewer_steps_where_they_would_take_too_long(strategies, caps
     assert decision["step"] == 6 and decision["measured"] < decision["probe_seconds"]
     said = capsys.readouterr().out  # its choice was timed over 6 steps too, then kept
     assert f"at step 12: {decision['choice']} measured" in said and "keeping it" in said
-    with pytest.raises(ValueError, match="probe_seconds must be >= 0"):
+    with pytest.raises(ValueError, match="probe_seconds: expected a value >= 0"):
         AutoCompression(probe_seconds=-1)
 
 

@@ -61,7 +61,10 @@ CASES = [
      ["job.yaml:3:", "strategy.communication", "'off' unquoted is read by YAML as False"]),
     ("bad-communication", "strategy: {name: multi_worker_mirrored, communication: grpc}\n",
      ["valid values are [auto, ring, nccl]", "Received: communication='grpc'"]),
-    ("logical-cpus-zero", "strategy: {name: mirrored, logical_cpus: 0}\n", [">= 1"]),
+    ("logical-cpus-zero", "strategy: {name: mirrored, logical_cpus: 0}\n",
+     ["between 1 and 1024"]),
+    ("logical-cpus-huge", "strategy: {name: central_storage, logical_cpus: 100000}\n",
+     ["between 1 and 1024", "Received: logical_cpus=100000"]),
     ("devices-not-list", "strategy: {name: mirrored, devices: /cpu:0}\n", ["a list of strings"]),
     ("unknown-compressor", "compression: {name: top-k}\n", ["did you mean 'topk'"]),
     ("ratio-zero", "compression:\n  name: topk\n  ratio: 0\n",
@@ -190,8 +193,10 @@ def test_a_hyperparameter_range_is_declared_once_for_config_and_constructor(para
     for good in (declared.default, declared.minimum + 1):
         assert declared.valid(good)
         build(name, **{parameter: good})  # accepted by both
-    with pytest.raises(tfdist.ConfigError, match=parameter):
+    with pytest.raises(tfdist.ConfigError, match=parameter) as from_config:
         tfdist.config.config_from_dict({"compression": {"name": name, parameter: outside}})
     compressor = type(build(name).compressor)
-    with pytest.raises(ValueError, match=f"{parameter} must be"):
+    with pytest.raises(tfdist.ConfigError) as from_argument:
         compressor(**{parameter: outside})
+    assert from_argument.value.reason == from_config.value.reason  # the same check
+    assert str(from_argument.value).startswith(f"{compressor.__name__}(): {parameter}: ")

@@ -4,7 +4,7 @@ two ways, and control characters in keys and file names.
 
 Each must give tfdist's `ConfigError` (never another exception, never a hang), whose
 message is one printable line naming the file and the key, within a bounded time and
-memory. Real configs, and configs just inside each limit of `tfdist.config.limits`,
+memory. Real configs, and configs just inside each limit of `tfdist.limits`,
 must still load.
 """
 
@@ -22,7 +22,8 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tfdist.config import Config, ConfigError, config_from_dict, limits, load_config
+from tfdist import limits
+from tfdist.config import Config, ConfigError, config_from_dict, load_config
 from tfdist.config.errors import clip
 from tfdist.config.load import build_config
 from tfdist.config.yaml_source import parse_yaml
@@ -305,7 +306,8 @@ INTEGER_KEYS = {  # key -> (a config around it, the largest value it accepts)
     "compression.min_size": ("compression: {{name: fp16, min_size: {}}}", limits.INT64_MAX),
     "compression.rank": ("compression: {{name: powersgd, rank: {}}}", limits.INT64_MAX),
     "compression.levels": ("compression: {{name: qsgd, levels: {}}}", 127),
-    "strategy.logical_cpus": ("strategy: {{name: mirrored, logical_cpus: {}}}", limits.INT64_MAX),
+    "strategy.logical_cpus": ("strategy: {{name: mirrored, logical_cpus: {}}}",
+                              limits.MAX_LOGICAL_CPUS),
     "strategy.max_shards": ("strategy: {{name: parameter_server, max_shards: {}}}\n"
                             "cluster: {{chief: 1, worker: 1, ps: 1}}", limits.INT64_MAX),
     "cluster.worker": ("cluster: {{worker: {}}}", limits.MAX_TASKS),
@@ -579,7 +581,7 @@ def test_a_config_just_inside_each_limit_loads(write):
               "depth": "a: " + "[" * 64 + "]" * 64 + "\n",
               "number": "train: {x: " + "9" * (limits.MAX_NUMBER_CHARS + 1) + "}\n"}
     for name, text in beyond.items():
-        refused(write(text), "tfdist.config.limits")
+        refused(write(text), "tfdist.limits")
 
 
 def test_a_file_of_exactly_the_size_limit_loads(write):

@@ -45,7 +45,7 @@ def test_options_from_config_and_keywords(write_config):
     (("mirored",), {}, "did you mean 'mirrored'? valid values are [mirrored,"),
     (("mirrored",), {"comunication": "ring"}, "unknown key 'comunication'"),
     (("multi_worker_mirrored",), {"communication": "grpc"}, "valid values are [auto, ring, nccl]"),
-    (("central_storage",), {"logical_cpus": 0}, ">= 1"),
+    (("central_storage",), {"logical_cpus": 0}, "between 1 and 1024"),
 ])
 def test_bad_names_and_options(args, options, message):
     with pytest.raises(ConfigError) as raised:

@@ -185,7 +185,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="expected a Keras loss"):
         tfdist.Trainer(model, "sgd", 3)
     trainer = tfdist.Trainer(model, "sgd", "mse")
-    with pytest.raises(ValueError, match="steps_per_epoch must be a positive integer"):
+    with pytest.raises(ValueError, match=r"Trainer\(\): steps_per_epoch: expected a value >= 1"):
         trainer.fit(tf.data.Dataset.range(3), steps_per_epoch=0)
     with pytest.raises(TypeError, match="tf.data.Dataset or a function"):
         trainer.fit([1, 2, 3])

@@ -1,4 +1,8 @@
-"""The base of every error tfdist raises on purpose (imports nothing heavy)."""
+"""The base of every error tfdist raises on purpose (imports nothing heavy), and how a
+received value reads in a message (`shown`, `one_line`)."""
+
+import math
+import reprlib
 
 
 class TfdistError(Exception):
@@ -34,3 +38,26 @@ def one_line(text):
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class _Short(reprlib.Repr):
+    """reprlib with room for real values; huge integers by their size (no conversion)."""
+
+    def __init__(self):
+        super().__init__()
+        self.maxstring = self.maxother = 120
+        self.maxlong, self.maxlevel = 60, 3
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = 8
+
+    def repr_int(self, x, level):
+        if x.bit_length() > 200:
+            return f"<an integer of about {int(x.bit_length() * math.log10(2)):,} digits>"
+        return super().repr_int(x, level)
+
+
+_short = _Short()
+
+
+def shown(value):
+    """`repr(value)`, shortened for a message: at most a line, whatever the value."""
+    return _short.repr(value)

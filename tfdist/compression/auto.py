@@ -34,6 +34,7 @@ worker makes the same choice from the same numbers (a different choice would pai
 different collectives).
 """
 
+import functools
 import math
 import statistics
 import time
@@ -44,6 +45,8 @@ import tensorflow as tf
 from tfdist.compression import cost_model
 from tfdist.compression.compressors import compressor_by_name
 from tfdist.compression.exchange import GradientCompression
+from tfdist.config import checks
+from tfdist.config.load import check_arguments
 from tfdist.core.buckets import bucket_bytes_for
 from tfdist.core.hooks import TrainingHook
 from tfdist.errors import UnsupportedError
@@ -79,6 +82,16 @@ METHODS = {
 #: the UNet's gradients on this project's 2-core machine).
 COST_SHARE = {"none": 0.0, "fp16": 0.015, "int8": 0.017, "powersgd+EF": 0.029,
               "topk+EF": 0.059, "sign+EF": 0.033}
+#: AutoCompression's arguments, checked by the config loader's checks.
+ARGUMENTS = {
+    "probe_steps": functools.partial(checks.integer, minimum=4),
+    "probe_seconds": functools.partial(checks.number, minimum=0),
+    "check_every": functools.partial(checks.integer, minimum=1),
+    "drift": functools.partial(checks.number, minimum=0, open_minimum=True),
+    "max_quality_loss": functools.partial(checks.number, minimum=0),
+    "min_gain": functools.partial(checks.number, minimum=0, maximum=1),
+    "seed": checks.integer,
+}
 SHORTEST_WINDOW = 6  # steps: the first 3 (a new trace) are not timed
 PROBE_FLOATS = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)  # 4 kB .. 8 MB all-reduces
 
@@ -152,15 +165,15 @@ class AutoCompression(TrainingHook):
 
     def __init__(self, *, probe_steps=20, probe_seconds=5.0, check_every=200, drift=0.3,
                  max_quality_loss=1.0, min_gain=0.05, seed=0):
-        if probe_steps < 4:
-            raise ValueError(f"probe_steps must be >= 4. Received: probe_steps={probe_steps}")
-        if not probe_seconds >= 0:
-            raise ValueError(f"probe_seconds must be >= 0. Received: probe_seconds={probe_seconds}")
-        self.probe_steps, self.check_every, self.drift = probe_steps, check_every, drift
-        self.probe_seconds, self._window = probe_seconds, probe_steps
-        self.min_gain = min_gain
-        self.methods = eligible(max_quality_loss)
-        self.hooks = {m: _hook(METHODS[m], seed) for m in self.methods}
+        a = check_arguments("AutoCompression", ARGUMENTS, probe_steps=probe_steps,
+                            probe_seconds=probe_seconds, check_every=check_every, drift=drift,
+                            max_quality_loss=max_quality_loss, min_gain=min_gain, seed=seed)
+        self.probe_steps, self.check_every, self.drift = (a["probe_steps"], a["check_every"],
+                                                          a["drift"])
+        self.probe_seconds, self._window = a["probe_seconds"], a["probe_steps"]
+        self.min_gain = a["min_gain"]
+        self.methods = eligible(a["max_quality_loss"])
+        self.hooks = {m: _hook(METHODS[m], a["seed"]) for m in self.methods}
         self.choice, self.decisions, self.active = "probe", [], None
         self._since, self._on_trial, self._times = None, False, []
 

@@ -166,7 +166,7 @@ class QSGD(Compressor):
     name, collective, align = "qsgd", "gather", BLOCK
 
     def __init__(self, levels=LEVELS.default):
-        self.levels = LEVELS.check(levels)
+        self.levels = LEVELS.check(levels, type(self).__name__)
 
     def encode(self, x, layout, seeds):
         blocks = layout.blocks(x)
@@ -208,7 +208,7 @@ class Sign(Compressor):
     _WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # bit i of a byte
 
     def __init__(self, block_size=BLOCK_SIZE.default):
-        self.block_size = BLOCK_SIZE.check(block_size)
+        self.block_size = BLOCK_SIZE.check(block_size, type(self).__name__)
 
     def scale_groups(self, layout):
         """(int32 [blocks]: the scale of each aligned block, number of scales, float32
@@ -257,7 +257,7 @@ class TopK(Compressor):
     name, collective = "topk", "gather"
 
     def __init__(self, ratio=RATIO.default):
-        self.ratio = RATIO.check(ratio)
+        self.ratio = RATIO.check(ratio, type(self).__name__)
 
     def k(self, layout):
         return max(1, math.ceil(self.ratio * layout.size))
@@ -284,7 +284,7 @@ class RandomK(Compressor):
     name, collective = "randomk", "sum"
 
     def __init__(self, ratio=RATIO.default, unbiased=True):
-        self.ratio, self.unbiased = RATIO.check(ratio), unbiased
+        self.ratio, self.unbiased = RATIO.check(ratio, type(self).__name__), unbiased
 
     def k(self, layout):
         return max(1, math.ceil(self.ratio * layout.size))
@@ -314,7 +314,7 @@ class PowerSGD(Compressor):
     name, collective, compresses = "powersgd", "powersgd", True
 
     def __init__(self, rank=RANK.default):
-        self.rank = RANK.check(rank)
+        self.rank = RANK.check(rank, type(self).__name__)
 
     def accepts(self, shape):
         return len(shape) >= 2

@@ -24,12 +24,18 @@ from tfdist.compression.corrections import (EF21, EF21DelayedStart, LocalClip, M
 from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize
 from tfdist.config.hyperparameters import (LOCAL_CLIP_NORM, MOMENTUM_CORRECTION,
                                            RATIO_WARMUP_START, RATIO_WARMUP_STEPS)
+from tfdist.config import checks
+from tfdist.config.load import EXCHANGE_OPTIONS, check_arguments
 from tfdist.core import transaction
 from tfdist.core.buckets import DEFAULT_BUCKET_BYTES
 from tfdist.core.hooks import TrainingHook
 from tfdist.core.variables import underlying
 from tfdist.errors import UnsupportedError
 from tfdist.strategies.kind import capabilities_of
+
+#: The exchange's arguments, checked as the config's compression section is; the seed
+#: of random compressors (random-k, QSGD's rounding) is any 64-bit integer.
+ARGUMENTS = {**EXCHANGE_OPTIONS, "seed": checks.integer}
 
 
 class GradientCompression(TrainingHook):
@@ -82,15 +88,19 @@ class GradientCompression(TrainingHook):
         if error_feedback not in (True, False, "ef21"):
             raise ValueError("error_feedback must be True, False or 'ef21'. "
                              f"Received: error_feedback={error_feedback!r}")
+        checked = check_arguments(
+            "GradientCompression", ARGUMENTS, start_step=start_step, min_size=min_size,
+            seed=seed, freeze_variance=freeze_variance,
+            bucket_bytes=DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes)
         self.compressor, self.error_feedback = compressor, error_feedback
-        self.bucket_bytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else int(bucket_bytes)
-        self.start_step, self.min_size, self.seed = int(start_step), int(min_size), int(seed)
-        self.corrections = {"momentum_correction": float(momentum_correction or 0.0),
-                            "local_clip_norm": float(local_clip_norm or 0.0),
-                            "ratio_warmup_steps": int(ratio_warmup_steps or 0),
-                            "ratio_warmup_start": float(ratio_warmup_start or 0.25)}
+        self.bucket_bytes, self.seed = checked["bucket_bytes"], checked["seed"]
+        self.start_step, self.min_size = checked["start_step"], checked["min_size"]
+        self.corrections = {"momentum_correction": momentum_correction,
+                            "local_clip_norm": local_clip_norm,
+                            "ratio_warmup_steps": ratio_warmup_steps,
+                            "ratio_warmup_start": ratio_warmup_start}
         self._check_corrections()
-        self.freeze_variance = bool(freeze_variance)
+        self.freeze_variance = checked["freeze_variance"]
         if self.freeze_variance and self.start_step <= 0:
             raise ValueError("freeze_variance keeps Adam's second moment as it was at "
                              "start_step (1-bit Adam, Tang et al. 2021): it needs a warm-up "
@@ -111,8 +121,8 @@ class GradientCompression(TrainingHook):
         name = self.compressor.name
         for parameter in (MOMENTUM_CORRECTION, LOCAL_CLIP_NORM, RATIO_WARMUP_STEPS,
                           RATIO_WARMUP_START):
-            value = self.corrections[parameter.name]
-            parameter.check(value)
+            value = parameter.check(self.corrections[parameter.name], "GradientCompression")
+            self.corrections[parameter.name] = value
             if value != parameter.default and name not in parameter.compressors:
                 raise ValueError(f"{parameter.name} applies only to "
                                  f"[{', '.join(parameter.compressors)}]. Received: "

@@ -3,7 +3,10 @@
 from tfdist.compression.auto import AutoCompression
 from tfdist.compression.compressors import compressor_by_name
 from tfdist.compression.exchange import GradientCompression
-from tfdist.config.load import compression_from_dict
+from tfdist.config import checks
+from tfdist.config.errors import ConfigError
+from tfdist.config.load import check_arguments, compression_from_dict
+from tfdist.config.yaml_source import Source
 from tfdist.config.schema import CompressionConfig
 
 
@@ -27,7 +30,8 @@ def build(compression="none", **options):
     else:
         section = _as_dict(compression, options)
         seed = section.pop("seed", seed)  # a saved hook's config (`get_config`) has one
-        spec = compression_from_dict(section)
+        spec = compression_from_dict(section, source=Source.of_call("compression.build"))
+    seed = check_arguments("compression.build", {"seed": checks.integer}, seed=seed)["seed"]
     if spec.name == "auto":
         return AutoCompression(seed=seed)
     compressor = compressor_by_name(spec.name, ratio=spec.ratio, rank=spec.rank,
@@ -48,4 +52,8 @@ def _as_dict(compression, options):
         compression = {k: v for k, v in vars(compression).items() if v is not None}
     if isinstance(compression, str):
         compression = {"name": compression}
+    if not isinstance(compression, dict):
+        raise ConfigError("expected a compression name, a mapping, a CompressionConfig or a "
+                          f"compression hook. Received: {checks.shown(compression)}",
+                          file="compression.build()")
     return {**compression, **options}

@@ -6,36 +6,14 @@ returns the value (converted where that is lossless) or raises.
 
 import difflib
 import math
-import reprlib
+import numbers
 
-from tfdist.config import limits
+from tfdist import limits
 from tfdist.config.errors import clip
+from tfdist.errors import shown
 
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
                list: "a list", dict: "a mapping", type(None): "nothing (null)"}
-
-
-class _Short(reprlib.Repr):
-    """reprlib with room for real values; huge integers by their size (no conversion)."""
-
-    def __init__(self):
-        super().__init__()
-        self.maxstring = self.maxother = 120
-        self.maxlong, self.maxlevel = 60, 3
-        self.maxlist = self.maxtuple = self.maxdict = self.maxset = 8
-
-    def repr_int(self, x, level):
-        if x.bit_length() > 200:
-            return f"<an integer of about {int(x.bit_length() * math.log10(2)):,} digits>"
-        return super().repr_int(x, level)
-
-
-_short = _Short()
-
-
-def shown(value):
-    """`repr(value)`, shortened for a message: at most a line, whatever the value."""
-    return _short.repr(value)
 
 
 def describe(source, path, value):
@@ -115,8 +93,9 @@ def boolean(source, path, value):
 def integer(source, path, value, minimum=None, maximum=None):
     """An integer in [minimum, maximum], and always a 64-bit one (tfdist's counters are
     ``tf.int64``)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise type_error(source, path, "an integer", value)
+    value = int(value)  # NumPy's integers, from a Python caller
     _in_range(source, path, value, minimum, maximum)
     if not limits.INT64_MIN <= value <= limits.INT64_MAX:
         raise source.error(path, f"expected a 64-bit integer, between {limits.INT64_MIN} and "
@@ -127,7 +106,7 @@ def integer(source, path, value, minimum=None, maximum=None):
 def number(source, path, value, minimum=None, maximum=None, open_minimum=False):
     """A finite number that fits a 64-bit float; with `open_minimum`, strictly greater
     than `minimum`. Returns it as a float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise type_error(source, path, "a finite number", value)
     try:
         as_float = float(value)

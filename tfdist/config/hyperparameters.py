@@ -1,8 +1,12 @@
-"""Every compressor's name and hyper-parameters, declared once: read by the compressors'
-constructors and by the config loader (`tfdist.config.load`). No TensorFlow here."""
+"""Every compressor's name and hyper-parameters, declared once: checked by the same code
+in the compressors' constructors and in the config loader (`tfdist.config.load`). No
+TensorFlow here."""
 
 import dataclasses
-import math
+
+from tfdist.config import checks
+from tfdist.config.errors import ConfigError
+from tfdist.config.yaml_source import Source
 
 NAMES = ("none", "fp16", "bf16", "int8", "int4", "qsgd", "sign", "topk", "randomk", "powersgd")
 
@@ -27,23 +31,31 @@ class HyperParameter:
         return f"{kind} {low}{high}" + (f", a multiple of {self.multiple_of}"
                                          if self.multiple_of > 1 else "")
 
-    def valid(self, value):
-        if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
-            return False
-        if isinstance(value, float) and not math.isfinite(value):
-            return False
-        if self.maximum is not None and value > self.maximum:
-            return False
+    def checked(self, source, path, value):
+        """`value`, checked as the config loader checks it (`tfdist.config.checks`): a
+        located `ConfigError` naming the range otherwise."""
+        check = checks.integer if self.integer else checks.number
+        if self.open_minimum:
+            value = check(source, path, value, minimum=self.minimum, maximum=self.maximum,
+                          open_minimum=True)
+        else:
+            value = check(source, path, value, minimum=self.minimum, maximum=self.maximum)
         if self.integer and value % self.multiple_of:
-            return False
-        return value > self.minimum if self.open_minimum else value >= self.minimum
-
-    def check(self, value):
-        """`value` if it is in range, else ValueError naming the range."""
-        if not self.valid(value):
-            raise ValueError(f"{self.name} must be {self.describe()}. "
-                             f"Received: {self.name}={value!r}")
+            raise source.error(path, f"expected {self.describe()}. "
+                               f"Received: {checks.path_name(path)}={checks.shown(value)}")
         return value
+
+    def check(self, value, call="tfdist"):
+        """`value` as a Python argument of `call` (e.g. ``"TopK"``): refused exactly when
+        the config loader refuses it, with a `ConfigError` (a ValueError) naming both."""
+        return self.checked(Source.of_call(call), (self.name,), value)
+
+    def valid(self, value):
+        try:
+            self.check(value)
+            return True
+        except ConfigError:
+            return False
 
 
 RATIO = HyperParameter("ratio", ("topk", "randomk"), 0.01, integer=False, minimum=0, maximum=1,

@@ -7,7 +7,8 @@ import types
 
 from tfdist.cluster.address import Address, parse_address
 from tfdist.cluster.errors import ClusterError
-from tfdist.config import checks, limits
+from tfdist import limits
+from tfdist.config import checks
 from tfdist.config.errors import clip
 from tfdist.config.schema import (COMPRESSORS, JOB_TYPES, STRATEGIES, ClusterConfig,
                                   CompressionConfig, Config, LocalSGDConfig, SlurmClusterConfig,
@@ -19,12 +20,14 @@ from tfdist.capabilities import CAPABILITIES, capabilities, names_with
 SECTIONS = ("cluster", "strategy", "compression", "local_sgd")
 
 _positive_int = functools.partial(checks.integer, minimum=1)
+_count = functools.partial(checks.integer, minimum=0)
 STRATEGY_OPTIONS = {
     "mirrored": {
         "devices": checks.string_list,
         "cross_device_ops": functools.partial(
             checks.string, choices=("auto", "nccl", "hierarchical_copy", "reduce_to_one")),
-        "logical_cpus": _positive_int,
+        "logical_cpus": functools.partial(checks.integer, minimum=1,
+                                          maximum=limits.MAX_LOGICAL_CPUS),
     },
     "multi_worker_mirrored": {
         "communication": functools.partial(checks.string, choices=("auto", "ring", "nccl")),
@@ -33,7 +36,8 @@ STRATEGY_OPTIONS = {
     "central_storage": {
         "devices": checks.string_list,
         "parameter_device": checks.string,
-        "logical_cpus": _positive_int,
+        "logical_cpus": functools.partial(checks.integer, minimum=1,
+                                          maximum=limits.MAX_LOGICAL_CPUS),
     },
     "parameter_server": {"max_shards": _positive_int, "min_shard_bytes": _positive_int},
     "one_device": {"device": checks.string},
@@ -42,33 +46,14 @@ STRATEGY_OPTIONS = {
 
 
 
-def _hyperparameter_check(parameter):
-    """A config check of one compressor hyper-parameter, from its declaration."""
-    check = checks.integer if parameter.integer else checks.number
-    if parameter.open_minimum:
-        check = functools.partial(check, minimum=parameter.minimum, maximum=parameter.maximum,
-                                  open_minimum=True)
-    else:
-        check = functools.partial(check, minimum=parameter.minimum, maximum=parameter.maximum)
-    if parameter.multiple_of == 1:
-        return check
-
-    def multiple(source, path, value):
-        value = check(source, path, value)
-        if value % parameter.multiple_of:
-            raise source.error(path, f"expected {parameter.describe()}. "
-                               f"Received: {checks.path_name(path)}={checks.shown(value)}")
-        return value
-
-    return multiple
-
-
 # Compressor hyper-parameters (tfdist.config.hyperparameters): key -> (compressors
 # it applies to, default, check).
-COMPRESSOR_PARAMS = {name: (p.compressors, p.default, _hyperparameter_check(p))
+COMPRESSOR_PARAMS = {name: (p.compressors, p.default, p.checked)
                      for name, p in HYPERPARAMETERS.items()}
-COMPRESSION_KEYS = ("name", *COMPRESSOR_PARAMS, "error_feedback", "start_step", "min_size",
-                    "bucket_bytes", "freeze_variance")
+# The exchange's own options (tfdist.compression.exchange.GradientCompression).
+EXCHANGE_OPTIONS = {"start_step": _count, "min_size": _count, "bucket_bytes": _count,
+                    "freeze_variance": checks.boolean}
+COMPRESSION_KEYS = ("name", *COMPRESSOR_PARAMS, "error_feedback", *EXCHANGE_OPTIONS)
 LOCAL_SGD_KEYS = ("period", "warmup_steps", "average_non_trainable", "average_optimizer_state",
                   "outer", "fragments", "overlap_steps", "overlap_mix", "compression")
 
@@ -85,7 +70,7 @@ def load_config(path):
 
     Raises:
         ConfigError: anything wrong with the file, naming file, line, key and expectation,
-            in one printable line; also a file beyond `tfdist.config.limits` (size,
+            in one printable line; also a file beyond `tfdist.limits` (size,
             values with aliases expanded, nesting, number length, tasks), refused
             before the work it would cost.
     """
@@ -103,9 +88,25 @@ def strategy_from_dict(value, name="<dict>"):
     return _strategy(Source(name, {}, {}), ("strategy",), value)
 
 
-def compression_from_dict(value, name="<dict>"):
-    """Validates a compression section on its own into a `CompressionConfig`."""
-    return _compression(Source(name, {}, {}), ("compression",), value)
+def compression_from_dict(value, name="<dict>", *, source=None):
+    """Validates a compression section on its own into a `CompressionConfig`; `source`
+    (e.g. `Source.of_call`) says where its values came from."""
+    if source is None:
+        return _compression(Source(name, {}, {}), ("compression",), value)
+    return _compression(source, (), value)
+
+
+def local_sgd_from_dict(value, *, source):
+    """Validates a local_sgd section on its own (e.g. a constructor's arguments, with
+    `Source.of_call`) into a `LocalSGDConfig`."""
+    return _local_sgd(source, (), value)
+
+
+def check_arguments(call, declared, **values):
+    """Python arguments of `call`, each checked by the loader's check `declared[name]`:
+    refused exactly when the same value in a config file is. Returns them, converted."""
+    source = Source.of_call(call)
+    return {name: declared[name](source, (name,), value) for name, value in values.items()}
 
 
 def build_config(data, source):
@@ -196,7 +197,7 @@ def _slurm_cluster(source, path, value):
 
 def _too_many_tasks(source, path, received):
     return source.error(path, f"expected at most {limits.MAX_TASKS:,} tasks in the whole "
-                              f"cluster (tfdist.config.limits.MAX_TASKS). Received: {received}")
+                              f"cluster (tfdist.limits.MAX_TASKS). Received: {received}")
 
 
 def _job(source, path, job, spec):
@@ -268,12 +269,10 @@ def _compression(source, path, value):
         fields["error_feedback"] = _error_feedback(source, path + ("error_feedback",),
                                                    value["error_feedback"], name)
     _check_corrections(source, path, fields)
-    for key in ("start_step", "min_size", "bucket_bytes"):
+    for key, check in EXCHANGE_OPTIONS.items():
         if key in value:
-            fields[key] = checks.integer(source, path + (key,), value[key], minimum=0)
+            fields[key] = check(source, path + (key,), value[key])
     if "freeze_variance" in value:
-        fields["freeze_variance"] = checks.boolean(source, path + ("freeze_variance",),
-                                                   value["freeze_variance"])
         if fields["freeze_variance"] and not fields.get("start_step"):
             raise source.error(path + ("freeze_variance",), "freeze_variance keeps Adam's "
                                "second moment as it was at start_step (1-bit Adam, Tang et al. "
@@ -478,7 +477,7 @@ def _freeze(source, path, value, depth, budget):
     if budget[0] < 0 or depth > limits.MAX_DEPTH:
         raise source.error(path, f"expected at most {limits.MAX_DEPTH} levels and "
                                  f"{limits.MAX_VALUES:,} values, counting every repetition "
-                                 "(tfdist.config.limits); a structure that contains itself "
+                                 "(tfdist.limits); a structure that contains itself "
                                  "never ends")
     if isinstance(value, dict):
         return types.MappingProxyType(

@@ -1,4 +1,4 @@
-"""PyYAML's safe loader, held to `tfdist.config.limits` while it reads.
+"""PyYAML's safe loader, held to `tfdist.limits` while it reads.
 
 The composer asks the parser for one event at a time; `GuardedLoader` checks each event
 as it passes, so a document beyond a limit is refused before anything is built from it:
@@ -8,8 +8,8 @@ Errors name the file, the line and the key path reached so far.
 
 import yaml
 
-from tfdist.config import limits
-from tfdist.config.checks import shown
+from tfdist import limits
+from tfdist.errors import shown
 from tfdist.config.errors import ConfigError, clip, format_path
 
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
@@ -90,7 +90,7 @@ class GuardedLoader(yaml.SafeLoader):
         if len(self._open) + 1 > limits.MAX_DEPTH:
             kind = "mapping" if isinstance(event, yaml.MappingStartEvent) else "list"
             raise self._error(event, path, f"expected at most {limits.MAX_DEPTH} nested lists "
-                              "and mappings (tfdist.config.limits.MAX_DEPTH). Received: a "
+                              "and mappings (tfdist.limits.MAX_DEPTH). Received: a "
                               f"{kind} at level {len(self._open) + 1}")
         self._open.append(_Open(event, self._total - 1, path))
 
@@ -111,7 +111,7 @@ class GuardedLoader(yaml.SafeLoader):
         size, height = self._anchors[anchor]
         if len(self._open) + height > limits.MAX_DEPTH:
             raise self._error(event, path, f"expected at most {limits.MAX_DEPTH} nested lists "
-                              "and mappings (tfdist.config.limits.MAX_DEPTH). Received: alias "
+                              "and mappings (tfdist.limits.MAX_DEPTH). Received: alias "
                               f"*{anchor} reaching level {len(self._open) + height}")
         self._count(size, event, path)
         self._grow(height)
@@ -122,7 +122,7 @@ class GuardedLoader(yaml.SafeLoader):
             what = (f"alias *{event.anchor} repeats {size:,} values"
                     if isinstance(event, yaml.AliasEvent) else "a larger document")
             raise self._error(event, path, f"expected at most {limits.MAX_VALUES:,} values "
-                              "with every alias expanded (tfdist.config.limits.MAX_VALUES). "
+                              "with every alias expanded (tfdist.limits.MAX_VALUES). "
                               f"Received: {what}")
 
     def _grow(self, height):
@@ -138,7 +138,7 @@ class GuardedLoader(yaml.SafeLoader):
             tag = self.resolve(yaml.ScalarNode, event.value, event.implicit)
         if tag in _NUMBER_TAGS:
             raise self._error(event, path, f"expected a number of at most "
-                              f"{limits.MAX_NUMBER_CHARS} characters (tfdist.config.limits."
+                              f"{limits.MAX_NUMBER_CHARS} characters (tfdist.limits."
                               f"MAX_NUMBER_CHARS). Received: a number of {len(event.value):,} "
                               "characters")
 

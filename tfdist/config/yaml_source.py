@@ -3,7 +3,7 @@
 PyYAML's safe loader builds plain Python values, but forgets where they came from. To
 name the line of a bad key, the node tree is walked once to record, for each key path,
 its line and the raw scalar text (to explain YAML 1.1 booleans such as ``off``). The
-file is read and parsed within `tfdist.config.limits` (size, values with aliases
+file is read and parsed within `tfdist.limits` (size, values with aliases
 expanded, depth, number length), checked as it is read (`yaml_guard.GuardedLoader`).
 """
 
@@ -13,8 +13,8 @@ import stat
 
 import yaml
 
-from tfdist.config import limits
-from tfdist.config.checks import shown
+from tfdist import limits
+from tfdist.errors import shown
 from tfdist.config.errors import ConfigError, format_path
 from tfdist.config.yaml_guard import GuardedLoader
 
@@ -35,6 +35,12 @@ class Source:
     lines: dict
     raw: dict
 
+    @classmethod
+    def of_call(cls, call):
+        """The source of a Python call's arguments: the config loader's checks, applied to
+        a public constructor's values, name ``call()`` where a file name would stand."""
+        return cls(f"{call}()", {}, {})
+
     def error(self, path, reason):
         """A ConfigError located at `path` (a key path tuple)."""
         return ConfigError(reason, file=self.file, line=self.line_of(path), key=format_path(path))
@@ -48,7 +54,7 @@ class Source:
 
 
 def read_yaml(path):
-    """Parses one YAML file with the safe loader, within `tfdist.config.limits`.
+    """Parses one YAML file with the safe loader, within `tfdist.limits`.
 
     Returns:
         (data, source): the plain Python value and its `Source`.
@@ -121,7 +127,7 @@ def _check_regular(mode, file):
 
 def _too_large(file):
     return ConfigError(f"expected a file of at most {limits.MAX_FILE_BYTES:,} bytes (1 MiB, "
-                       "tfdist.config.limits.MAX_FILE_BYTES); a tfdist config is a few "
+                       "tfdist.limits.MAX_FILE_BYTES); a tfdist config is a few "
                        "hundred bytes. Received: a larger file", file=file)
 
 
@@ -168,7 +174,7 @@ def _record(loader, root, source):
         if visited > limits.MAX_VALUES or len(path) > limits.MAX_DEPTH:
             raise source.error(path, f"expected at most {limits.MAX_VALUES:,} values and "
                                f"{limits.MAX_DEPTH} levels with every alias expanded "
-                               "(tfdist.config.limits)")
+                               "(tfdist.limits)")
         source.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, yaml.ScalarNode):
             source.raw[path] = node.value

@@ -24,10 +24,15 @@ the anchors (which compresses like a gradient; the weights themselves would not)
 add the same decoded mean to the same anchors, so they end identical.
 """
 
+import types
+
 import keras
 import tensorflow as tf
 
+from tfdist.capabilities import names_with
 from tfdist.compression.factory import build
+from tfdist.config.load import local_sgd_from_dict
+from tfdist.config.yaml_source import Source
 from tfdist.core import wire
 from tfdist.core.hooks import TrainingHook, all_reduce_sum
 from tfdist.core.overlap import Background
@@ -35,7 +40,6 @@ from tfdist.core.variables import per_replica_state, underlying
 from tfdist.errors import UnsupportedError
 from tfdist.local_sgd import fragments as fragmenting
 from tfdist.local_sgd.outer import is_plain_average, outer_optimizer
-from tfdist.capabilities import names_with
 from tfdist.strategies.kind import capabilities_of
 
 
@@ -68,24 +72,20 @@ class ModelAverager(TrainingHook):
     def __init__(self, period, warmup_steps=0, average_non_trainable=False,
                  average_optimizer_state=False, compression=None, outer=None, fragments=1,
                  overlap_steps=0, overlap_mix=0.5):
-        if int(period) < 1 or int(warmup_steps) < 0:
-            raise ValueError("period must be >= 1 and warmup_steps >= 0. Received: "
-                             f"period={period}, warmup_steps={warmup_steps}")
-        if not 1 <= int(fragments) <= int(period) or not 0 <= int(overlap_steps) < int(period):
-            raise ValueError("fragments must be in [1, period] and overlap_steps in [0, "
-                             f"period). Received: period={period}, fragments={fragments}, "
-                             f"overlap_steps={overlap_steps}")
-        if not 0 <= float(overlap_mix) <= 1:
-            raise ValueError(f"overlap_mix must be in [0, 1]. Received: {overlap_mix}")
-        self.period, self.warmup_steps = int(period), int(warmup_steps)
-        self.average_non_trainable = average_non_trainable
-        self.average_optimizer_state = average_optimizer_state
+        checked = _checked_arguments(
+            period=period, warmup_steps=warmup_steps, fragments=fragments,
+            overlap_steps=overlap_steps, overlap_mix=overlap_mix, outer=outer,
+            average_non_trainable=average_non_trainable, compression=compression,
+            average_optimizer_state=average_optimizer_state)
+        self.period, self.warmup_steps = checked.period, checked.warmup_steps
+        self.average_non_trainable = checked.average_non_trainable
+        self.average_optimizer_state = checked.average_optimizer_state
         self.compression = _compression_hook(compression)
         self.outer = None if is_plain_average(outer) else outer
         if self.outer is not None:
             outer_optimizer(self.outer)  # an unknown name or option fails here, not in build
-        self.fragments, self.overlap_steps = int(fragments), int(overlap_steps)
-        self.overlap_mix = float(overlap_mix)
+        self.fragments, self.overlap_steps = checked.fragments, checked.overlap_steps
+        self.overlap_mix = checked.overlap_mix
         self.phased = self.warmup_steps > 0
         self._differ = set()  # the fragments whose replicas may hold different weights
         self.averages = 0    # synchronisations done (the step counter of a compressed one)
@@ -369,6 +369,20 @@ class _Plan:
             target = tf.cast(target, weight.dtype)
             weight.assign(target if self.mix == 0 else
                           self.mix * weight.read_value() + (1 - self.mix) * target)
+
+
+def _checked_arguments(**arguments):
+    """ModelAverager's arguments as a `LocalSGDConfig`, checked by the config loader's
+    own checks of the `local_sgd:` section (refused exactly when a config file's would be);
+    an outer optimizer or compression given as an object is checked where it is used."""
+    section = {k: v for k, v in arguments.items() if k not in ("outer", "compression")}
+    for key in ("outer", "compression"):
+        value = arguments[key]
+        if isinstance(value, (dict, types.MappingProxyType)):
+            section[key] = dict(value)
+        elif isinstance(value, str):
+            section[key] = value
+    return local_sgd_from_dict(section, source=Source.of_call("ModelAverager"))
 
 
 def _compression_hook(compression):

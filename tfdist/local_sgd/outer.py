@@ -7,7 +7,9 @@ in the paper. Plain local SGD is outer SGD with learning rate 1 and no momentum.
 
 import keras
 
+from tfdist.config import checks
 from tfdist.config.hyperparameters import OUTER_OPTIMIZERS
+from tfdist.config.yaml_source import Source
 
 #: The paper's outer optimizer, the default of `outer: {name: nesterov}`.
 NESTEROV = {"learning_rate": 0.7, "momentum": 0.9}
@@ -60,6 +62,9 @@ def _copy(optimizer):
     if type(optimizer) not in names:
         raise ValueError(f"an outer optimizer must be one of [{', '.join(names.values())}]. "
                          f"Received: {type(optimizer).__name__}")
+    if isinstance(config.get("learning_rate"), (int, float)):  # else a schedule
+        checks.number(Source.of_call(f"outer {type(optimizer).__name__}"), ("learning_rate",),
+                      config["learning_rate"], minimum=0)
     around = [k for k in ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay")
               if config.get(k)]
     if around:

@@ -1,10 +1,13 @@
 """`Trainer`: a custom training loop with a Keras-like `fit`, under any strategy."""
 
+import functools
 import itertools
 
 import keras
 import tensorflow as tf
 
+from tfdist.config import checks
+from tfdist.config.load import check_arguments
 from tfdist.core.driver import HookDriver
 from tfdist.core.hooks import GradientPipeline
 from tfdist.core.loss_scale import LossScaleOptimizer, is_loss_scale
@@ -197,6 +200,7 @@ class Trainer:
         Returns:
             The `keras.callbacks.History` of the run.
         """
+        check_arguments("Trainer.fit", _COUNTS, epochs=epochs, initial_epoch=initial_epoch)
         verbose = self._verbose(verbose)
         self._check_steps(steps_per_epoch, "steps_per_epoch")
         train_data = distribute(self.strategy, dataset_or_fn, self.coordinator)
@@ -323,14 +327,21 @@ class Trainer:
             metric.reset_state()
 
     def _verbose(self, verbose):
+        if verbose not in ("auto", 0, 1, 2) or isinstance(verbose, bool):
+            raise ValueError(f"verbose must be 0, 1, 2 or 'auto'. Received: verbose={verbose!r}")
         return (1 if is_chief(self.strategy) else 0) if verbose == "auto" else verbose
 
     def _check_steps(self, steps, name):
-        if steps is not None and (not isinstance(steps, int) or steps < 1):
-            raise ValueError(f"{name} must be a positive integer. Received: {name}={steps!r}")
+        if steps is not None:
+            check_arguments("Trainer", {name: _STEPS}, **{name: steps})
         if steps is None and self.coordinator is not None:
             raise ValueError(f"under ParameterServerStrategy, give {name}: workers read "
                              "repeated per-worker datasets, so an epoch has no natural end")
+
+
+_COUNTS = {"epochs": functools.partial(checks.integer, minimum=0),
+           "initial_epoch": functools.partial(checks.integer, minimum=0)}
+_STEPS = functools.partial(checks.integer, minimum=1)
 
 
 def _routed(optimizer, hooks):

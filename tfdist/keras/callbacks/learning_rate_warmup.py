@@ -1,7 +1,11 @@
 """`LearningRateWarmup`: linear warm-up to a learning rate scaled by the replicas."""
 
+import functools
+
 import keras
 
+from tfdist.config import checks
+from tfdist.config.load import check_arguments
 from tfdist.core.optimizer import learning_rate_schedule
 from tfdist.keras.callbacks.worker_scratch import strategy_of
 
@@ -13,6 +17,11 @@ def warmup_rate(step, base_rate, target_rate, warmup_steps):
     if step >= warmup_steps:
         return target_rate
     return base_rate + (target_rate - base_rate) * step / warmup_steps
+
+
+_RATE = functools.partial(checks.number, minimum=0)
+ARGUMENTS = {"warmup_steps": functools.partial(checks.integer, minimum=1),
+             "target_rate": _RATE, "initial_rate": _RATE, "scale_by_replicas": checks.boolean}
 
 
 class LearningRateWarmup(keras.callbacks.Callback):
@@ -37,10 +46,12 @@ class LearningRateWarmup(keras.callbacks.Callback):
     def __init__(self, warmup_steps, target_rate=None, scale_by_replicas=True,
                  initial_rate=None):
         super().__init__()
-        if int(warmup_steps) < 1:
-            raise ValueError(f"warmup_steps must be >= 1. Received: warmup_steps={warmup_steps}")
-        self.warmup_steps, self.target_rate = int(warmup_steps), target_rate
-        self.scale_by_replicas, self.initial_rate = scale_by_replicas, initial_rate
+        rates = {k: v for k, v in (("target_rate", target_rate),
+                                   ("initial_rate", initial_rate)) if v is not None}
+        a = check_arguments("LearningRateWarmup", ARGUMENTS, warmup_steps=warmup_steps,
+                            scale_by_replicas=scale_by_replicas, **rates)
+        self.warmup_steps, self.target_rate = a["warmup_steps"], a.get("target_rate")
+        self.scale_by_replicas, self.initial_rate = scale_by_replicas, a.get("initial_rate")
         self.base = self.target = None
 
     def on_train_begin(self, logs=None):

@@ -28,6 +28,10 @@ MAX_TASKS = 10,000
     address lists: ``worker: 100000000`` would otherwise build 10^8 addresses.
 MAX_PATH_BYTES = 4,096
     The longest path a config gives (Linux's PATH_MAX, in UTF-8 bytes).
+MAX_LOGICAL_CPUS = 1,024
+    The most logical CPU devices a strategy splits this machine's CPU into
+    (``strategy: {logical_cpus: N}``): 512 take TensorFlow 4 s and 650 MB here; 100,000
+    would hang for minutes and end in MemoryError.
 
 Recursive structures (an alias inside its own anchor, ``a: &a [*a]``) are refused
 whatever their size: they have no finite expansion.
@@ -41,3 +45,4 @@ INT64_MIN = -2**63
 INT64_MAX = 2**63 - 1
 MAX_TASKS = 10_000
 MAX_PATH_BYTES = 4096
+MAX_LOGICAL_CPUS = 1024
