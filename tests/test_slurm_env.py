@@ -356,7 +356,7 @@ def test_sbatch_script(write_config):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "#!/bin/bash"
-    assert "chief×1, ps×1, worker×3" in lines[1]
+    assert "chief x1, ps x1, worker x3" in lines[1]
     assert [l for l in lines if l.startswith("#SBATCH")] == [
         "#SBATCH --ntasks=5", "#SBATCH --signal=B:TERM@60", "#SBATCH --requeue",
         "#SBATCH --open-mode=append", "#SBATCH --nodes=2", "#SBATCH --time=01:00:00", "#SBATCH --partition=gpu"]

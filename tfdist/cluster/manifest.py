@@ -4,6 +4,7 @@ import re
 
 from tfdist.cluster.errors import ClusterError
 from tfdist.cluster.roles import task_argv
+from tfdist.errors import shown
 
 REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 PORT = 2222
@@ -49,6 +50,24 @@ def check_grace_seconds(seconds):
         raise ClusterError(f"--grace-seconds must be a whole number from 1 to {MAX_GRACE_SECONDS} "
                            "(the time a task gets after SIGTERM to finish its step and save). "
                            f"Received: {seconds!r}")
+
+
+def check_argv(argv, what="the command"):
+    """Raises `ClusterError` unless every argument can stand in a Kubernetes manifest:
+    UTF-8 text (the API's strings; a command line's bytes that are not UTF-8 arrive as
+    lone surrogates) without NUL (which no exec takes)."""
+    for i, word in enumerate(argv):
+        try:
+            word.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ClusterError(f"{what} cannot go into a Kubernetes manifest: argument {i} "
+                               "holds bytes that are not UTF-8 (Kubernetes strings are UTF-8). "
+                               f"Received: {shown(word.encode('utf-8', 'surrogateescape'))}"
+                               ) from None
+        if "\0" in word:
+            raise ClusterError(f"{what} cannot hold a NUL character (argument {i}). "
+                               f"Received: {shown(word)}")
+    return list(argv)
 
 
 def default_name(path, max_length=DNS_LABEL_LENGTH):
@@ -103,6 +122,7 @@ def tfjob_manifest(config, *, image, command, name=None, namespace="default", ma
                            f"{DNS_LABEL_LENGTH}. Received: {name!r} ({len(name)} characters)")
     dns_name(namespace, "--namespace")
     check_image(image)
+    check_argv(command)
     check_max_restarts(max_restarts, "backoffLimit")
     check_grace_seconds(grace_seconds)
     strategy = config.strategy.name if config.strategy else None

@@ -63,7 +63,8 @@ def batch_script(config, command, *, ntasks=None, options=(), tfdist=None,
                            f"(chief {slurm.chief}, ps {slurm.ps}, evaluator {slurm.evaluator} "
                            f"and one worker). Received: --ntasks={ntasks}")
     check_grace_seconds(grace_seconds)
-    lines = ["#!/bin/bash", f"# Written by tfdist sbatch for {one_line(config.path or 'a config')}: "
+    name = one_line(config.path or "a config").encode("ascii", "backslashreplace").decode()
+    lines = ["#!/bin/bash", f"# Written by tfdist sbatch for {name}: "
              f"{ntasks} TF task(s), {_layout(slurm, ntasks)}.",
              f"#SBATCH --ntasks={ntasks}", f"#SBATCH --signal=B:TERM@{grace_seconds}",
              "#SBATCH --requeue", "#SBATCH --open-mode=append"]  # a requeued run's log after
@@ -73,7 +74,24 @@ def batch_script(config, command, *, ntasks=None, options=(), tfdist=None,
     config_path = os.path.abspath(config.path) if config.path else "CONFIG"
     tfdist = list(tfdist or (sys.executable, "-m", "tfdist"))
     srun = ["srun", *SRUN_OPTIONS, *tfdist, "exec", config_path, "--", *command]
-    return "\n".join(lines + ["set -uo pipefail", *_PREEMPTIBLE(shlex.join(srun))]) + "\n"
+    nul = next((word for word in srun if "\0" in word), None)
+    if nul is not None:  # no command line can carry one
+        raise ClusterError(f"a command argument cannot hold a NUL character. Received: {nul!r}")
+    srun_line = " ".join(shell_word(word) for word in srun)
+    return "\n".join(lines + ["set -uo pipefail", *_PREEMPTIBLE(srun_line)]) + "\n"
+
+
+def shell_word(text):
+    """`text` as one bash word on one line of printable ASCII: single-quoted (`shlex`),
+    or ANSI-C quoted (``$'...'``, every other byte as ``\\xHH``) when it holds a newline, a
+    control character, non-ASCII text or bytes that are not UTF-8 (a command line's
+    ``surrogateescape``) — so that no value can start a line of the script, and bash
+    hands the task exactly the bytes it was given."""
+    if text.isascii() and text.isprintable():
+        return shlex.quote(text)
+    data = text.encode("utf-8", "surrogateescape")
+    return "$'" + "".join(chr(b) if 0x20 <= b < 0x7f and chr(b) not in "\\'" else f"\\x{b:02x}"
+                          for b in data) + "'"
 
 
 def _PREEMPTIBLE(srun):  # noqa: N802 (the script's body)
@@ -100,7 +118,7 @@ def _PREEMPTIBLE(srun):  # noqa: N802 (the script's body)
 
 def _layout(slurm, ntasks):
     counts = task_counts(slurm, ntasks)
-    return ", ".join(f"{job}×{n}" for job, n in counts.items() if n) + f", ports {slurm.port}+"
+    return ", ".join(f"{job} x{n}" for job, n in counts.items() if n) + f", ports {slurm.port}+"
 
 
 def _checked(name, value):

@@ -19,8 +19,8 @@ command and worker count, so they agree.
 from tfdist.cluster.errors import ClusterError
 from tfdist.cluster.jobset import PORT, downward_env, task_counts
 from tfdist.cluster.manifest import (DEFAULT_GRACE_SECONDS, DNS_LABEL_LENGTH,
-                                     PREEMPTED_EXIT_CODE, check_grace_seconds, check_image,
-                                     check_max_restarts, default_name, dns_name)
+                                     PREEMPTED_EXIT_CODE, check_argv, check_grace_seconds,
+                                     check_image, check_max_restarts, default_name, dns_name)
 from tfdist.cluster.roles import runs_server
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -73,7 +73,8 @@ def trainjob_manifests(config, *, image, command, config_path, name=None,
     check_image(image, MAX_IMAGE_LENGTH)
     check_max_restarts(max_restarts, "failurePolicy.maxRestarts")
     check_grace_seconds(grace_seconds)
-    argv = ["tfdist", "exec", str(config_path), "--", *command]
+    argv = ["tfdist", "exec", *check_argv([str(config_path)], "the config path"), "--",
+            *check_argv(command)]
     trainer_job = "worker" if "worker" in counts else next(iter(counts))
     runtime = training_runtime(config, counts, image=image, argv=argv, name=f"tfdist-{name}",
                                namespace=namespace, trainer_job=trainer_job,
