@@ -12,13 +12,19 @@ be read (truncated, corrupt) is reported in one line naming its file, and the pr
 used. Pure Python: the caller supplies what writes and reads the files.
 """
 
+import functools
 import json
 import os
 import re
 import shutil
 import tempfile
 
+from tfdist.config import checks
+from tfdist.config.load import check_arguments
 from tfdist.errors import TfdistError
+
+#: keep >= 2: the previous good checkpoint is kept until a new one is complete.
+ARGUMENTS = {"directory": checks.path, "keep": functools.partial(checks.integer, minimum=2)}
 
 LATEST = "latest"
 METADATA = "metadata.json"
@@ -38,10 +44,8 @@ class CheckpointStore:
     """
 
     def __init__(self, directory, keep=2):
-        if keep < 2:
-            raise ValueError(f"keep must be >= 2 (the previous good checkpoint is kept "
-                             f"until a new one is complete). Received: keep={keep!r}")
-        self.directory, self.keep = os.fspath(directory), keep
+        checked = check_arguments("CheckpointStore", ARGUMENTS, directory=directory, keep=keep)
+        self.directory, self.keep = checked["directory"], checked["keep"]
 
     def save(self, write, metadata):
         """Writes a checkpoint: `write(path)` fills the new checkpoint's directory `path`;

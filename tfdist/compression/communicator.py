@@ -4,7 +4,7 @@ import tensorflow as tf
 
 from tfdist.compression.buffers import pack, unpack
 from tfdist.core import transaction, wire
-from tfdist.core.buckets import all_reduce_in_buckets
+from tfdist.core.buckets import all_reduce_in_buckets, checked_bucket_bytes
 
 
 class Communicator:
@@ -18,7 +18,7 @@ class Communicator:
 
     def __init__(self, context=None, bucket_bytes=None):
         self.context = context or tf.distribute.get_replica_context()
-        self.bucket_bytes = bucket_bytes
+        self.bucket_bytes = checked_bucket_bytes(bucket_bytes, "Communicator")
         self.num_replicas = self.context.num_replicas_in_sync
         self.replica_id = self.context.replica_id_in_sync_group
 

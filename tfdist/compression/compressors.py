@@ -25,7 +25,9 @@ import tensorflow as tf
 
 from tfdist.compression import powersgd
 from tfdist.compression.buffers import pack, per_block, tensor_max, tensor_sum, unpack
+from tfdist.config.errors import ConfigError
 from tfdist.config.hyperparameters import BLOCK_SIZE, LEVELS, RANK, RATIO
+from tfdist.errors import shown
 
 BLOCK = 64  # quantisers' alignment: per-tensor scales broadcast over blocks
 
@@ -91,8 +93,12 @@ class Cast(Compressor):
     collective = "sum"
 
     def __init__(self, dtype):
+        names = {"float16": "fp16", "bfloat16": "bf16"}
+        if getattr(dtype, "name", dtype) not in names:
+            raise ConfigError(f"dtype: expected float16 or bfloat16. Received: dtype={shown(dtype)}",
+                              file="Cast()")
         self.dtype = tf.as_dtype(dtype)
-        self.name = {"float16": "fp16", "bfloat16": "bf16"}[self.dtype.name]
+        self.name = names[self.dtype.name]
 
     def encode(self, x, layout, seeds):
         return (tf.cast(x / _num_replicas(), self.dtype),)

@@ -25,12 +25,9 @@ def build(compression="none", **options):
     if isinstance(compression, (GradientCompression, AutoCompression)):
         return compression
     seed = options.pop("seed", 0)
-    if isinstance(compression, CompressionConfig) and not options:
-        spec = compression  # validated when it was loaded
-    else:
-        section = _as_dict(compression, options)
-        seed = section.pop("seed", seed)  # a saved hook's config (`get_config`) has one
-        spec = compression_from_dict(section, source=Source.of_call("compression.build"))
+    section = _as_dict(compression, options)  # a CompressionConfig too: it may be hand-made
+    seed = section.pop("seed", seed)  # a saved hook's config (`get_config`) has one
+    spec = compression_from_dict(section, source=Source.of_call("compression.build"))
     seed = check_arguments("compression.build", {"seed": checks.integer}, seed=seed)["seed"]
     if spec.name == "auto":
         return AutoCompression(seed=seed)

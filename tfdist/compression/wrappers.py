@@ -11,6 +11,7 @@ compiled step).
 import tensorflow as tf
 
 from tfdist.compression.buffers import Layout, pack, unpack
+from tfdist.config.load import EXCHANGE_OPTIONS, check_arguments
 from tfdist.core.buckets import buckets
 
 
@@ -66,7 +67,8 @@ class DelayedStart(Wrapper):
 
     def __init__(self, inner, start_step):
         super().__init__(inner)
-        self.start_step = int(start_step)
+        self.start_step = check_arguments("DelayedStart", EXCHANGE_OPTIONS,
+                                          start_step=start_step)["start_step"]
 
     def phase(self, step):
         return step >= self.start_step
@@ -82,7 +84,8 @@ class MinSize(Wrapper):
 
     def __init__(self, inner, min_size):
         super().__init__(inner)
-        self.min_size = int(min_size)
+        self.min_size = check_arguments("MinSize", EXCHANGE_OPTIONS,
+                                        min_size=min_size)["min_size"]
 
     def split(self, shapes):
         """(indices of the uncompressed tensors, of the compressed ones, the latter's layout)."""

@@ -7,6 +7,7 @@ returns the value (converted where that is lossless) or raises.
 import difflib
 import math
 import numbers
+import os
 
 from tfdist import limits
 from tfdist.config.errors import clip
@@ -72,7 +73,10 @@ def string(source, path, value, choices=None):
 
 def path(source, key_path, value):
     """A file system path: a non-empty string with no NUL (which no system call takes) and
-    at most `limits.MAX_PATH_BYTES` bytes in UTF-8 (Linux's PATH_MAX)."""
+    at most `limits.MAX_PATH_BYTES` bytes in UTF-8 (Linux's PATH_MAX). A Python caller's
+    `os.PathLike` is taken as its text."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
     string(source, key_path, value)
     if "\0" in value:
         raise source.error(key_path, f"a path cannot hold a NUL character. "

@@ -11,6 +11,7 @@ layers' gradients are still being computed. The step's finiteness verdict
 
 import tensorflow as tf
 
+from tfdist.config.load import EXCHANGE_OPTIONS, check_arguments
 from tfdist.core import transaction, wire
 from tfdist.core.wire import nbytes
 
@@ -28,6 +29,14 @@ def bucket_bytes_for(bandwidth_bits, latency, messages, ratio=20):
     """Buckets whose transfer takes `ratio` times the fixed cost of one more all-reduce
     (`messages` sequential messages of `latency` seconds) on a link of `bandwidth_bits`."""
     return int(ratio * latency * messages * bandwidth_bits / 8)
+
+
+def checked_bucket_bytes(bucket_bytes, call):
+    """`bucket_bytes` of a Python call: None, or checked as the config's compression
+    ``bucket_bytes`` is (an integer >= 0; 0: one bucket)."""
+    if bucket_bytes is None:
+        return None
+    return check_arguments(call, EXCHANGE_OPTIONS, bucket_bytes=bucket_bytes)["bucket_bytes"]
 
 
 def buckets(sizes, bucket_bytes):

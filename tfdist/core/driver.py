@@ -9,6 +9,8 @@ a `tf.GradientTape` loop. It is the only place that changes phases; the optimize
 
 import tensorflow as tf
 
+from tfdist.config import checks
+from tfdist.config.load import check_arguments
 from tfdist.core.optimizer import driving, pipeline_of
 from tfdist.core.owned import optimizers_of
 from tfdist.core.preemption import preemption
@@ -137,7 +139,8 @@ class StepFunction:
     def __init__(self, fn, model, optimizer=None, preemption=False, **tf_function_options):
         self.fn, self.options = fn, tf_function_options
         self.model, self.optimizer = model, optimizer
-        self.watch_preemption = preemption
+        self.watch_preemption = check_arguments("StepFunction", {"preemption": checks.boolean},
+                                                preemption=preemption)["preemption"]
         self._driver = None
         if optimizer is not None:
             self._driver = HookDriver(model, optimizer)  # a wrong one is refused at once

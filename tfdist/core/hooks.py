@@ -25,7 +25,7 @@ the model in `after_step` and `before_read`.
 import tensorflow as tf
 
 from tfdist.core import wire
-from tfdist.core.buckets import DEFAULT_BUCKET_BYTES, all_reduce_in_buckets
+from tfdist.core.buckets import DEFAULT_BUCKET_BYTES, all_reduce_in_buckets, checked_bucket_bytes
 
 
 class TrainingHook:
@@ -127,6 +127,7 @@ def all_reduce_sum(grads, bucket_bytes=None):
     `bucket_bytes` that overlap the backward pass (`tfdist.core.buckets`; None: one)."""
     if not grads:
         return []
+    bucket_bytes = checked_bucket_bytes(bucket_bytes, "all_reduce_sum")
     return all_reduce_in_buckets(tf.distribute.get_replica_context(), grads, bucket_bytes)
 
 
@@ -143,7 +144,8 @@ class GradientPipeline:
     """
 
     def __init__(self, hooks=(), bucket_bytes=None):
-        self.bucket_bytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+        self.bucket_bytes = checked_bucket_bytes(
+            DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes, "GradientPipeline")
         self.hooks = []
         self.meter = wire.WireMeter()  # what the optimizer's steps sent (CommStats)
         self.driven = False   # a driver has set the hooks' phases

@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from tfdist.config.load import STRATEGY_OPTIONS, check_arguments
 from tfdist.strategies.errors import StrategyError
 
 
@@ -15,8 +16,11 @@ def ensure_logical_cpus(count):
         The names of the logical CPU devices.
 
     Raises:
+        ConfigError: `count` is not an integer from 1 to `limits.MAX_LOGICAL_CPUS`.
         StrategyError: TensorFlow already initialised a different number of CPUs.
     """
+    count = check_arguments("ensure_logical_cpus", STRATEGY_OPTIONS["mirrored"],
+                            logical_cpus=count)["logical_cpus"]
     cpu = tf.config.list_physical_devices("CPU")[0]
     configured = tf.config.get_logical_device_configuration(cpu)
     if configured is None or len(configured) != count:

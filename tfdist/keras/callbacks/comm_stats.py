@@ -3,6 +3,8 @@
 import keras
 import tensorflow as tf
 
+from tfdist.config import checks
+from tfdist.config.load import check_arguments
 from tfdist.core.owned import named_optimizers
 from tfdist.core.optimizer import pipeline_of
 
@@ -32,7 +34,8 @@ class CommStats(keras.callbacks.Callback):
 
     def __init__(self, log_dir=None):
         super().__init__()
-        self.log_dir = log_dir
+        self.log_dir = log_dir if log_dir is None else check_arguments(
+            "CommStats", {"log_dir": checks.path}, log_dir=log_dir)["log_dir"]
         self._writer = None
         self._named, self._start, self._steps = [], {}, 0
 
