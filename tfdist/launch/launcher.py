@@ -62,8 +62,10 @@ class Launcher:
     Output: the tasks' bytes reach `out` prefixed by task, each line at most 64 KiB
     (longer ones are cut into prefixed pieces), through a bounded queue and a writer
     thread per destination (`tfdist.launch.output`). Progress bars that redraw with
-    ``\\r`` become periodic lines and cursor/erase sequences are dropped (colours too,
-    unless `out` is a terminal; `tfdist.launch.rendering`); other bytes pass unchanged.
+    ``\\r`` become periodic lines; terminal control is an allow-list (colours on a
+    terminal, nothing else): cursor/erase sequences and titles are dropped, every other
+    control sequence or control character is shown escaped, and the prefix is never
+    overwritten (`tfdist.launch.rendering`).
     TF's reports that a peer has gone (logged when one worker finishes before another,
     "The tasks have crashed") are printed if a task failed (restarted or not), else
     replaced by a one-line note (`tfdist.launch.shutdown_reports`). At the end, one line
