@@ -26,7 +26,9 @@ import tensorflow as tf
 from tfdist.compression import powersgd
 from tfdist.compression.buffers import pack, per_block, tensor_max, tensor_sum, unpack
 from tfdist.config.errors import ConfigError
-from tfdist.config.hyperparameters import BLOCK_SIZE, LEVELS, RANK, RATIO
+from tfdist.config import checks
+from tfdist.config.hyperparameters import BLOCK_SIZE, LEVELS, NAMES, RANK, RATIO
+from tfdist.config.yaml_source import Source
 from tfdist.errors import shown
 
 BLOCK = 64  # quantisers' alignment: per-tensor scales broadcast over blocks
@@ -355,6 +357,7 @@ def compressor_by_name(name, *, ratio=None, rank=None, levels=None, block_size=N
                        error_feedback=False):
     """The `Compressor` called `name` (none, fp16, bf16, int8, int4, qsgd, sign, topk, randomk,
     powersgd) with its hyper-parameter (None: the declared default)."""
+    checks.string(Source.of_call("compressor_by_name"), ("name",), name, NAMES)
     ratio = RATIO.default if ratio is None else ratio
     return {
         "none": lambda: Compressor(),

@@ -125,9 +125,9 @@ def all_reduce_sum(grads, bucket_bytes=None):
     """The exchange Keras 3 performs: a SUM all-reduce over the replicas in sync (which
     also carries the step's finiteness verdict, `tfdist.core.transaction`), in buckets of
     `bucket_bytes` that overlap the backward pass (`tfdist.core.buckets`; None: one)."""
+    bucket_bytes = checked_bucket_bytes(bucket_bytes, "all_reduce_sum")
     if not grads:
         return []
-    bucket_bytes = checked_bucket_bytes(bucket_bytes, "all_reduce_sum")
     return all_reduce_in_buckets(tf.distribute.get_replica_context(), grads, bucket_bytes)
 
 
