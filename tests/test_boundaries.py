@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import tfdist
 from tfdist import cli
-from tfdist.config import ConfigError, config_from_dict
+from tfdist.config import config_from_dict
 from tfdist.errors import TfdistError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
