@@ -8,7 +8,7 @@ import sys
 
 import yaml
 
-from tfdist.cluster.environment import exec_task
+from tfdist.cluster.environment import CommandError, exec_task
 from tfdist.cluster.manifest import DEFAULT_GRACE_SECONDS, MAX_GRACE_SECONDS, tfjob_manifest
 from tfdist.cluster.trainjob import trainjob_manifests
 from tfdist.cluster.sbatch import batch_script
@@ -246,7 +246,11 @@ def _manifest(args, command):
 def _exec(args, command):
     config = load_config(args.config)
     _require_command(command, "exec")
-    exec_task(config, command)  # replaces this process
+    try:
+        exec_task(config, command)  # replaces this process
+    except CommandError as e:  # exit 127 (not found) or 126 (not executable), as a shell
+        report(f"tfdist exec: error: {e}")
+        return e.exit_code
 
 
 def _sbatch(args, command):

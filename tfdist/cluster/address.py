@@ -6,9 +6,11 @@ import re
 
 from tfdist.cluster.errors import ClusterError
 
-# Matched with fullmatch: `$` alone would accept a trailing newline.
-_HOSTNAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+# Matched with fullmatch: `$` alone would accept a trailing newline. Labels as in DNS, plus
+# '_' (found in cluster node names, e.g. SLURM's, and resolved by getaddrinfo).
+_HOSTNAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+                       r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*")
+MAX_ADDRESS_CHARS = 300  # a 253-character host name, brackets, ':' and a port fit
 _VISIBLE_ASCII = re.compile(r"[!-~]+")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
@@ -43,6 +45,9 @@ def parse_address(text):
     Raises:
         ClusterError: with the reason, when `text` is not a host and a port in 1-65535.
     """
+    if len(text) > MAX_ADDRESS_CHARS:
+        raise ClusterError(f'expected "host:port" of at most {MAX_ADDRESS_CHARS} characters; '
+                           f"this one has {len(text):,}")
     text = text.strip()
     if not _VISIBLE_ASCII.fullmatch(text):
         raise ClusterError('expected "host:port" in visible ASCII characters, without spaces '
@@ -55,13 +60,21 @@ def parse_address(text):
         _check_ip(host, version=6)
     elif ":" in host:
         raise ClusterError('expected "host:port"; write IPv6 hosts in brackets, "[::1]:2222"')
-    elif not _HOSTNAME.fullmatch(host):
-        raise ClusterError(f"{host!r} is not a valid host name or IP address")
+    else:
+        check_host(host)
     if not port.isdigit() or len(port) > 5:
         raise ClusterError(f"the port {port!r} is not a number in 1-65535")
     if not 1 <= int(port) <= 65535:
         raise ClusterError(f"the port {int(port)} is outside 1-65535")
     return Address(host, int(port))
+
+
+def check_host(host):
+    """Raises `ClusterError` unless `host` is a host name (DNS labels of letters, digits,
+    '-' and '_', at most 253 characters) or an IPv4 address."""
+    if not _HOSTNAME.fullmatch(host):
+        shown = repr(host) if len(host) <= 253 else f"a {len(host):,}-character name"
+        raise ClusterError(f"{shown} is not a valid host name or IP address")
 
 
 def _check_ip(host, version):

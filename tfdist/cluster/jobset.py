@@ -25,7 +25,9 @@ Every task listens on port 2222, as under the Kubeflow TFJob.
 """
 
 from tfdist.cluster.errors import ClusterError
-from tfdist.cluster.manifest import dns_name
+from tfdist.cluster.manifest import DNS_LABEL_LENGTH, dns_name
+from tfdist.cluster.tf_config import MAX_NUMBER_CHARS, environ_integer, environ_text
+from tfdist.limits import MAX_TASKS
 
 PORT = 2222
 JOBSET_NAME_KEY = "jobset.sigs.k8s.io/jobset-name"
@@ -81,18 +83,32 @@ def scheduled_task(config, environ):
     if job not in jobs:
         raise ClusterError(f"this pod's replicated job is not a task type of {_name(config)}'s "
                            f"cluster {sorted(jobs)}. Received: REPLICATED_JOB_NAME={job!r}")
-    if _index(environ, "JOB_INDEX", default="0") != 0:
+    if "JOB_INDEX" in environ and environ_integer(environ, "JOB_INDEX", MAX_TASKS) != 0:
         raise ClusterError("tfdist runs one Job per task type (replicas: 1), with one pod per "
                            f"task. Received: JOB_INDEX={environ['JOB_INDEX']!r}")
-    index = _index(environ, "JOB_COMPLETION_INDEX")
+    _required(environ, "JOB_COMPLETION_INDEX", MAX_NUMBER_CHARS)
+    index = environ_integer(environ, "JOB_COMPLETION_INDEX", MAX_TASKS)
     if index >= jobs[job]:
         raise ClusterError(f"{_name(config)} has {jobs[job]} {job} task(s), so this pod's index "
                            f"is out of range. Received: JOB_COMPLETION_INDEX={index}")
-    place = {key: dns_name(environ[name], name) if environ.get(name) else None
-             for key, name in (("subdomain", "JOBSET_SUBDOMAIN"), ("namespace", "POD_NAMESPACE"))}
+    place = {key: dns_name(text, name) if (text := environ_text(environ, name, DNS_LABEL_LENGTH))
+             else None for key, name in (("subdomain", "JOBSET_SUBDOMAIN"),
+                                         ("namespace", "POD_NAMESPACE"))}
+    for name, count in jobs.items():
+        _check_host_name(jobset, name, count)
     cluster = {name: [task_address(jobset, name, i, **place) for i in range(count)]
                for name, count in jobs.items()}
     return cluster, job, index
+
+
+def _check_host_name(jobset, job, count):
+    """The longest host name of `job`'s pods must be a DNS label (JobSet's webhook
+    refuses longer ones, so a longer JOBSET_NAME is not JobSet's)."""
+    host = host_name(jobset, job, count - 1)
+    if len(host) > DNS_LABEL_LENGTH:
+        raise ClusterError(f"the host name of pod {job}:{count - 1}, {host!r}, is longer than "
+                           f"{DNS_LABEL_LENGTH} characters, so JOBSET_NAME is too long for a "
+                           f"JobSet. Received: JOBSET_NAME={jobset!r}")
 
 
 def task_counts(config):
@@ -117,22 +133,13 @@ def task_counts(config):
     return {job: len(addresses) for job, addresses in cluster.jobs().items()}
 
 
-def _required(environ, name):
-    value = environ.get(name)
+def _required(environ, name, max_chars=DNS_LABEL_LENGTH):
+    value = environ_text(environ, name, max_chars)
     if not value:
         raise ClusterError(f"{name} is missing or empty in this JobSet pod (JOBSET_NAME is set); "
                            "tfdist's pod template sets it (see `tfdist manifest --format "
                            f"trainjob`). Received: {name}={value!r}")
     return value
-
-
-def _index(environ, name, default=None):
-    text = environ.get(name, default)
-    if text is None:
-        text = _required(environ, name)
-    if not (text.isascii() and text.isdigit()) or len(text) > 9:
-        raise ClusterError(f"{name} must be a whole number >= 0. Received: {name}={text!r}")
-    return int(text)
 
 
 def _name(config):

@@ -1,6 +1,9 @@
 """TF_CONFIG: the JSON environment variable that tells each task its cluster and role.
 
 `read_tf_config` is tfdist's one reader of it; everything else takes the parsed dict.
+`environ_text` and `environ_integer` are the bounded readers of every variable a
+scheduler sets (here and in `tfdist.cluster.slurm`, `tfdist.cluster.jobset`): a value is
+refused by its length before it is parsed, with a message naming the variable.
 """
 
 import json
@@ -8,7 +11,44 @@ import os
 
 from tfdist.cluster.address import parse_address
 from tfdist.cluster.errors import ClusterError
-from tfdist.cluster.vertex import parse_cluster_spec
+from tfdist.cluster.vertex import load_json, parse_cluster_spec
+from tfdist.errors import shown
+from tfdist.limits import MAX_TASKS
+
+MAX_VARIABLE_CHARS = 1 << 20  # the longest variable read (a host list, JSON): 1 MiB
+MAX_NUMBER_CHARS = 64  # the longest number read from a variable
+MAX_ENV_STRING_BYTES = 128 * 1024  # Linux's MAX_ARG_STRLEN: one "NAME=value" execve passes
+
+
+def environ_text(environ, name, max_chars=MAX_VARIABLE_CHARS):
+    """Variable `name` of `environ` (None when unset), at most `max_chars` characters.
+
+    Raises:
+        ClusterError: a longer value; the message names the variable and shortens it.
+    """
+    return bounded(name, environ.get(name), max_chars)
+
+
+def bounded(name, text, max_chars=MAX_VARIABLE_CHARS):
+    """`text`, the value of variable `name` (or None), unless longer than `max_chars`."""
+    if text is not None and len(text) > max_chars:
+        raise ClusterError(f"{name} has {len(text):,} characters, expected at most "
+                           f"{max_chars:,}. Received: {name}={shown(text)}")
+    return text
+
+
+def environ_integer(environ, name, maximum):
+    """Variable `name` of `environ` as a whole number from 0 to `maximum`, written in
+    ASCII decimal digits (at most `MAX_NUMBER_CHARS` of them).
+
+    Raises:
+        ClusterError: unset, not such a number, or above `maximum`; names the variable.
+    """
+    text = environ_text(environ, name, MAX_NUMBER_CHARS)
+    if text is None or not (text.isascii() and text.isdigit()) or int(text) > maximum:
+        raise ClusterError(f"expected {name} to be a whole number from 0 to {maximum:,}. "
+                           f"Received: {name}={shown(text)}")
+    return int(text)
 
 
 def read_tf_config(environ=None):
@@ -29,11 +69,11 @@ def read_tf_config(environ=None):
     environ = os.environ if environ is None else environ
     if has_tf_config(environ):
         return parse_tf_config(environ["TF_CONFIG"])
-    raw = environ.get("CLUSTER_SPEC")
+    raw = environ_text(environ, "CLUSTER_SPEC")
     parsed = parse_cluster_spec(raw)
     if parsed is not None:
         try:
-            check_tf_config(parsed, raw)
+            check_tf_config(parsed, raw, name="CLUSTER_SPEC")
         except ClusterError as e:
             raise ClusterError(f"CLUSTER_SPEC (Vertex AI), read as TF_CONFIG: {e}") from None
     return parsed
@@ -50,55 +90,48 @@ def parse_tf_config(raw):
     """Parses the text of a TF_CONFIG (None or empty: None); see `read_tf_config`."""
     if raw is None or not raw.strip():
         return None
-    try:
-        parsed = json.loads(raw)
-    except ValueError as e:
-        raise ClusterError(f"TF_CONFIG is not valid JSON ({e}). "
-                           f"Received: TF_CONFIG={_shown(raw)}") from None
-    except RecursionError:
-        raise ClusterError("TF_CONFIG is nested too deeply to be a task description. "
-                           f"Received: TF_CONFIG={_shown(raw)}") from None
+    parsed = load_json(bounded("TF_CONFIG", raw), "TF_CONFIG")
     check_tf_config(parsed, raw)
     return parsed
 
 
-def check_tf_config(parsed, raw=None):
+def check_tf_config(parsed, raw=None, name="TF_CONFIG"):
     """Raises `ClusterError` unless `parsed` is a TF_CONFIG TensorFlow can use.
 
     That is a JSON object whose ``cluster`` (if given) maps job names to lists of
-    ``"host:port"`` strings and whose ``task`` (if given) has a string ``type`` and an
-    integer ``index`` >= 0 inside that job.
+    ``"host:port"`` strings, at most `MAX_TASKS` in all, and whose ``task`` (if given)
+    has a string ``type`` and an integer ``index`` >= 0 inside that job. `raw` is the
+    text of variable `name` that `parsed` was read from, shown in messages.
     """
-    shown = _shown(raw if raw is not None else json.dumps(parsed))
+    shown_raw = f"{name}={shown(raw if raw is not None else json.dumps(parsed))}"
     if not isinstance(parsed, dict):
         raise ClusterError("TF_CONFIG must be a JSON object with keys cluster and task. "
-                           f"Received: TF_CONFIG={shown}")
+                           f"Received: {shown_raw}")
     cluster, task = parsed.get("cluster", {}), parsed.get("task", {})
     if not isinstance(cluster, dict) or not all(
             isinstance(job, str) and isinstance(a, list) for job, a in cluster.items()):
         raise ClusterError('TF_CONFIG\'s cluster must map job names to lists of "host:port" '
-                           f"strings. Received: TF_CONFIG={shown}")
+                           f"strings. Received: {shown_raw}")
+    if sum(map(len, cluster.values())) > MAX_TASKS:
+        raise ClusterError(f"TF_CONFIG's cluster has {sum(map(len, cluster.values())):,} tasks, "
+                           f"more than {MAX_TASKS:,} (tfdist.limits.MAX_TASKS). "
+                           f"Received: {shown_raw}")
     for job, addresses in cluster.items():
         for index, text in enumerate(addresses):
             _address(text, f"TF_CONFIG's cluster: {job}:{index}")
     if not isinstance(task, dict):
         raise ClusterError("TF_CONFIG's task must be an object with type and index. "
-                           f"Received: TF_CONFIG={shown}")
+                           f"Received: {shown_raw}")
     job, index = task.get("type"), task.get("index", 0)
     if task and not (isinstance(job, str) and job):
         raise ClusterError("TF_CONFIG's task type must be a job name such as 'worker'. "
-                           f"Received: TF_CONFIG={shown}")
+                           f"Received: {shown_raw}")
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ClusterError("TF_CONFIG's task index must be an integer >= 0. "
-                           f"Received: TF_CONFIG={shown}")
+                           f"Received: {shown_raw}")
     if job in cluster and index >= len(cluster[job]):
-        raise ClusterError(f"TF_CONFIG names task {job}:{index}, but its cluster has "
-                           f"{len(cluster[job])} {job} task(s). Received: TF_CONFIG={shown}")
-
-
-def _shown(raw, limit=300):
-    """TF_CONFIG text for a message: repr-escaped, long ones shortened."""
-    return repr(raw) if len(raw) <= limit else f"{raw[:limit]!r}... ({len(raw)} characters)"
+        raise ClusterError(f"TF_CONFIG names task {job}:{shown(index)}, but its cluster has "
+                           f"{len(cluster[job])} {job} task(s). Received: {shown_raw}")
 
 
 def tf_config(cluster, task_type, task_index):
@@ -154,7 +187,7 @@ def check_matches(cluster, parsed, config_name="the config"):
         actual = {job: list(addresses) for job, addresses in parsed["cluster"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ClusterError(f"TF_CONFIG is not a valid task description ({e}). "
-                           f"Received: TF_CONFIG={json.dumps(parsed)!r}") from None
+                           f"Received: TF_CONFIG={shown(json.dumps(parsed))}") from None
     if getattr(cluster, "scheduler", None):  # cluster: slurm: the step's workers are the rest
         cluster = cluster.with_workers(len(actual.get("worker", ())))
     expected = cluster.jobs()
@@ -181,4 +214,4 @@ def _address(text, where):
             raise ClusterError('expected a "host:port" string')
         return parse_address(text)
     except ClusterError as e:
-        raise ClusterError(f"{where}: {e}. Received: {text!r}") from None
+        raise ClusterError(f"{where}: {e}. Received: {shown(text)}") from None

@@ -16,6 +16,7 @@ Vertex's Reduction Server is not a TF task; such jobs are not TF's parameter ser
 import json
 
 from tfdist.cluster.errors import ClusterError
+from tfdist.errors import shown
 
 POOL_JOBS = {"workerpool0": "chief", "workerpool1": "worker", "workerpool2": "ps",
              "workerpool3": "evaluator"}
@@ -34,30 +35,42 @@ def parse_cluster_spec(raw):
     """
     if raw is None or not raw.strip():
         return None
-    shown = repr(raw) if len(raw) <= 300 else f"{raw[:300]!r}... ({len(raw)} characters)"
-    try:
-        spec = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        raise ClusterError(f"CLUSTER_SPEC is not valid JSON ({e}). "
-                           f"Received: CLUSTER_SPEC={shown}") from None
+    received = f"Received: CLUSTER_SPEC={shown(raw)}"
+    spec = load_json(raw, "CLUSTER_SPEC")
     if not isinstance(spec, dict) or not isinstance(spec.get("cluster"), dict) \
             or not isinstance(spec.get("task"), dict):
         raise ClusterError("CLUSTER_SPEC must be a JSON object with a cluster mapping "
-                           "workerpool0..3 to addresses and a task. "
-                           f"Received: CLUSTER_SPEC={shown}")
+                           f"workerpool0..3 to addresses and a task. {received}")
     cluster = {}
     for pool, addresses in spec["cluster"].items():
         if pool not in POOL_JOBS:
-            raise ClusterError(f"CLUSTER_SPEC has pool {pool!r}; tfdist knows workerpool0 "
+            raise ClusterError(f"CLUSTER_SPEC has pool {shown(pool)}; tfdist knows workerpool0 "
                                "(chief), workerpool1 (worker), workerpool2 (ps) and "
-                               f"workerpool3 (evaluator). Received: CLUSTER_SPEC={shown}")
-        if addresses:
+                               f"workerpool3 (evaluator). {received}")
+        if addresses is not None and addresses != []:  # an empty pool is no job
             cluster[POOL_JOBS[pool]] = addresses
     pool = spec["task"].get("type")
-    if pool not in POOL_JOBS:
+    if not isinstance(pool, str) or pool not in POOL_JOBS:
         raise ClusterError(f"CLUSTER_SPEC's task type must be one of "
-                           f"[{', '.join(POOL_JOBS)}]. Received: CLUSTER_SPEC={shown}")
+                           f"[{', '.join(POOL_JOBS)}]. {received}")
     return {"cluster": cluster, "task": {"type": POOL_JOBS[pool],
                                          "index": spec["task"].get("index", 0)},
             "environment": "cloud"}
 
+
+def load_json(raw, name):
+    """`raw`, the text of variable `name`, parsed as JSON.
+
+    Raises:
+        ClusterError: not JSON, a number beyond Python's 4,300 digits, or nesting too deep
+            to parse; the message names the variable.
+    """
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        reason = f"is not valid JSON ({e})"
+    except ValueError:  # an integer beyond sys.get_int_max_str_digits()
+        reason = "is not valid JSON (a number of more than 4,300 digits)"
+    except RecursionError:
+        reason = "is nested too deeply to be a task description"
+    raise ClusterError(f"{name} {reason}. Received: {name}={shown(raw)}")
