@@ -408,3 +408,108 @@ def test_get_strategy_refuses_what_validate_refuses(value, name):
     assert refused(lambda: _strategy_config(name, {"logical_cpus": value})) == by_loader
     if not by_loader:
         assert 1 <= int(value) <= 1024 and not isinstance(value, bool)
+
+
+def _srun(**changes):
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "3", "SLURM_STEP_NODELIST": "a,b",
+           "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_NODEID": "0", "SLURMD_NODENAME": "a",
+           "SLURM_LOCALID": "1", **changes}
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def _pod(**changes):
+    env = {"JOBSET_NAME": "unet", "REPLICATED_JOB_NAME": "worker", "JOB_INDEX": "0",
+           "JOB_COMPLETION_INDEX": "1", "POD_NAMESPACE": "ml", **changes}
+    return {k: v for k, v in env.items() if v is not None}
+
+
+_SPEC = '{"cluster": {"workerpool0": ["a:1"], "workerpool1": ["b:1"]}, "task": %s}'
+HUGE_TEXT = "x" * (2 << 20)
+#: variable -> [an environment that sets it to something hostile]; the rest is a valid
+#: environment of its scheduler. Each must be one ClusterError line naming the variable.
+ENV_CASES = {
+    "SLURM_PROCID": [_srun(SLURM_PROCID=v) for v in (BIG, "-1", "١", "3", "")],
+    "SLURM_NTASKS": [_srun(SLURM_NTASKS=v) for v in ("99999999", BIG, "0x3")],
+    "SLURM_STEP_NODELIST": [_srun(SLURM_STEP_NODELIST=v) for v in
+                            ("n[" + ",".join(["1-99999"] * 200) + "]", "a b,c", "a\nb",
+                             "a,'b'", HUGE_TEXT, "n[1-2")],
+    "SLURM_JOB_NODELIST": [_srun(SLURM_STEP_NODELIST=None, SLURM_JOB_NODELIST=v) for v in
+                           ("a;b,c", "\x1b[2J,b")],
+    "SLURM_STEP_TASKS_PER_NODE": [_srun(SLURM_STEP_TASKS_PER_NODE=v) for v in
+                                  ("99999999", "1(x99999999)", "2,1,1", BIG)],
+    "SLURM_NODEID": [_srun(SLURM_NODEID=v) for v in (BIG, "1", "x")],
+    "SLURMD_NODENAME": [_srun(SLURMD_NODENAME=v) for v in ("b", "\x1b]52;c;eA==\x07")],
+    "SLURM_LOCALID": [_srun(SLURM_LOCALID=v) for v in ("0", BIG)],
+    "JOBSET_NAME": [_pod(JOBSET_NAME=v) for v in ("UPPER", "a" * 100, "a\nb")],
+    "REPLICATED_JOB_NAME": [_pod(REPLICATED_JOB_NAME=v) for v in ("master", "", "x" * 300)],
+    "JOB_INDEX": [_pod(JOB_INDEX=v) for v in ("1", BIG, "-0")],
+    "JOB_COMPLETION_INDEX": [_pod(JOB_COMPLETION_INDEX=v) for v in ("2", BIG, "1.0")],
+    "JOBSET_SUBDOMAIN": [_pod(JOBSET_SUBDOMAIN=v) for v in ("a b", "x" * 300)],
+    "POD_NAMESPACE": [_pod(POD_NAMESPACE=v) for v in ("a.b", "Ns")],
+    "CLUSTER_SPEC": [{"CLUSTER_SPEC": v} for v in
+                     ("{}", "[]", "not json", _SPEC % '{"type": ["workerpool1"], "index": 0}',
+                      _SPEC % '{"type": {"a": 1}, "index": 0}', _SPEC % '{"type": "workerpool1",'
+                      f' "index": {BIG}}}', "[" * 100000, HUGE_TEXT)],
+    "TF_CONFIG": [{"TF_CONFIG": v} for v in
+                  ('{"cluster": {"worker": ["a:1"]}, "task": {"type": ["worker"], "index": 0}}',
+                   '{"cluster": {"worker": ["a b:1"]}, "task": {"type": "worker", "index": 0}}',
+                   '{"cluster": null, "task": {}}', HUGE_TEXT, "{" * 100000)],
+}
+
+
+def test_environment_variables_are_all_registered():
+    read = environment_variables() - set(NOT_USER_VALUES)
+    assert read - set(ENV_CASES) == set(), "add hostile cases (ENV_CASES)"
+    assert set(ENV_CASES) - read == set(), "the registry names what tfdist does not read"
+
+
+ENV_PARAMS = [(name, env) for name, cases in ENV_CASES.items() for env in cases]
+
+
+@pytest.mark.parametrize("name, environ", ENV_PARAMS,
+                         ids=[f"{p[0]}-{i}" for i, p in enumerate(ENV_PARAMS)])
+def test_hostile_environments_end_in_one_line_naming_the_variable(name, environ):
+    from tfdist.cluster import environment
+    from tfdist.cluster.errors import ClusterError
+    from tfdist.cluster.tf_config import read_tf_config
+
+    config = config_from_dict({"cluster": {"slurm": {"chief": 1, "port": 7000}}
+                               if name.startswith("SLURM") else {"worker": 2},
+                               "strategy": "multi_worker_mirrored"})
+    with pytest.raises(ClusterError) as raised:
+        if name == "TF_CONFIG":
+            read_tf_config(environ)
+        else:
+            environment.scheduled_task(config, environ)
+    message = str(raised.value)
+    assert message.isprintable() and len(message) < 2000, message[:3000]
+    assert name in message, message
+
+
+# --- generated artefacts ------------------------------------------------------------------
+
+#: artefact -> the tests (tests/test_hostile_artefacts.py) that prove it inert.
+ARTEFACTS = {
+    "sbatch": ["test_the_batch_script_hands_srun_exactly_the_bytes_it_was_given",
+               "test_shell_words_round_trip_through_bash_for_every_byte",
+               "test_the_batch_script_refuses_a_nul_in_one_line"],
+    "manifest --format tfjob": ["test_a_manifest_carries_every_utf8_word_unchanged",
+                                "test_a_manifest_refuses_bytes_that_are_not_utf8_in_one_line"],
+    "manifest --format trainjob": ["test_a_manifest_carries_every_utf8_word_unchanged",
+                                   "test_a_manifest_refuses_bytes_that_are_not_utf8_in_one_line",
+                                   "test_a_trainjob_refuses_a_config_path_that_is_not_utf8"],
+    "tf-config": ["test_tf_config_prints_json_that_reads_back_as_the_cluster"],
+}
+
+
+def test_generated_artefacts_are_all_registered():
+    """Every command that prints an artefact (sbatch, each manifest format, tf-config)
+    has tests in tests/test_hostile_artefacts.py that exist."""
+    import test_hostile_artefacts as proofs
+
+    sub = next(a for a in cli._parser()._actions if a.dest == "command_name")
+    formats = next(a for a in sub.choices["manifest"]._actions if a.dest == "format").choices
+    printed = {"sbatch", "tf-config", *(f"manifest --format {f}" for f in formats)}
+    assert printed == set(ARTEFACTS)
+    for tests in ARTEFACTS.values():
+        assert tests and all(callable(getattr(proofs, t, None)) for t in tests), tests

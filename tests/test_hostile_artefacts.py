@@ -161,3 +161,29 @@ def test_a_trainjob_refuses_a_config_path_that_is_not_utf8(tmp_path):
 def test_check_argv_refuses_a_nul():
     with pytest.raises(ClusterError, match="NUL"):
         check_argv(["python", "a\0b"])
+
+
+# --- tf-config, read back by TensorFlow's own reader -------------------------------------
+
+def test_tf_config_prints_json_that_reads_back_as_the_cluster(tmp_path):
+    """ASCII JSON that tfdist's reader and TensorFlow's resolver read back as the
+    config's cluster and task."""
+    from tfdist.cluster.tf_config import read_tf_config
+
+    config = config_named(tmp_path, b"job.yaml", 'cluster: {chief: ["[::1]:2222"], worker: '
+                          '["node_1.example:2223", "10.0.0.2:2224"]}\n'
+                          "strategy: multi_worker_mirrored\n")
+    made = run_cli([b"tf-config", config, b"--task", b"worker:1"], tmp_path)
+    assert made.returncode == 0, made.stderr
+    text = made.stdout.decode("ascii")
+    assert all(line.isprintable() for line in text.splitlines())
+    parsed = read_tf_config({"TF_CONFIG": text})
+    assert parsed["cluster"] == {"chief": ["[::1]:2222"],
+                                 "worker": ["node_1.example:2223", "10.0.0.2:2224"]}
+    assert parsed["task"] == {"type": "worker", "index": 1}
+    resolver = subprocess.run(
+        [sys.executable, "-c", "import tensorflow as tf; r = tf.distribute.cluster_resolver."
+         "TFConfigClusterResolver(); print(r.cluster_spec().as_dict()['worker'][1], "
+         "r.task_type, r.task_id)"], env=dict(os.environ, TF_CONFIG=text),
+        capture_output=True, text=True, timeout=120)
+    assert resolver.stdout.split() == ["10.0.0.2:2224", "worker", "1"], resolver.stderr[-2000:]
