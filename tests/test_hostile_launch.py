@@ -188,6 +188,63 @@ def test_non_ascii_output_under_an_ascii_locale_arrives_intact(tmp_path, write_c
     assert_nothing_left(launch_env, token)
 
 
+HOSTILE_OUTPUT = (b"\x1bc reset\n\x1b#8 fill\n\x1b(0 charset\n\x1b7 save \x1b8 restore\n"
+                  b"\xc2\x9b2J c1\n\x1b\x1b[K[2J assembled\n\x1b]5\x1b[K2;c;eA==\x07 osc52\n"
+                  b"\x1b] stray\nnext line\n" + b"\b" * 100 + b"backspaced\n"
+                  b"\x1b[31mred\x1b[0m\nunfinished \x1b[")
+SGR = re.compile(rb"\x1b\[[0-9;]*m")
+
+
+@pytest.mark.parametrize("terminal", [False, True], ids=["pipe", "terminal"])
+def test_a_tasks_terminal_controls_never_reach_the_launchers_output(tmp_path, write_config,
+                                                                     launch_env, token,
+                                                                     terminal):
+    """A task writes resets, fills, charset switches, C1 controls, sequences that would
+    be assembled by deleting the one between their bytes, a stray OSC, backspaces before
+    the prefix and an unfinished sequence at its end: the launcher's output (a pipe, or a
+    terminal) holds none of them — only colours, and only on a terminal — every line
+    starts with the task's prefix and the printable text arrives."""
+    import pty
+
+    config = write_config("strategy: mirrored\n")
+    argv = cli(config, command=task(f"""
+        os.write(1, {HOSTILE_OUTPUT!r})
+    """, tmp_path))
+    if terminal:
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(argv, env=launch_env, cwd=tmp_path, stdout=slave,
+                                stderr=subprocess.PIPE)
+        os.close(slave)
+        out = b""
+        while True:
+            try:
+                data = os.read(master, 1 << 16)
+            except OSError:  # EIO: the launcher closed the terminal
+                break
+            if not data:
+                break
+            out += data
+        os.close(master)
+        err = proc.stderr.read().decode(errors="replace")
+        proc.wait(TIMEOUT)
+        out = out.replace(b"\r\n", b"\n")  # the terminal's own line discipline
+    else:
+        result = subprocess.run(argv, env=launch_env, cwd=tmp_path, capture_output=True,
+                                timeout=TIMEOUT)
+        proc, out, err = result, result.stdout, result.stderr.decode(errors="replace")
+    assert proc.returncode == 0, err
+    kept = SGR.sub(b"", out) if terminal else out
+    assert not re.search(rb"[\x00-\x08\x0b-\x1f\x7f]|\xc2[\x80-\x9f]", kept), out
+    assert (SGR.findall(out) != []) == terminal
+    lines = kept.decode().splitlines()
+    assert all(line.startswith("[main] ") for line in lines), lines
+    text = "\n".join(lines)
+    for word in ("reset", "fill", "charset", "save", "restore", "c1", "assembled", "osc52",
+                 "stray", "next line", "backspaced", "red", "unfinished"):
+        assert word in text, (word, text)
+    assert_nothing_left(launch_env, token)
+
+
 def test_a_huge_line_is_cut_into_pieces_in_bounded_memory(tmp_path, write_config,
                                                           launch_env, token):
     """120 MB without a newline (a progress bar): pieces of at most 64 KiB, every byte
