@@ -108,7 +108,8 @@ def test_a_plain_value_error_is_a_bug_not_exit_2(write_config, monkeypatch):
      "--name must be a DNS-1123 label"),
     (["manifest", "{plain}", "--image", "i", "--", "true"], "no cluster: section"),
     (["launch", "{plain}", "--hang-seconds", "-1", "--", "true"],
-     "hang_seconds must be a number >= 0. Received: hang_seconds=-1.0"),
+     "launch(): hang_seconds: expected a value between 0 and 604800.0. "
+     "Received: hang_seconds=-1.0"),
     (["launch", "{plain}", "--grace-seconds", "nan", "--", "true"], "grace_seconds"),
 ])
 def test_bad_input_beyond_the_config_is_one_line(write_config, capsys, argv, fragment):

@@ -1,6 +1,6 @@
 """`tfdist launch`: every task of a cluster on this machine, each with its TF_CONFIG."""
 
-import math
+import functools
 import os
 import resource
 import secrets
@@ -11,15 +11,17 @@ import tempfile
 import threading
 import time
 
+from tfdist.capabilities import capabilities
 from tfdist.cluster.roles import runs_server, task_argv
 from tfdist.cluster.spec import check_local_ports_free, check_resolvable, cluster_dict
 from tfdist.cluster.tf_config import tf_config_json
+from tfdist.config import checks
+from tfdist.config.load import check_arguments
 from tfdist.errors import TfdistError
 from tfdist.launch import reaper
 from tfdist.launch.output import Sink
 from tfdist.launch.summary import summary
 from tfdist.launch.task_process import TaskProcess, exit_code
-from tfdist.capabilities import capabilities
 
 _POLL_SECONDS = 0.05
 _HANG_CHECK_SECONDS = 1.0
@@ -426,17 +428,17 @@ def _start_failure(task, error):
     return f"{task.name}: cannot run {task.argv[0]!r}: {reason}{hint}"
 
 
+#: The launcher's options (``tfdist launch --max-restarts/--grace-seconds/--hang-seconds``),
+#: checked by the config loader's checks.
+OPTIONS = {
+    "max_restarts": functools.partial(checks.integer, minimum=0, maximum=10**10 - 1),
+    "grace_seconds": functools.partial(checks.number, minimum=0, maximum=MAX_GRACE_SECONDS),
+    "hang_seconds": functools.partial(checks.number, minimum=0, maximum=MAX_HANG_SECONDS),
+}
+
+
 def _check_options(**options):
-    limits = {"grace_seconds": MAX_GRACE_SECONDS, "hang_seconds": MAX_HANG_SECONDS}
-    for key, value in options.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise LaunchError(f"{key} must be a number >= 0. Received: {key}={value!r}")
-        if key in limits and not (math.isfinite(value) and value <= limits[key]):
-            raise LaunchError(f"{key} must be a finite number of seconds, at most "
-                              f"{limits[key]:g}. Received: {key}={value!r}")
-    if not isinstance(options["max_restarts"], int):
-        raise LaunchError("max_restarts must be a whole number. "
-                          f"Received: max_restarts={options['max_restarts']!r}")
+    check_arguments("launch", OPTIONS, **options)
 
 
 def _check_all_local(cluster):
