@@ -217,8 +217,10 @@ PY_CASES = {
          "learning_rate"),
         (lambda: tfdist.local_sgd.DiLoCo(8, fragments=9), "fragments")],
     "tfdist.local_sgd.ModelAverager": [
-        (lambda: tfdist.local_sgd.ModelAverager(period=v), "period")
-        for v in (2.9, True, "8", 1e30, NAN, HUGE)],
+        *[(lambda: tfdist.local_sgd.ModelAverager(period=v), "period")
+          for v in (2.9, True, "8", 1e30, NAN, HUGE)],
+        (lambda: tfdist.local_sgd.ModelAverager(4, islands=[[0], [0]]), "islands"),
+        (lambda: tfdist.local_sgd.ModelAverager(4, islands="rack"), "islands")],
     "tfdist.core.GradientPipeline": [
         (lambda: tfdist.core.GradientPipeline(bucket_bytes=2.5), "bucket_bytes")],
     "tfdist.core.all_reduce_sum": [(lambda: tfdist.core.all_reduce_sum([], bucket_bytes="1"),
@@ -302,6 +304,7 @@ PY_PARAMS = [(name, call, fragment) for name, cases in PY_CASES.items()
              for call, fragment in cases]
 
 
+@pytest.mark.usefixtures("two_cpus")  # some cases start TensorFlow: the session's CPUs first
 @pytest.mark.parametrize("name, call, fragment", PY_PARAMS,
                          ids=[f"{p[0]}-{i}" for i, p in enumerate(PY_PARAMS)])
 def test_hostile_python_arguments_end_in_one_line(name, call, fragment):

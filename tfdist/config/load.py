@@ -55,7 +55,7 @@ EXCHANGE_OPTIONS = {"start_step": _count, "min_size": _count, "bucket_bytes": _c
                     "freeze_variance": checks.boolean}
 COMPRESSION_KEYS = ("name", *COMPRESSOR_PARAMS, "error_feedback", *EXCHANGE_OPTIONS)
 LOCAL_SGD_KEYS = ("period", "warmup_steps", "average_non_trainable", "average_optimizer_state",
-                  "outer", "fragments", "overlap_steps", "overlap_mix", "compression")
+                  "outer", "fragments", "overlap_steps", "overlap_mix", "compression", "islands")
 
 
 def load_config(path):
@@ -338,7 +338,38 @@ def _local_sgd(source, path, value):
                                "compression; name the method of the synchronisation "
                                "(e.g. int4, int8, fp16)")
         fields["compression"] = compression
+    if value.get("islands") is not None:
+        fields["islands"] = _islands(source, path + ("islands",), value["islands"])
     return LocalSGDConfig(**fields)
+
+
+def _islands(source, path, value):
+    """A count of equal islands, "host", or lists of worker indices (a partition)."""
+    if isinstance(value, str):
+        return checks.string(source, path, value, ("host",))
+    if not isinstance(value, (list, tuple)):
+        return checks.integer(source, path, value, minimum=1, maximum=limits.MAX_TASKS)
+    if not value:
+        raise source.error(path, "expected a count, 'host' or lists of worker indices, "
+                                 "got an empty list")
+    groups, seen = [], {}
+    for i, group in enumerate(value):
+        if not isinstance(group, (list, tuple)) or not group:
+            raise checks.type_error(source, path + (i,), "a non-empty list of worker indices",
+                                    group)
+        for j, index in enumerate(group):
+            index = checks.integer(source, path + (i, j), index, minimum=0,
+                                   maximum=limits.MAX_TASKS - 1)
+            if index in seen:
+                raise source.error(path + (i, j), f"worker {index} is in two islands "
+                                   f"(also islands[{seen[index]}])")
+            seen[index] = i
+        groups.append(tuple(group))
+    missing = sorted(set(range(len(seen))) - set(seen))
+    if missing:
+        raise source.error(path, f"islands must list every worker index 0..{len(seen) - 1} "
+                                 f"(chief first, then the workers); missing: {missing[:8]}")
+    return tuple(groups)
 
 
 def _outer(source, path, value):
@@ -392,6 +423,25 @@ def _check_together(config, source):
         raise source.error(("local_sgd",), f"local SGD needs replicas that hold their own "
                            f"weights: [{', '.join(names_with('local_sgd'))}]. Received: "
                            f"strategy={name}")
+    if config.local_sgd is not None and config.local_sgd.islands is not None:
+        _check_islands_fit(config, source)
+
+
+def _check_islands_fit(config, source):
+    """Islands of a cluster given by counts or addresses: they must group its workers."""
+    islands, cluster = config.local_sgd.islands, config.cluster
+    if cluster is None or cluster.scheduler is not None:
+        return  # one machine's replicas, or a scheduler's: checked when the job starts
+    workers = len(cluster.chief) + len(cluster.worker)
+    path = ("local_sgd", "islands")
+    if isinstance(islands, int) and workers % islands:
+        raise source.error(path, f"{islands} equal islands need a number of workers (chief "
+                                 f"and workers) divisible by {islands}; the cluster has "
+                                 f"{workers}")
+    if isinstance(islands, tuple) and sum(map(len, islands)) != workers:
+        raise source.error(path, f"islands must list every worker index 0..{workers - 1} "
+                                 f"(chief first, then the workers) exactly once; they list "
+                                 f"{sum(map(len, islands))}")
 
 
 # Why a strategy that requires a job type needs it, for messages.

@@ -126,6 +126,7 @@ class LocalSGDConfig:
     overlap_steps: int = 0
     overlap_mix: float = 0.5
     compression: CompressionConfig | None = None
+    islands: Any = None  # a count, "host" or a tuple of tuples of worker indices
 
 
 @dataclasses.dataclass(frozen=True)

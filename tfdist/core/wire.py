@@ -15,7 +15,7 @@ import weakref
 
 import tensorflow as tf
 
-KINDS = ("reduced", "gathered", "pushed", "dense")
+KINDS = ("reduced", "gathered", "pushed", "dense", "island")  # island: inside an island only
 _state = threading.local()
 
 
@@ -47,6 +47,12 @@ def all_gather(context, value, axis=0):
     """`context.all_gather(value, axis)`, noted as sent by this replica."""
     _note("gathered", [value], context)
     return context.all_gather(value, axis=axis)
+
+
+def note_island(tensors, context):
+    """Notes `tensors` as all-reduced inside this replica's island only
+    (`tfdist.local_sgd.islands`): they never cross a link between islands."""
+    _note("island", tensors, context)
 
 
 def _note(kind, tensors, context):

@@ -39,6 +39,7 @@ from tfdist.core.overlap import Background
 from tfdist.core.variables import per_replica_state, underlying
 from tfdist.errors import UnsupportedError
 from tfdist.local_sgd import fragments as fragmenting
+from tfdist.local_sgd.islands import IslandReduce
 from tfdist.local_sgd.outer import is_plain_average, outer_optimizer
 from tfdist.strategies.kind import capabilities_of
 
@@ -65,18 +66,22 @@ class ModelAverager(TrainingHook):
         overlap_mix: after an overlapped exchange a fragment's weights become
             `overlap_mix` × its local weights + (1 - `overlap_mix`) × the synchronised
             ones (Streaming DiLoCo's α; 0 drops the τ local steps).
+        islands: groups of workers that all-reduce their gradients every step and
+            synchronise with the other groups as above (`tfdist.local_sgd.islands`): a
+            count of equal groups, "host", or lists of worker indices; None: every
+            replica on its own.
     """
 
     replaces_exchange = True
 
     def __init__(self, period, warmup_steps=0, average_non_trainable=False,
                  average_optimizer_state=False, compression=None, outer=None, fragments=1,
-                 overlap_steps=0, overlap_mix=0.5):
+                 overlap_steps=0, overlap_mix=0.5, islands=None):
         checked = _checked_arguments(
             period=period, warmup_steps=warmup_steps, fragments=fragments,
             overlap_steps=overlap_steps, overlap_mix=overlap_mix, outer=outer,
             average_non_trainable=average_non_trainable, compression=compression,
-            average_optimizer_state=average_optimizer_state)
+            average_optimizer_state=average_optimizer_state, islands=islands)
         self.period, self.warmup_steps = checked.period, checked.warmup_steps
         self.average_non_trainable = checked.average_non_trainable
         self.average_optimizer_state = checked.average_optimizer_state
@@ -86,6 +91,7 @@ class ModelAverager(TrainingHook):
             outer_optimizer(self.outer)  # an unknown name or option fails here, not in build
         self.fragments, self.overlap_steps = checked.fragments, checked.overlap_steps
         self.overlap_mix = checked.overlap_mix
+        self.islands, self.island_reduce = checked.islands, None
         self.phased = self.warmup_steps > 0
         self._differ = set()  # the fragments whose replicas may hold different weights
         self.averages = 0    # synchronisations done (the step counter of a compressed one)
@@ -115,6 +121,8 @@ class ModelAverager(TrainingHook):
                 f"{type(strategy).__name__} variables are stored once. Received: "
                 f"strategy={type(strategy).__name__}")
         self.strategy, self.anchored = strategy, False
+        if self.islands is not None and strategy.num_replicas_in_sync > 1:
+            self.island_reduce = IslandReduce(strategy, self.islands)
         sizes = [int(v.shape.num_elements()) for v in variables]
         self.model_bytes = 4 * sum(sizes)
         self.groups = fragmenting.split(sizes, self.fragments)
@@ -173,7 +181,11 @@ class ModelAverager(TrainingHook):
         if synchronous:  # the warm-up
             return all_reduce_sum(grads)
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-        return [tf.convert_to_tensor(g) * replicas for g in grads]  # this replica's own mean
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        if self.island_reduce is None:
+            return [g * replicas for g in grads]  # this replica's own mean
+        scale = replicas / self.island_reduce.replica_island_size()  # the island's mean
+        return [g * tf.cast(scale, g.dtype) for g in self.island_reduce.sum(grads)]
 
     def bytes_per_step(self, step=None):
         """Like `GradientCompression.bytes_per_step`: after the warm-up, one synchronisation
@@ -375,7 +387,8 @@ def _checked_arguments(**arguments):
     """ModelAverager's arguments as a `LocalSGDConfig`, checked by the config loader's
     own checks of the `local_sgd:` section (refused exactly when a config file's would be);
     an outer optimizer or compression given as an object is checked where it is used."""
-    section = {k: v for k, v in arguments.items() if k not in ("outer", "compression")}
+    section = {k: v for k, v in arguments.items() if k not in ("outer", "compression")
+               and not (k == "islands" and v is None)}
     for key in ("outer", "compression"):
         value = arguments[key]
         if isinstance(value, (dict, types.MappingProxyType)):

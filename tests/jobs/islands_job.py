@@ -1,0 +1,143 @@
+"""Local SGD with islands on a linear model, for tests/test_islands.py: on N logical CPUs
+(MirroredStrategy, one process) or as one task of a multi-worker job (`tfdist launch`).
+
+Replica r (global index) trains at step t on its own batch `batch(r, t)`; the job writes
+every replica's final weights to ``<out>/<task>.npz`` (``replica_<r>`` entries) so that
+the test compares each one with `reference`, a NumPy simulation of the same training.
+
+    --replicas N        logical CPUs (MirroredStrategy); omit under tfdist launch
+    --islands SPEC      a count, "host", or JSON lists of worker indices
+    --period H --warmup W --steps S --lr LR --loop trainer|fit|own --policy NAME
+"""
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+FEATURES, BATCH = 3, 4
+
+
+def batch(replica, step):
+    """(x, y) of one replica at one step: the same on every machine."""
+    rng = np.random.default_rng(1000 * replica + step)
+    x = rng.normal(size=(BATCH, FEATURES)).astype(np.float32)
+    y = (x @ np.array([[1.5], [-2.0], [0.5]], np.float32) + 0.3).astype(np.float32)
+    return x, y
+
+
+def initial_weights():
+    return np.full((FEATURES, 1), 0.1, np.float32), np.zeros((1,), np.float32)
+
+
+def reference(replicas, groups, period, warmup, steps, lr):
+    """NumPy: every replica's (kernel, bias) after `steps` steps of islands local SGD
+    (plain averaging), `groups` as lists of replica indices."""
+    w = [list(initial_weights()) for _ in range(replicas)]
+    island_of = {r: i for i, g in enumerate(groups) for r in g}
+
+    def grad(kernel, bias, r, t):
+        x, y = batch(r, t)
+        error = x @ kernel + bias - y
+        return 2 * x.T @ error / len(x), 2 * error.mean(0)
+
+    for t in range(steps):
+        grads = [grad(*w[r], r, t) for r in range(replicas)]
+        for r in range(replicas):
+            members = range(replicas) if t < warmup else groups[island_of[r]]
+            gk = np.mean([grads[m][0] for m in members], 0)
+            gb = np.mean([grads[m][1] for m in members], 0)
+            w[r] = [w[r][0] - lr * gk, w[r][1] - lr * gb]
+        local = t + 1 - warmup
+        if t >= warmup and (local % period == 0 or t == steps - 1):
+            mean = [np.mean([w[r][i] for r in range(replicas)], 0) for i in (0, 1)]
+            w = [list(mean) for _ in range(replicas)]
+    return w
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--replicas", type=int)
+    parser.add_argument("--islands", default=None)
+    parser.add_argument("--period", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--loop", default="trainer")
+    parser.add_argument("--policy", default=None)
+    args = parser.parse_args()
+
+    import keras
+    import tensorflow as tf
+
+    import tfdist
+    from tfdist.core.variables import underlying
+
+    if args.replicas:
+        strategy = tfdist.get_strategy("mirrored", logical_cpus=args.replicas)
+        task = "local"
+    else:
+        strategy = tfdist.get_strategy("multi_worker_mirrored")
+        kind, index = tfdist.strategies.task_of(strategy)
+        task = f"{kind}-{index}"
+    if args.policy:
+        keras.mixed_precision.set_global_policy(args.policy)
+    islands = args.islands
+    if islands is not None:
+        islands = json.loads(islands) if islands.startswith("[") else (
+            islands if islands == "host" else int(islands))
+    replicas = strategy.num_replicas_in_sync
+    workers = max(1, len(json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+                         .get("worker", [])) + len(json.loads(os.environ.get("TF_CONFIG", "{}"))
+                                                   .get("cluster", {}).get("chief", [])))
+    local = replicas // workers
+
+    def dataset_fn(context):
+        worker = context.input_pipeline_id
+        xs, ys = zip(*[batch(worker * local + k % local, k // local)
+                       for k in range(args.steps * local)])
+        return tf.data.Dataset.from_tensor_slices((np.stack(xs), np.stack(ys)))
+
+    with strategy.scope():
+        inputs = keras.Input((FEATURES,))
+        layer = keras.layers.Dense(1, dtype=args.policy or "float32")
+        model = keras.Model(inputs, layer(inputs))
+        kernel, bias = initial_weights()
+        layer.kernel.assign(kernel)
+        layer.bias.assign(bias)
+        averager = tfdist.local_sgd.ModelAverager(period=args.period, warmup_steps=args.warmup,
+                                                  islands=islands)
+        optimizer = keras.optimizers.SGD(args.lr)
+        if args.policy == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=2.0)
+    if args.loop == "trainer":
+        trainer = tfdist.Trainer(model, optimizer, "mse", strategy=strategy, hooks=[averager])
+        trainer.fit(dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0)
+    else:
+        sys.exit(f"unknown --loop {args.loop}")
+    per_replica = [strategy.experimental_local_results(underlying(v)) for v in
+                   (layer.kernel, layer.bias)]
+    first = worker_index(task) * local
+    arrays = {f"replica_{first + i}_{name}": np.asarray(values[i])
+              for name, values in zip(("kernel", "bias"), per_replica) for i in range(local)}
+    np.savez(os.path.join(args.out, f"{task}.npz"), **arrays)
+    tfdist.strategies.barrier(strategy)
+
+
+def worker_index(task):
+    """The MultiWorkerMirroredStrategy worker index of a task (chief first)."""
+    if task == "local":
+        return 0
+    kind, index = task.rsplit("-", 1)
+    tf_config = json.loads(os.environ["TF_CONFIG"])
+    has_chief = bool(tf_config["cluster"].get("chief"))
+    return int(index) + (1 if kind == "worker" and has_chief else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Islands (tfdist/local_sgd/islands.py): synchronous inside a group of workers, local SGD /
+DiLoCo between groups — checked on every replica against a NumPy simulation
+(tests/jobs/islands_job.py `reference`), in one process on logical CPUs and as real
+workers on localhost."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tfdist
+from tfdist.config import ConfigError, config_from_dict
+from tfdist.errors import UnsupportedError
+from tfdist.local_sgd.islands import island_groups
+
+JOBS = os.path.join(os.path.dirname(__file__), "jobs")
+sys.path.insert(0, JOBS)
+from islands_job import reference  # noqa: E402
+
+JOB = os.path.join(JOBS, "islands_job.py")
+TFDIST = [sys.executable, "-m", "tfdist"]
+
+
+# --- the groups ------------------------------------------------------------------------
+
+def test_island_groups_from_a_count_hosts_or_lists():
+    assert island_groups(None, 3) == [[0], [1], [2]]
+    assert island_groups(2, 4) == [[0, 1], [2, 3]]
+    assert island_groups("host", 4, ["a", "b", "a", "b"]) == [[0, 2], [1, 3]]
+    assert island_groups([[3, 0], [2, 1]], 4) == [[0, 3], [1, 2]]
+    with pytest.raises(UnsupportedError, match="divisible by 3; this job has 4"):
+        island_groups(3, 4)
+    with pytest.raises(UnsupportedError, match="every worker index 0..3 exactly once"):
+        island_groups([[0, 1], [2]], 4)
+
+
+@pytest.mark.parametrize("islands, message", [
+    (0, "between 1 and 10000"), (True, "an integer"), ("hosts", "did you mean 'host'"),
+    ([], "empty list"), ([[0, 1], [1, 2, 3]], "worker 1 is in two islands"),
+    ([[0], []], "non-empty list"), ([[0], [2, 3, 4]], "missing: \\[1\\]"),
+    ([[0, 1], [2]], "they list 3"), (3, "divisible by 3; the cluster has 4"),
+    ([["a"]], "an integer"),
+])
+def test_bad_islands_are_located_config_errors(islands, message):
+    with pytest.raises(ConfigError, match=message) as raised:
+        config_from_dict({"cluster": {"worker": 4}, "strategy": "multi_worker_mirrored",
+                          "local_sgd": {"period": 4, "islands": islands}})
+    assert "local_sgd.islands" in str(raised.value)
+
+
+def test_the_constructor_refuses_what_the_config_refuses():
+    with pytest.raises(ConfigError, match=r"ModelAverager\(\): islands\[1\]\[0\]: worker 0"):
+        tfdist.local_sgd.ModelAverager(4, islands=[[0], [0]])
+    averager = tfdist.local_sgd.ModelAverager(4, islands=[[1, 0], [2]])
+    assert averager.islands == ((1, 0), (2,))
+
+
+# --- one process: 2 logical CPUs, model.fit ------------------------------------------------
+
+@pytest.mark.usefixtures("two_cpus", "jobs_path")
+def test_one_island_of_every_replica_is_synchronous_training(strategies):
+    """islands: 1 all-reduces every step, and averaging identical weights changes
+    nothing: the weights of synchronous training."""
+    from test_local_sgd import assert_same, fit, weights
+
+    strategy = strategies("mirrored")
+    synchronous, _ = fit(strategy)
+    island, _ = fit(strategy, [tfdist.callbacks.LocalSGD(period=3, islands=1)])
+    assert_same(weights(island), weights(synchronous))
+
+
+@pytest.mark.usefixtures("two_cpus", "jobs_path")
+def test_an_island_per_replica_is_plain_local_sgd(strategies):
+    from test_local_sgd import fit, weights
+
+    strategy = strategies("mirrored")
+    plain, _ = fit(strategy, [tfdist.callbacks.LocalSGD(period=3)])
+    island, _ = fit(strategy, [tfdist.callbacks.LocalSGD(period=3, islands=2)])
+    for a, b in zip(weights(island), weights(plain)):
+        np.testing.assert_array_equal(a, b)
+
+
+# --- 4 replicas, against NumPy ----------------------------------------------------------
+
+def run_job(tmp_path, *argv, launch=None, timeout=300):
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    command = [sys.executable, JOB, "--out", str(out), *argv]
+    if launch is not None:
+        config = tmp_path / "job.yaml"
+        config.write_text(launch)
+        command = [*TFDIST, "launch", str(config), "--", *command]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    assert result.returncode == 0, result.stderr[-4000:] + result.stdout[-4000:]
+    replicas = {}
+    for path in out.glob("*.npz"):
+        saved = np.load(path)
+        for key in saved.files:
+            _, replica, name = key.split("_")
+            replicas.setdefault(int(replica), {})[name] = saved[key]
+    return replicas
+
+
+def assert_matches(replicas, groups, count, atol=1e-6, **schedule):
+    expected = reference(count, groups, **schedule)
+    assert sorted(replicas) == list(range(count))
+    for r in range(count):  # every replica of every worker
+        np.testing.assert_allclose(replicas[r]["kernel"], expected[r][0], atol=atol)
+        np.testing.assert_allclose(replicas[r]["bias"], expected[r][1], atol=atol)
+    flat = reference(count, [[r] for r in range(count)], **schedule)
+    assert not np.allclose(expected[0][0], flat[0][0], atol=1e-4)  # islands made a difference
+
+
+SCHEDULE = dict(period=3, warmup=2, steps=9, lr=0.05)
+
+
+def schedule_args(period, warmup, steps, lr):
+    return ["--period", str(period), "--warmup", str(warmup), "--steps", str(steps),
+            "--lr", str(lr)]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("islands, groups", [("2", [[0, 1], [2, 3]]),
+                                             ("[[0, 3], [1, 2]]", [[0, 3], [1, 2]]),
+                                             ("[[0], [1, 2, 3]]", [[0], [1, 2, 3]])],
+                         ids=["two-equal", "explicit", "unequal"])
+def test_four_logical_cpus_train_as_numpy_says(tmp_path, islands, groups):
+    replicas = run_job(tmp_path, "--replicas", "4", "--islands", islands,
+                       *schedule_args(**SCHEDULE))
+    assert_matches(replicas, groups, 4, **SCHEDULE)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("workers, islands, groups", [
+    (4, "2", [[0, 1], [2, 3]]), (3, "[[0], [1, 2]]", [[0], [1, 2]]),
+    (4, "host", [[0, 1, 2, 3]])], ids=["4-workers-2-islands", "3-workers-unequal", "host"])
+def test_workers_on_localhost_train_as_numpy_says(tmp_path, workers, islands, groups):
+    """Real workers under tfdist launch: sub-group collectives inside each island on
+    TensorFlow's own collective runtime."""
+    replicas = run_job(tmp_path, "--islands", islands, *schedule_args(**SCHEDULE),
+                       launch=f"cluster: {{worker: {workers}}}\n"
+                              "strategy: multi_worker_mirrored\n")
+    if islands == "host":  # one host: one island, i.e. synchronous training
+        expected = reference(4, groups, **SCHEDULE)
+        for r in range(4):
+            np.testing.assert_allclose(replicas[r]["kernel"], expected[r][0], atol=1e-6)
+        return
+    assert_matches(replicas, groups, workers, **SCHEDULE)
+
+
+@pytest.mark.multiprocess
+def test_islands_under_mixed_float16(tmp_path):
+    """float16 compute with dynamic loss scaling (an initial scale of 2: no step
+    overflows, so the simulation's steps are the run's): the island mean of the unscaled
+    gradients, within float16's precision of the float32 simulation."""
+    replicas = run_job(tmp_path, "--replicas", "4", "--islands", "2", "--policy",
+                       "mixed_float16", *schedule_args(**SCHEDULE))
+    assert_matches(replicas, [[0, 1], [2, 3]], 4, atol=5e-3, **SCHEDULE)
+
+
+def test_the_config_carries_islands_to_the_averager():
+    config = config_from_dict({"cluster": {"worker": 4}, "strategy": "multi_worker_mirrored",
+                               "local_sgd": {"period": 8, "outer": "nesterov",
+                                             "islands": [[0, 1], [2, 3]]}})
+    averager = tfdist.local_sgd.ModelAverager.from_config(config.local_sgd)
+    assert averager.islands == ((0, 1), (2, 3))
+    assert json.dumps(averager.islands) == "[[0, 1], [2, 3]]"

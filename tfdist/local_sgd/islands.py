@@ -1,0 +1,155 @@
+"""Islands: groups of well-connected workers that train synchronously among themselves
+while the DiLoCo family runs between the groups.
+
+DiLoCo (Douillard et al. 2023) exists for islands of accelerators joined by slow links;
+DiLoCo's experiments and torchft (issue #171) treat each island as one DiLoCo worker made
+of several data-parallel replicas. Inside an island the gradients are summed every step
+over its replicas only — a sub-group collective on TensorFlow's own collective runtime
+(`tf.raw_ops.CollectiveReduceV2` with a group of its own per island, no second
+transport); between islands the model synchronises every `period` steps as before. The
+outer average over every replica then weighs each island by its replicas, i.e. by the
+samples it trained on.
+
+Islands group *workers* (the tasks of a multi-worker job; a worker's local replicas stay
+together); on one machine with several replicas they group the replicas. They are given
+as a count (that many equal groups of consecutive workers), ``"host"`` (the workers on
+one host) or explicit lists of worker indices (chief first, then the workers, as
+MultiWorkerMirroredStrategy numbers them).
+"""
+
+import collections
+import itertools
+import threading
+
+import tensorflow as tf
+
+from tfdist.core import wire
+from tfdist.errors import UnsupportedError
+
+#: Island group keys sit in the upper half of a strategy's collective key range
+#: (`tfdist.strategies.collective_keys`), clear of the strategy's own device groups.
+GROUP_KEY_OFFSET = 50_000
+_builds = itertools.count()  # one block of group keys per island plan in this process
+_lock = threading.Lock()
+
+
+def island_groups(spec, units, hosts=None):
+    """The islands as sorted lists of unit indices (workers, or replicas on one machine).
+
+    Args:
+        spec: None (every unit its own island), a count, "host", or lists of indices.
+        units: how many units there are.
+        hosts: each unit's host name (for "host").
+
+    Raises:
+        UnsupportedError: a count that does not divide the units, lists that are not a
+            partition of them.
+    """
+    if spec is None:
+        return [[u] for u in range(units)]
+    if isinstance(spec, int):
+        if spec < 1 or units % spec:
+            raise UnsupportedError(f"islands: {spec} equal islands need a number of workers "
+                                   f"divisible by {spec}; this job has {units}. Received: "
+                                   f"islands={spec}")
+        size = units // spec
+        return [list(range(i * size, (i + 1) * size)) for i in range(spec)]
+    if spec == "host":
+        by_host = collections.defaultdict(list)
+        for unit, host in enumerate(hosts or ["localhost"] * units):
+            by_host[host].append(unit)
+        return list(by_host.values())
+    groups = [sorted(group) for group in spec]
+    if sorted(u for group in groups for u in group) != list(range(units)):
+        raise UnsupportedError(f"islands must list every worker index 0..{units - 1} exactly "
+                               f"once (chief first, then the workers). Received: "
+                               f"islands={[list(g) for g in spec]}")
+    return groups
+
+
+class IslandReduce:
+    """Sums tensors over the replicas of each replica's island, in replica context.
+
+    Args:
+        strategy: the strategy whose replicas form the islands.
+        spec: the `island_groups` spec.
+    """
+
+    def __init__(self, strategy, spec):
+        workers, hosts = _workers(strategy)
+        replicas = strategy.num_replicas_in_sync
+        local = max(replicas // workers, 1)
+        units = workers if workers > 1 else replicas
+        self.groups = island_groups(spec, units, hosts if workers > 1 else None)
+        unit_of = [r // local if workers > 1 else r for r in range(replicas)]
+        island_of_unit = {u: i for i, group in enumerate(self.groups) for u in group}
+        island_of = [island_of_unit[unit_of[r]] for r in range(replicas)]
+        sizes = [island_of.count(i) for i in range(len(self.groups))]
+        with _lock:
+            block = next(_builds)
+        base = getattr(strategy, "_collective_key_base", 0) + GROUP_KEY_OFFSET + 64 * block
+        self._island_of, self._sizes = island_of, sizes
+        self.multi_worker = workers > 1
+        self._keys = [base + i for i in range(len(self.groups))]
+        self._instances = collections.defaultdict(itertools.count)  # per device: the same
+        # sequence of collectives on every replica gives the same instance keys
+
+    def sizes(self):
+        """Replicas per island, by island."""
+        return list(self._sizes)
+
+    def replica_island_size(self):
+        """(replica context) float32: the replicas of this replica's island."""
+        island = self._island_tensor()
+        return tf.cast(tf.gather(self._sizes, island), tf.float32)
+
+    def sum(self, tensors):
+        """(replica context) Each tensor summed over this replica's island (float32
+        inside, each returned in its own dtype), as one collective."""
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        if not tensors:
+            return []
+        context = tf.distribute.get_replica_context()
+        wire.note_island(tensors, context)
+        flat = tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], 0)
+        island = self._island_tensor()
+        summed = (self._sub_group_sum(flat, island) if self.multi_worker
+                  else self._local_sum(flat, island, context))
+        pieces = tf.split(summed, [int(t.shape.num_elements()) for t in tensors])
+        return [tf.cast(tf.reshape(p, t.shape), t.dtype) for p, t in zip(pieces, tensors)]
+
+    def _sub_group_sum(self, flat, island):
+        """The island's own collective: nothing crosses to another island."""
+        return tf.raw_ops.CollectiveReduceV2(
+            input=flat, group_size=tf.gather(self._sizes, island),
+            group_key=tf.gather(self._keys, island), instance_key=self._instance(flat.device),
+            ordering_token=[], merge_op="Add", final_op="Id", communication_hint="auto",
+            timeout_seconds=0)
+
+    def _local_sum(self, flat, island, context):
+        """One machine's replicas (TensorFlow runs no sub-group collectives between local
+        devices outside a multi-worker job): the strategy's all-reduce of each replica's
+        contribution in its island's row — memory copies, no network."""
+        rows = tf.one_hot(island, len(self._sizes), dtype=flat.dtype)[:, None] * flat[None]
+        return tf.gather(context.all_reduce(tf.distribute.ReduceOp.SUM, rows), island)
+
+    def _island_tensor(self):
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        return tf.gather(self._island_of, replica)
+
+    def _instance(self, device):
+        """The next instance key on `device` (the replica's; each replica traces the same
+        sequence of collectives, so the keys agree across replicas and workers)."""
+        with _lock:
+            return 1 + next(self._instances[device])
+
+
+def _workers(strategy):
+    """(workers, host of each) of a multi-worker strategy's job, in its task order
+    (chief first); (1, None) otherwise."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    addresses = list(spec.get("chief", [])) + list(spec.get("worker", []))
+    if len(addresses) < 2:
+        return 1, None
+    return len(addresses), [a.rsplit(":", 1)[0] for a in addresses]
