@@ -19,11 +19,17 @@ KINDS = ("reduced", "gathered", "pushed", "dense", "island")  # island: inside a
 _state = threading.local()
 
 
-def nbytes(tensor):
-    """Bytes of a dense tensor (or of the dense shape of IndexedSlices), from its static shape."""
+def nbytes(tensor, variable=None):
+    """Bytes of a dense tensor (or of the dense shape of IndexedSlices), from its static
+    shape; where that is known only when the step runs (gradients under parameter
+    servers: an embedding's IndexedSlices, a dense layer's (None, 256)), `variable`'s."""
     shape = tensor.dense_shape if isinstance(tensor, tf.IndexedSlices) else tensor.shape
-    return tf.TensorShape(tf.get_static_value(shape) if isinstance(shape, tf.Tensor)
-                          else shape).num_elements() * tensor.dtype.size
+    if isinstance(shape, tf.Tensor):
+        shape = tf.get_static_value(shape, partial=True)
+    shape = tf.TensorShape(shape)
+    if not shape.is_fully_defined() and variable is not None:
+        shape = variable.shape
+    return shape.num_elements() * tensor.dtype.size
 
 
 def all_reduce(context, reduce_op, values):

@@ -1,0 +1,134 @@
+"""Train a byte-level language model on Python's own source with any tfdist config:
+`python train.py --config configs/lm_diloco.yaml`, or any UNet config in configs/.
+
+Under `tfdist launch` every task runs this same command with its TF_CONFIG. The chief
+writes metrics.json (validation loss and perplexity per epoch, timings, bytes) to
+--output_dir.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # common/
+
+from absl import app, flags, logging  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import tfdist  # noqa: E402
+import corpus  # noqa: E402
+import data  # noqa: E402
+from common.progress import Progress, bytes_exchanged, json_ready  # noqa: E402
+from lm_config import lm_config  # noqa: E402
+from model import decoder  # noqa: E402
+
+flags.DEFINE_string("config", None, "tfdist config file (train: and lm: sections)",
+                    required=True)
+flags.DEFINE_string("output_dir", "output/char_lm", "where the chief writes its outputs")
+flags.DEFINE_integer("epochs", None, "override train.epochs")
+flags.DEFINE_integer("steps_per_epoch", None, "override train.steps_per_epoch")
+flags.DEFINE_integer("validation_steps", None, "override train.validation_steps")
+flags.DEFINE_integer("batch_size", None, "override train.batch_size (global)")
+flags.DEFINE_float("learning_rate", None, "override train.learning_rate")
+flags.DEFINE_integer("seed", None, "override train.seed")
+flags.DEFINE_enum("loop", None, ["fit", "ctl"], "override train.loop")
+flags.DEFINE_enum("policy", None, ["float32", "mixed_float16", "mixed_bfloat16"],
+                  "override train.policy (Keras dtype policy)")
+flags.DEFINE_string("backup_dir", None, "override train.backup_dir")
+flags.DEFINE_integer("sequence_length", None, "override lm.sequence_length")
+flags.DEFINE_integer("width", None, "override lm.width")
+flags.DEFINE_integer("layers", None, "override lm.layers")
+flags.DEFINE_integer("start_step", None, "override compression.start_step")
+flags.DEFINE_integer("warmup_steps", None, "override local_sgd.warmup_steps")
+flags.DEFINE_integer("period", None, "override local_sgd.period")
+FLAGS = flags.FLAGS
+OVERRIDES = ("epochs", "steps_per_epoch", "validation_steps", "batch_size", "learning_rate",
+             "seed", "loop", "policy", "backup_dir", "sequence_length", "width", "layers")
+
+
+class Perplexity(keras.callbacks.Callback):
+    """Adds perplexity (e^loss) and validation perplexity to each epoch's logs."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        for key in ("loss", "val_loss"):
+            if logs is not None and key in logs:
+                logs[key.replace("loss", "perplexity")] = math.exp(min(float(logs[key]), 50))
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    config = tfdist.load_config(FLAGS.config)
+    lm = lm_config(config, {k: getattr(FLAGS, k) for k in OVERRIDES})
+    strategy = tfdist.get_strategy(config)
+    chief = tfdist.is_chief(strategy)
+    keras.utils.set_random_seed(lm.seed)
+    keras.mixed_precision.set_global_policy(lm.policy)
+    overrides = {k: getattr(FLAGS, k) for k in ("start_step", "warmup_steps", "period")}
+    with strategy.scope():
+        model = decoder(lm.sequence_length, lm.width, lm.layers, lm.heads, lm.dropout)
+        optimizer = tfdist.keras.optimizer_from_config(
+            keras.optimizers.Adam(lm.learning_rate), config, **overrides)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    progress = Progress(lm.epochs, lm.steps_per_epoch)
+    callbacks = [tfdist.callbacks.TrainingHooks(), tfdist.callbacks.CommStats(), Perplexity(),
+                 *([progress] if chief else [])]
+    if lm.backup_dir:
+        callbacks.append(tfdist.callbacks.BackupAndRestore(lm.backup_dir))
+    fit_args = dict(epochs=lm.epochs, steps_per_epoch=lm.steps_per_epoch,
+                    validation_steps=lm.validation_steps, callbacks=callbacks, verbose=0)
+    train_data, val_data = data.dataset_fn(lm, "train"), data.dataset_fn(lm, "validation")
+    start = time.time()
+    if lm.loop == "fit":
+        with strategy.scope():
+            model.compile(optimizer, loss)
+        history = model.fit(strategy.distribute_datasets_from_function(train_data),
+                            validation_data=strategy.distribute_datasets_from_function(val_data),
+                            **fit_args)
+    else:
+        trainer = tfdist.Trainer(model, optimizer, loss, strategy=strategy)
+        history = trainer.fit(train_data, validation_data=val_data, **fit_args)
+    wall = time.time() - start
+    trained = model.optimizer if lm.loop == "fit" else trainer.optimizer
+    if chief:
+        write_metrics(config, lm, strategy, history.history, progress, trained, wall)
+    tfdist.strategies.barrier(strategy)  # workers leave together, after the chief's writes
+
+
+def write_metrics(config, lm, strategy, history, progress, optimizer, wall):
+    _, train_hash = corpus.read("train")
+    _, val_hash = corpus.read("validation")
+    metrics = {
+        "strategy": config.strategy.name if config.strategy else "default",
+        "loop": lm.loop, "policy": lm.policy, "replicas": strategy.num_replicas_in_sync,
+        "steps": lm.epochs * lm.steps_per_epoch,
+        "optimizer_steps": int(optimizer.iterations.numpy()),
+        "wall_time_seconds": round(wall, 2), "seconds_per_step": progress.seconds_per_step,
+        "median_step_seconds": float(np.median(progress.step_seconds)),
+        "train_seconds": progress.train_seconds(), "epochs": progress.epochs_done,
+        "timeline": progress.timeline, "history": {k: [float(v) for v in vs]
+                                                   for k, vs in history.items()},
+        "corpus": {"train_sha256": train_hash, "validation_sha256": val_hash,
+                   "pinned": corpus.pinned("train", train_hash),
+                   "python": ".".join(map(str, sys.version_info[:3]))},
+        "compression": config.compression.name if config.compression else None,
+        "local_sgd": json_ready(config.local_sgd) if config.local_sgd else None,
+        "bytes_exchanged": bytes_exchanged(history),
+        "lm": json_ready(lm),
+    }
+    os.makedirs(FLAGS.output_dir, exist_ok=True)
+    path = os.path.join(FLAGS.output_dir, "metrics.json")
+    with open(path, "w") as f:
+        json.dump(metrics, f, indent=1)
+    print(f"final validation loss {history['val_loss'][-1]:.3f}, perplexity "
+          f"{history['val_perplexity'][-1]:.2f} after {wall:.0f}s", flush=True)
+    print(f"wrote metrics: {os.path.abspath(path)}", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,1 @@
+"""Pieces the examples share (progress and timings)."""
