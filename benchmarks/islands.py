@@ -1,0 +1,176 @@
+"""DiLoCo across islands, on the language model (examples/char_lm), on an emulated topology:
+2 islands x 2 workers. Each island is a network namespace (its two workers talk over its
+own free link); the islands are joined by a veth pair capped by `tc tbf` (slow_network.py).
+
+Methods: flat synchronous training, flat top-k + EF, flat DiLoCo (every worker its own
+DiLoCo worker), island DiLoCo and island Streaming DiLoCo (`islands: host`). For each:
+time to a target validation perplexity, final perplexity, and the bytes that crossed the
+slow link per training step (the veth counters of both namespaces). Needs root.
+
+    python benchmarks/islands.py [--rates 20000000] [--seeds 0 1] [--out benchmarks/results]
+"""
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from slow_network import HOSTS, NAMESPACES, capped_link  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TRAIN = ROOT / "examples" / "char_lm" / "train.py"
+PORTS = (23456, 23457)
+ONE_CORE = ["env", "TF_NUM_INTRAOP_THREADS=1", "TF_NUM_INTEROP_THREADS=1"]
+NESTEROV = {"name": "nesterov", "learning_rate": 0.7, "momentum": 0.9}
+DILOCO = {"period": 32, "warmup_steps": 32, "outer": NESTEROV}
+STREAMING = {**DILOCO, "fragments": 4, "overlap_steps": 2, "overlap_mix": 0.5,
+             "compression": {"name": "int4", "min_size": 0}}
+METHODS = {
+    "flat synchronous": {},
+    "flat top-k + EF": {"compression": {"name": "topk", "ratio": 0.01, "error_feedback": True,
+                                        "min_size": 0}},
+    "flat DiLoCo": {"local_sgd": DILOCO},
+    "island DiLoCo": {"local_sgd": {**DILOCO, "islands": "host"}},
+    "island Streaming DiLoCo": {"local_sgd": {**STREAMING, "islands": "host"}},
+}
+FREE = 10_000_000_000  # "every link free": a 10 Gbit/s cap that nothing reaches
+TARGET_PERPLEXITY = 11.0
+SCHEDULE = {"epochs": 12, "steps_per_epoch": 40, "validation_steps": 8, "batch_size": 32}
+
+
+def config_text(method):
+    workers = [f"{host}:{port}" for host in HOSTS for port in PORTS]
+    sections = {"cluster": {"worker": workers},
+                "strategy": {"name": "multi_worker_mirrored", "communication": "ring"},
+                **METHODS[method], "train": SCHEDULE}
+    return yaml.safe_dump(sections, sort_keys=False)
+
+
+def veth_bytes(namespace, device):
+    """Bytes received on `device` inside `namespace` (/proc/net/dev)."""
+    text = subprocess.run(["ip", "netns", "exec", namespace, "cat", "/proc/net/dev"],
+                          capture_output=True, text=True, check=True).stdout
+    for line in text.splitlines():
+        if line.strip().startswith(f"{device}:"):
+            return int(line.split(":", 1)[1].split()[0])
+    raise RuntimeError(f"no {device} in {namespace}")
+
+
+def slow_link_bytes():
+    return sum(veth_bytes(ns, f"tfdist-v{i}") for i, ns in enumerate(NAMESPACES))
+
+
+def run(method, rate, seed, workdir, timeout=3600):
+    """One run on the topology; returns its row."""
+    workdir = pathlib.Path(workdir)
+    slug = f"{method.replace(' ', '_').replace('+', '')}-{rate}-{seed}"
+    config, out = workdir / f"{slug}.yaml", workdir / f"out-{slug}"
+    config.write_text(config_text(method))
+    train = [*ONE_CORE, sys.executable, str(TRAIN), "--config", str(config), "--output_dir",
+             str(out), "--seed", str(seed)]
+    with capped_link(rate):
+        before = slow_link_bytes()
+        tasks = []
+        for island, ns in enumerate(NAMESPACES):
+            for local in range(len(PORTS)):
+                index = island * len(PORTS) + local
+                log = open(workdir / f"log-{slug}-{index}", "w")
+                tasks.append(subprocess.Popen(
+                    ["ip", "netns", "exec", ns, sys.executable, "-m", "tfdist", "launch",
+                     str(config), "--task", f"worker:{index}", "--", *train],
+                    stdout=log, stderr=subprocess.STDOUT))
+        try:
+            codes = [t.wait(timeout) for t in tasks]
+        finally:
+            for t in tasks:
+                t.kill()
+        crossed = slow_link_bytes() - before
+    if any(codes):
+        raise RuntimeError(f"{method} at {rate} bit/s failed ({codes}):\n"
+                           + (workdir / f"log-{slug}-0").read_text()[-3000:])
+    metrics = json.loads((out / "metrics.json").read_text())
+    epochs = metrics["epochs"]
+    steps = SCHEDULE["epochs"] * SCHEDULE["steps_per_epoch"]
+    reached = next((e["train_seconds"] for e in epochs
+                    if e["val_perplexity"] <= TARGET_PERPLEXITY), None)
+    return {"method": method, "rate_bits": rate, "seed": seed,
+            "seconds_to_target": reached, "final_val_perplexity": epochs[-1]["val_perplexity"],
+            "train_seconds": epochs[-1]["train_seconds"],
+            "seconds_per_step": metrics["seconds_per_step"],
+            "slow_link_bytes_per_step": crossed / steps,
+            "perplexity_by_epoch": [(e["train_seconds"], e["val_perplexity"]) for e in epochs]}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rates", type=int, nargs="+", default=[20_000_000])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = parser.parse_args()
+    results_path = pathlib.Path(args.out) / "islands.json"
+    rows = json.loads(results_path.read_text()) if results_path.exists() else []
+    done = {(r["method"], r["rate_bits"], r["seed"]) for r in rows}
+    plan = [("flat synchronous", FREE, s) for s in args.seeds]
+    plan += [(m, r, s) for r in args.rates for m in args.methods for s in args.seeds]
+    with tempfile.TemporaryDirectory() as workdir:
+        for i, (method, rate, seed) in enumerate(plan):
+            if (method, rate, seed) in done:
+                continue
+            print(f"[{i + 1}/{len(plan)}] {method} at {rate / 1e6:g} Mbit/s, seed {seed}",
+                  flush=True)
+            row = run(method, rate, seed, workdir)
+            print(f"    to perplexity {TARGET_PERPLEXITY}: {row['seconds_to_target']} s, final "
+                  f"{row['final_val_perplexity']:.2f}, slow link "
+                  f"{row['slow_link_bytes_per_step'] / 1e3:.1f} kB/step", flush=True)
+            rows.append(row)
+            results_path.write_text(json.dumps(rows, indent=1))
+    print(report(rows))
+
+
+def report(rows):
+    """The markdown table and the issue's targets, met or MISSED."""
+    import statistics
+
+    def mean(method, rate, key):
+        values = [r[key] for r in rows if r["method"] == method and r["rate_bits"] == rate]
+        values = [v for v in values if v is not None]
+        return statistics.mean(values) if values else None
+
+    lines = ["| method | link | seconds to perplexity "
+             f"{TARGET_PERPLEXITY} | final perplexity | slow-link kB/step |", "|---|---|---|---|---|"]
+    for method, rate in dict.fromkeys((r["method"], r["rate_bits"]) for r in rows):
+        link = "free" if rate == FREE else f"{rate / 1e6:g} Mbit/s"
+        to = mean(method, rate, "seconds_to_target")
+        lines.append(f"| {method} | {link} | {'not reached' if to is None else f'{to:.1f}'} | "
+                     f"{mean(method, rate, 'final_val_perplexity'):.2f} | "
+                     f"{mean(method, rate, 'slow_link_bytes_per_step') / 1e3:.1f} |")
+    free = mean("flat synchronous", FREE, "seconds_to_target")
+    free_final = mean("flat synchronous", FREE, "final_val_perplexity")
+    streaming = mean("island Streaming DiLoCo", 20_000_000, "seconds_to_target")
+    final = mean("island Streaming DiLoCo", 20_000_000, "final_val_perplexity")
+    sync_bytes = mean("flat synchronous", 20_000_000, "slow_link_bytes_per_step")
+    island_bytes = mean("island Streaming DiLoCo", 20_000_000, "slow_link_bytes_per_step")
+    targets = []
+    if None not in (free, streaming):
+        ok = streaming <= 1.3 * free and final <= 1.02 * free_final
+        targets.append(f"- Island Streaming DiLoCo at 20 Mbit/s: {streaming:.1f} s to perplexity "
+                       f"{TARGET_PERPLEXITY} against {free:.1f} s synchronous on free links "
+                       f"({streaming / free:.2f}x, target <= 1.3x), final {final:.2f} against "
+                       f"{free_final:.2f} (target within 2%): {'met' if ok else 'MISSED'}")
+    if None not in (sync_bytes, island_bytes):
+        ratio = sync_bytes / island_bytes
+        targets.append(f"- Slow-link bytes per step: {ratio:.0f}x fewer than flat synchronous "
+                       f"(target >= 100x): {'met' if ratio >= 100 else 'MISSED'}")
+    targets.append("- A slowed island costing the other <= 10% of its step rate: MISSED "
+                   "(heterogeneous islands are not built yet)")
+    return "\n".join(lines + [""] + targets)
+
+
+if __name__ == "__main__":
+    main()
