@@ -112,12 +112,16 @@ def main():
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the report from the saved results, run nothing")
     args = parser.parse_args()
     results_path = pathlib.Path(args.out) / "islands.json"
     rows = json.loads(results_path.read_text()) if results_path.exists() else []
     done = {(r["method"], r["rate_bits"], r["seed"]) for r in rows}
     plan = [("flat synchronous", FREE, s) for s in args.seeds]
     plan += [(m, r, s) for r in args.rates for m in args.methods for s in args.seeds]
+    if args.report_only:
+        plan = []
     with tempfile.TemporaryDirectory() as workdir:
         for i, (method, rate, seed) in enumerate(plan):
             if (method, rate, seed) in done:
@@ -130,7 +134,34 @@ def main():
                   f"{row['slow_link_bytes_per_step'] / 1e3:.1f} kB/step", flush=True)
             rows.append(row)
             results_path.write_text(json.dumps(rows, indent=1))
-    print(report(rows))
+    text = report(rows)
+    (results_path.parent / "islands.md").write_text(
+        f"# DiLoCo across islands (benchmarks/islands.py)\n\n{__doc__.split(chr(10) * 2)[1]}"
+        f"\n\n{text}\n")
+    plot(rows, results_path.parent / "islands.png")
+    print(text)
+
+
+def plot(rows, path):
+    """Validation perplexity against training seconds, one line per method and link."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for row in rows:
+        if row["seed"] != 0:
+            continue
+        link = "free" if row["rate_bits"] == FREE else f"{row['rate_bits'] / 1e6:g} Mbit/s"
+        seconds, perplexity = zip(*row["perplexity_by_epoch"])
+        ax.plot(seconds, perplexity, marker=".", label=f"{row['method']} ({link})")
+    ax.axhline(TARGET_PERPLEXITY, color="grey", linestyle=":", linewidth=1)
+    ax.set(xlabel="training seconds (validation excluded)", ylabel="validation perplexity",
+           title="Language model, 2 islands x 2 workers (seed 0)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def report(rows):
@@ -143,12 +174,14 @@ def report(rows):
         return statistics.mean(values) if values else None
 
     lines = ["| method | link | seconds to perplexity "
-             f"{TARGET_PERPLEXITY} | final perplexity | slow-link kB/step |", "|---|---|---|---|---|"]
+             f"{TARGET_PERPLEXITY} | final perplexity | s/step | slow-link kB/step |",
+             "|---|---|---|---|---|---|"]
     for method, rate in dict.fromkeys((r["method"], r["rate_bits"]) for r in rows):
         link = "free" if rate == FREE else f"{rate / 1e6:g} Mbit/s"
         to = mean(method, rate, "seconds_to_target")
         lines.append(f"| {method} | {link} | {'not reached' if to is None else f'{to:.1f}'} | "
                      f"{mean(method, rate, 'final_val_perplexity'):.2f} | "
+                     f"{mean(method, rate, 'seconds_per_step'):.3f} | "
                      f"{mean(method, rate, 'slow_link_bytes_per_step') / 1e3:.1f} |")
     free = mean("flat synchronous", FREE, "seconds_to_target")
     free_final = mean("flat synchronous", FREE, "final_val_perplexity")

@@ -396,6 +396,16 @@ def diloco_periods_section():
             "![DiLoCo by period](../benchmarks/results/diloco_periods.png)"]
 
 
+def islands_section():
+    """DiLoCo across islands on the language model (islands.py), when it was run."""
+    path = RESULTS / "islands.md"
+    if not path.exists():
+        return []
+    body = path.read_text().split("\n", 2)[2].strip()  # without its own title
+    return ["", "### DiLoCo across islands: the language model", "", body, "",
+            "![islands](../benchmarks/results/islands.png)"]
+
+
 def markdown(results):
     env = results["environment"]
     out = ["# Benchmarks", "",
@@ -406,7 +416,8 @@ def markdown(results):
            + (f", {env['minutes']:.0f} minutes" if env.get("minutes") else "") + ". The UNet example "
            "(32×32 synthetic shapes, 4 classes, 0.54 M parameters, global batch 32).", "",
            "Raw results: `benchmarks/results/report.json`, `report.csv`.", "",
-           *time_to_accuracy_section(results), *diloco_periods_section(), "",
+           *time_to_accuracy_section(results), *diloco_periods_section(),
+           *islands_section(), "",
            "## Targets", "", "| target | measured | met | note |", "|---|---|---|---|"]
     for name, got, met, note in targets(results):
         out.append(f"| {name} | {got} | {'yes' if met else '**MISSED**'} | {note if not met else ''} |")
