@@ -54,9 +54,13 @@ def test_bad_settings_are_located_config_errors(section, message):
 
 def test_the_model_is_causal():
     """Changing byte t changes no logit before t (the attention mask)."""
-    from model import decoder
+    import importlib.util
 
-    model = decoder(16, width=16, depth=1, heads=2)
+    # by its path: the UNet example's `model` module may be imported in this session
+    spec = importlib.util.spec_from_file_location("char_lm_model", EXAMPLE / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.decoder(16, width=16, depth=1, heads=2)
     tokens = np.random.default_rng(0).integers(0, 256, (2, 16)).astype(np.int32)
     changed = tokens.copy()
     changed[:, 9] = (changed[:, 9] + 1) % 256

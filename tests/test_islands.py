@@ -170,3 +170,44 @@ def test_the_config_carries_islands_to_the_averager():
     averager = tfdist.local_sgd.ModelAverager.from_config(config.local_sgd)
     assert averager.islands == ((0, 1), (2, 3))
     assert json.dumps(averager.islands) == "[[0, 1], [2, 3]]"
+
+
+# --- a compressed warm-up (the synchronous steps are where local SGD sends most) ----------
+
+TOPK_EF = {"name": "topk", "ratio": 0.1, "error_feedback": True, "min_size": 0}
+
+
+@pytest.mark.usefixtures("two_cpus", "jobs_path")
+def test_a_compressed_warm_up_trains_as_that_compression_does(strategies):
+    """During the warm-up, ModelAverager(warmup_compression=top-k + EF) exchanges exactly
+    as DistributedOptimizer(top-k + EF) does: the same weights after 6 steps."""
+    import keras
+    from test_local_sgd import assert_same, fit, weights
+
+    strategy = strategies("mirrored")
+    averaged, _ = fit(strategy, [tfdist.callbacks.LocalSGD(
+        period=100, warmup_steps=6, warmup_compression=TOPK_EF)], steps=6)
+    with strategy.scope():
+        optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.05), TOPK_EF)
+    compressed, _ = fit(strategy, steps=6, optimizer=optimizer)
+    plain, _ = fit(strategy, [tfdist.callbacks.LocalSGD(period=100, warmup_steps=6)], steps=6)
+    assert_same(weights(averaged), weights(compressed), atol=1e-6)
+    assert not all(np.allclose(a, b, atol=1e-4) for a, b in
+                   zip(weights(averaged), weights(plain)))  # top-k really ran
+
+
+def test_warm_up_compression_is_checked_like_any_compression_section():
+    config = config_from_dict({"strategy": "mirrored", "local_sgd": {
+        "period": 8, "warmup_steps": 4, "warmup_compression": TOPK_EF}})
+    assert config.local_sgd.warmup_compression.name == "topk"
+    averager = tfdist.local_sgd.ModelAverager.from_config(config.local_sgd)
+    assert averager.warmup_exchange.compressor.ratio == 0.1
+    for section, message in (({"name": "auto"}, "name the method of the warm-up"),
+                             ({"name": "topk", "start_step": 3}, "no delayed start"),
+                             ({"name": "top-k"}, "did you mean 'topk'")):
+        with pytest.raises(ConfigError, match=message):
+            config_from_dict({"strategy": "mirrored", "local_sgd": {
+                "period": 8, "warmup_compression": section}})
+    with pytest.raises(ValueError, match="no phases of its own"):
+        tfdist.local_sgd.ModelAverager(8, warmup_compression={
+            "name": "topk", "ratio": 0.01, "ratio_warmup_steps": 5})

@@ -55,7 +55,8 @@ EXCHANGE_OPTIONS = {"start_step": _count, "min_size": _count, "bucket_bytes": _c
                     "freeze_variance": checks.boolean}
 COMPRESSION_KEYS = ("name", *COMPRESSOR_PARAMS, "error_feedback", *EXCHANGE_OPTIONS)
 LOCAL_SGD_KEYS = ("period", "warmup_steps", "average_non_trainable", "average_optimizer_state",
-                  "outer", "fragments", "overlap_steps", "overlap_mix", "compression", "islands")
+                  "outer", "fragments", "overlap_steps", "overlap_mix", "compression", "islands",
+                  "warmup_compression")
 
 
 def load_config(path):
@@ -332,15 +333,29 @@ def _local_sgd(source, path, value):
         fields["overlap_mix"] = checks.number(source, path + ("overlap_mix",),
                                               value["overlap_mix"], minimum=0, maximum=1)
     if value.get("compression") is not None:
-        compression = _compression(source, path + ("compression",), value["compression"])
-        if compression.name == "auto":
-            raise source.error(path + ("compression", "name"), "auto chooses a gradient "
-                               "compression; name the method of the synchronisation "
-                               "(e.g. int4, int8, fp16)")
-        fields["compression"] = compression
+        fields["compression"] = _named_compression(source, path + ("compression",),
+                                                   value["compression"], "synchronisation",
+                                                   "int4, int8, fp16")
+    if value.get("warmup_compression") is not None:
+        fields["warmup_compression"] = _named_compression(
+            source, path + ("warmup_compression",), value["warmup_compression"],
+            "warm-up's gradient exchange", "topk with error_feedback, fp16")
     if value.get("islands") is not None:
         fields["islands"] = _islands(source, path + ("islands",), value["islands"])
     return LocalSGDConfig(**fields)
+
+
+def _named_compression(source, path, value, what, examples):
+    """A compression section that names its method (not auto) and starts at once."""
+    compression = _compression(source, path, value)
+    if compression.name == "auto":
+        raise source.error(path + ("name",), f"auto chooses a gradient compression; name the "
+                           f"method of the {what} (e.g. {examples})")
+    if compression.start_step:
+        raise source.error(path + ("start_step",), f"the {what} has no delayed start of its "
+                           f"own (warmup_steps says when local steps begin). Received: "
+                           f"start_step={compression.start_step}")
+    return compression
 
 
 def _islands(source, path, value):

@@ -127,6 +127,7 @@ class LocalSGDConfig:
     overlap_mix: float = 0.5
     compression: CompressionConfig | None = None
     islands: Any = None  # a count, "host" or a tuple of tuples of worker indices
+    warmup_compression: CompressionConfig | None = None  # the warm-up's gradient exchange
 
 
 @dataclasses.dataclass(frozen=True)

@@ -66,6 +66,9 @@ class ModelAverager(TrainingHook):
         overlap_mix: after an overlapped exchange a fragment's weights become
             `overlap_mix` × its local weights + (1 - `overlap_mix`) × the synchronised
             ones (Streaming DiLoCo's α; 0 drops the τ local steps).
+        warmup_compression: the warm-up's gradient exchange (a compressor name, a
+            `compression:` section or a hook; None: uncompressed), e.g. top-k with error
+            feedback: the synchronous steps are where local SGD and DiLoCo send most.
         islands: groups of workers that all-reduce their gradients every step and
             synchronise with the other groups as above (`tfdist.local_sgd.islands`): a
             count of equal groups, "host", or lists of worker indices; None: every
@@ -76,16 +79,22 @@ class ModelAverager(TrainingHook):
 
     def __init__(self, period, warmup_steps=0, average_non_trainable=False,
                  average_optimizer_state=False, compression=None, outer=None, fragments=1,
-                 overlap_steps=0, overlap_mix=0.5, islands=None):
+                 overlap_steps=0, overlap_mix=0.5, islands=None, warmup_compression=None):
         checked = _checked_arguments(
             period=period, warmup_steps=warmup_steps, fragments=fragments,
             overlap_steps=overlap_steps, overlap_mix=overlap_mix, outer=outer,
             average_non_trainable=average_non_trainable, compression=compression,
-            average_optimizer_state=average_optimizer_state, islands=islands)
+            average_optimizer_state=average_optimizer_state, islands=islands,
+            warmup_compression=warmup_compression)
         self.period, self.warmup_steps = checked.period, checked.warmup_steps
         self.average_non_trainable = checked.average_non_trainable
         self.average_optimizer_state = checked.average_optimizer_state
         self.compression = _compression_hook(compression)
+        self.warmup_exchange = _compression_hook(warmup_compression)
+        if self.warmup_exchange is not None and self.warmup_exchange.phased:
+            raise ValueError("the warm-up's exchange has no phases of its own (no ratio "
+                             "warm-up); warmup_steps is its schedule. Received: "
+                             f"warmup_compression={warmup_compression!r}")
         self.outer = None if is_plain_average(outer) else outer
         if self.outer is not None:
             outer_optimizer(self.outer)  # an unknown name or option fails here, not in build
@@ -136,6 +145,8 @@ class ModelAverager(TrainingHook):
         if self.outer is not None:
             self.outer_optimizer = outer_optimizer(self.outer)
             self.outer_optimizer.build(self.anchor_variables)
+        if self.warmup_exchange is not None and self.warmup_steps > 0:
+            self.warmup_exchange.build(strategy, variables)
         if self.compression is not None:
             self.exchanges = [self.compression if i == 0 else build(self.compression.get_config())
                               for i in range(len(self.groups))]
@@ -155,7 +166,9 @@ class ModelAverager(TrainingHook):
 
     def replica_state(self):
         """The compressed averages' own state (e.g. error-feedback residuals), if any."""
-        exchanges = self.exchanges if self.compression is not None else []
+        exchanges = list(self.exchanges) if self.compression is not None else []
+        if self.warmup_exchange is not None and self.warmup_exchange.state:
+            exchanges.append(self.warmup_exchange)
         return [v for hook in exchanges for v in hook.replica_state()]
 
     def phase(self, step):
@@ -179,6 +192,8 @@ class ModelAverager(TrainingHook):
     def exchange(self, grads, variables, step):
         synchronous = self.phase(0) if self.current_phase is None else self.current_phase
         if synchronous:  # the warm-up
+            if self.warmup_exchange is not None:
+                return self.warmup_exchange.exchange(grads, variables, step)
             return all_reduce_sum(grads)
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
         grads = [tf.convert_to_tensor(g) for g in grads]
@@ -192,7 +207,7 @@ class ModelAverager(TrainingHook):
         of the trainable weights (compressed or not) every `period` steps."""
         dense = {"payload": self.model_bytes, "dense": self.model_bytes, "gathered": 0}
         if step is not None and step < self.warmup_steps:
-            return dense
+            return dense if self.warmup_exchange is None else self.warmup_exchange.bytes_per_step()
         sent = dense if self.compression is None else {
             k: sum(h.bytes_per_step()[k] for h in self.exchanges) for k in ("payload", "gathered")}
         return {"payload": sent["payload"] / self.period, "dense": self.model_bytes,
@@ -387,9 +402,10 @@ def _checked_arguments(**arguments):
     """ModelAverager's arguments as a `LocalSGDConfig`, checked by the config loader's
     own checks of the `local_sgd:` section (refused exactly when a config file's would be);
     an outer optimizer or compression given as an object is checked where it is used."""
-    section = {k: v for k, v in arguments.items() if k not in ("outer", "compression")
+    objects = ("outer", "compression", "warmup_compression")
+    section = {k: v for k, v in arguments.items() if k not in objects
                and not (k == "islands" and v is None)}
-    for key in ("outer", "compression"):
+    for key in objects:
         value = arguments[key]
         if isinstance(value, (dict, types.MappingProxyType)):
             section[key] = dict(value)
