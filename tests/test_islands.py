@@ -211,3 +211,14 @@ def test_warm_up_compression_is_checked_like_any_compression_section():
     with pytest.raises(ValueError, match="no phases of its own"):
         tfdist.local_sgd.ModelAverager(8, warmup_compression={
             "name": "topk", "ratio": 0.01, "ratio_warmup_steps": 5})
+
+
+def test_more_islands_than_collective_groups_are_refused():
+    import types
+
+    from tfdist.local_sgd.islands import MAX_ISLANDS, IslandReduce
+
+    strategy = types.SimpleNamespace(num_replicas_in_sync=MAX_ISLANDS + 1)
+    with pytest.raises(UnsupportedError, match=f"at most {MAX_ISLANDS} islands"):
+        IslandReduce(strategy, MAX_ISLANDS + 1)
+    assert len(IslandReduce(types.SimpleNamespace(num_replicas_in_sync=4), 2).groups) == 2

@@ -29,6 +29,7 @@ from tfdist.errors import UnsupportedError
 #: Island group keys sit in the upper half of a strategy's collective key range
 #: (`tfdist.strategies.collective_keys`), clear of the strategy's own device groups.
 GROUP_KEY_OFFSET = 50_000
+MAX_ISLANDS = 64  # group keys per plan: 64 x up to 781 plans fit the strategy's range
 _builds = itertools.count()  # one block of group keys per island plan in this process
 _lock = threading.Lock()
 
@@ -81,13 +82,17 @@ class IslandReduce:
         local = max(replicas // workers, 1)
         units = workers if workers > 1 else replicas
         self.groups = island_groups(spec, units, hosts if workers > 1 else None)
+        if len(self.groups) > MAX_ISLANDS:
+            raise UnsupportedError(f"at most {MAX_ISLANDS} islands (one collective group "
+                                   f"each). Received: {len(self.groups)} islands")
         unit_of = [r // local if workers > 1 else r for r in range(replicas)]
         island_of_unit = {u: i for i, group in enumerate(self.groups) for u in group}
         island_of = [island_of_unit[unit_of[r]] for r in range(replicas)]
         sizes = [island_of.count(i) for i in range(len(self.groups))]
         with _lock:
             block = next(_builds)
-        base = getattr(strategy, "_collective_key_base", 0) + GROUP_KEY_OFFSET + 64 * block
+        base = (getattr(strategy, "_collective_key_base", 0) + GROUP_KEY_OFFSET
+                + MAX_ISLANDS * block)
         self._island_of, self._sizes = island_of, sizes
         self.multi_worker = workers > 1
         self._keys = [base + i for i in range(len(self.groups))]
