@@ -27,6 +27,7 @@ import tfdist
 from tfdist import cli
 from tfdist.config import config_from_dict
 from tfdist.errors import TfdistError
+from test_hostile_exec import pod, srun  # a valid SLURM step and JobSet pod to spoil
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CLUSTER = "cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n"
@@ -413,42 +414,29 @@ def test_get_strategy_refuses_what_validate_refuses(value, name):
         assert 1 <= int(value) <= 1024 and not isinstance(value, bool)
 
 
-def _srun(**changes):
-    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "3", "SLURM_STEP_NODELIST": "a,b",
-           "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_NODEID": "0", "SLURMD_NODENAME": "a",
-           "SLURM_LOCALID": "1", **changes}
-    return {k: v for k, v in env.items() if v is not None}
-
-
-def _pod(**changes):
-    env = {"JOBSET_NAME": "unet", "REPLICATED_JOB_NAME": "worker", "JOB_INDEX": "0",
-           "JOB_COMPLETION_INDEX": "1", "POD_NAMESPACE": "ml", **changes}
-    return {k: v for k, v in env.items() if v is not None}
-
-
 _SPEC = '{"cluster": {"workerpool0": ["a:1"], "workerpool1": ["b:1"]}, "task": %s}'
 HUGE_TEXT = "x" * (2 << 20)
 #: variable -> [an environment that sets it to something hostile]; the rest is a valid
 #: environment of its scheduler. Each must be one ClusterError line naming the variable.
 ENV_CASES = {
-    "SLURM_PROCID": [_srun(SLURM_PROCID=v) for v in (BIG, "-1", "١", "3", "")],
-    "SLURM_NTASKS": [_srun(SLURM_NTASKS=v) for v in ("99999999", BIG, "0x3")],
-    "SLURM_STEP_NODELIST": [_srun(SLURM_STEP_NODELIST=v) for v in
+    "SLURM_PROCID": [srun(SLURM_PROCID=v) for v in (BIG, "-1", "١", "3", "")],
+    "SLURM_NTASKS": [srun(SLURM_NTASKS=v) for v in ("99999999", BIG, "0x3")],
+    "SLURM_STEP_NODELIST": [srun(SLURM_STEP_NODELIST=v) for v in
                             ("n[" + ",".join(["1-99999"] * 200) + "]", "a b,c", "a\nb",
                              "a,'b'", HUGE_TEXT, "n[1-2")],
-    "SLURM_JOB_NODELIST": [_srun(SLURM_STEP_NODELIST=None, SLURM_JOB_NODELIST=v) for v in
+    "SLURM_JOB_NODELIST": [srun(SLURM_STEP_NODELIST=None, SLURM_JOB_NODELIST=v) for v in
                            ("a;b,c", "\x1b[2J,b")],
-    "SLURM_STEP_TASKS_PER_NODE": [_srun(SLURM_STEP_TASKS_PER_NODE=v) for v in
+    "SLURM_STEP_TASKS_PER_NODE": [srun(SLURM_STEP_TASKS_PER_NODE=v) for v in
                                   ("99999999", "1(x99999999)", "2,1,1", BIG)],
-    "SLURM_NODEID": [_srun(SLURM_NODEID=v) for v in (BIG, "1", "x")],
-    "SLURMD_NODENAME": [_srun(SLURMD_NODENAME=v) for v in ("b", "\x1b]52;c;eA==\x07")],
-    "SLURM_LOCALID": [_srun(SLURM_LOCALID=v) for v in ("0", BIG)],
-    "JOBSET_NAME": [_pod(JOBSET_NAME=v) for v in ("UPPER", "a" * 100, "a\nb")],
-    "REPLICATED_JOB_NAME": [_pod(REPLICATED_JOB_NAME=v) for v in ("master", "", "x" * 300)],
-    "JOB_INDEX": [_pod(JOB_INDEX=v) for v in ("1", BIG, "-0")],
-    "JOB_COMPLETION_INDEX": [_pod(JOB_COMPLETION_INDEX=v) for v in ("2", BIG, "1.0")],
-    "JOBSET_SUBDOMAIN": [_pod(JOBSET_SUBDOMAIN=v) for v in ("a b", "x" * 300)],
-    "POD_NAMESPACE": [_pod(POD_NAMESPACE=v) for v in ("a.b", "Ns")],
+    "SLURM_NODEID": [srun(SLURM_NODEID=v) for v in (BIG, "1", "x")],
+    "SLURMD_NODENAME": [srun(SLURMD_NODENAME=v) for v in ("b", "\x1b]52;c;eA==\x07")],
+    "SLURM_LOCALID": [srun(SLURM_LOCALID=v) for v in ("0", BIG)],
+    "JOBSET_NAME": [pod(JOBSET_NAME=v) for v in ("UPPER", "a" * 100, "a\nb")],
+    "REPLICATED_JOB_NAME": [pod(REPLICATED_JOB_NAME=v) for v in ("master", "", "x" * 300)],
+    "JOB_INDEX": [pod(JOB_INDEX=v) for v in ("1", BIG, "-0")],
+    "JOB_COMPLETION_INDEX": [pod(JOB_COMPLETION_INDEX=v) for v in ("2", BIG, "1.0")],
+    "JOBSET_SUBDOMAIN": [pod(JOBSET_SUBDOMAIN=v) for v in ("a b", "x" * 300)],
+    "POD_NAMESPACE": [pod(POD_NAMESPACE=v) for v in ("a.b", "Ns")],
     "CLUSTER_SPEC": [{"CLUSTER_SPEC": v} for v in
                      ("{}", "[]", "not json", _SPEC % '{"type": ["workerpool1"], "index": 0}',
                       _SPEC % '{"type": {"a": 1}, "index": 0}', _SPEC % '{"type": "workerpool1",'
