@@ -154,6 +154,22 @@ def test_workers_on_localhost_train_as_numpy_says(tmp_path, workers, islands, gr
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("loop, policy, launch", [
+    ("fit", None, None), ("own", None, None), ("own", "mixed_float16", None),
+    ("fit", None, "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n")],
+    ids=["fit", "own-loop", "own-loop-mixed-float16", "fit-4-workers"])
+def test_keras_fit_and_your_own_loop_train_as_numpy_says(tmp_path, loop, policy, launch):
+    """The same hook in `model.fit` (the LocalSGD callback) and in the tutorial's
+    `tf.GradientTape` loop under `tfdist.function` (loss scaling by the optimizer's
+    `scale_loss` under mixed_float16)."""
+    where = ["--replicas", "4"] if launch is None else []
+    replicas = run_job(tmp_path, *where, "--islands", "2", "--loop", loop,
+                       *(["--policy", policy] if policy else []), *schedule_args(**SCHEDULE),
+                       launch=launch)
+    assert_matches(replicas, [[0, 1], [2, 3]], 4, atol=5e-3 if policy else 1e-6, **SCHEDULE)
+
+
+@pytest.mark.multiprocess
 def test_islands_under_mixed_float16(tmp_path):
     """float16 compute with dynamic loss scaling (an initial scale of 2: no step
     overflows, so the simulation's steps are the run's): the island mean of the unscaled

@@ -8,6 +8,8 @@ the test compares each one with `reference`, a NumPy simulation of the same trai
     --replicas N        logical CPUs (MirroredStrategy); omit under tfdist launch
     --islands SPEC      a count, "host", or JSON lists of worker indices
     --period H --warmup W --steps S --lr LR --loop trainer|fit|own --policy NAME
+
+`own` is the tutorial's `tf.GradientTape` loop under `tfdist.function`.
 """
 
 import argparse
@@ -118,6 +120,16 @@ def main():
     if args.loop == "trainer":
         trainer = tfdist.Trainer(model, optimizer, "mse", strategy=strategy, hooks=[averager])
         trainer.fit(dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0)
+    elif args.loop == "fit":  # Keras' own loop, the averager as a callback
+        with strategy.scope():
+            model.compile(optimizer, "mse")
+        model.fit(strategy.distribute_datasets_from_function(dataset_fn), epochs=1,
+                  steps_per_epoch=args.steps, verbose=0,
+                  callbacks=[tfdist.callbacks.LocalSGD(period=args.period,
+                                                       warmup_steps=args.warmup,
+                                                       islands=islands)])
+    elif args.loop == "own":  # a tf.GradientTape loop as TensorFlow's tutorials write it
+        own_loop(strategy, model, optimizer, averager, dataset_fn, args.steps)
     else:
         sys.exit(f"unknown --loop {args.loop}")
     per_replica = [strategy.experimental_local_results(underlying(v)) for v in
@@ -127,6 +139,37 @@ def main():
               for name, values in zip(("kernel", "bias"), per_replica) for i in range(local)}
     np.savez(os.path.join(args.out, f"{task}.npz"), **arrays)
     tfdist.strategies.barrier(strategy)
+
+
+def own_loop(strategy, model, optimizer, averager, dataset_fn, steps):
+    """The custom training loop of TensorFlow's distributed-training tutorial, with
+    `tfdist.function` instead of `tf.function` and the averager among the optimizer's
+    hooks."""
+    import tensorflow as tf
+
+    import tfdist
+
+    global_batch = BATCH * strategy.num_replicas_in_sync
+    with strategy.scope():
+        optimizer = tfdist.keras.DistributedOptimizer(optimizer, hooks=[averager])
+        optimizer.build(model.trainable_variables)
+
+    def replica_step(inputs):
+        features, labels = inputs
+        with tf.GradientTape() as tape:
+            predictions = tf.cast(model(features), tf.float32)  # float16 under mixed_float16
+            per_example = tf.reduce_mean(tf.square(predictions - labels), axis=-1)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            scaled = optimizer.scale_loss(loss)  # loss scaling, if the policy asks for it
+        optimizer.apply_gradients(zip(tape.gradient(scaled, model.trainable_variables),
+                                      model.trainable_variables))
+
+    step = tfdist.function(lambda inputs: strategy.run(replica_step, args=(inputs,)),
+                           model=model, optimizer=optimizer)
+    batches = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    for _ in range(steps):
+        step(next(batches))
+    step.before_read()
 
 
 def worker_index(task):
