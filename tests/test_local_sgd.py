@@ -69,6 +69,31 @@ def test_period_one_gives_the_weights_of_synchronous_training(strategies):
     assert_same(weights(local), weights(plain))
 
 
+def test_averaging_the_optimizer_state_makes_adams_moments_their_mean(strategies):
+    """average_optimizer_state: at the synchronisation (here only the one at the end of
+    training) every replica's Adam moments become their mean — the mean of the moments
+    an identical run without it leaves on each replica."""
+    from tfdist.core.owned import optimizers_of
+    from tfdist.core.variables import optimizer_slots
+
+    strategy = strategies("mirrored")
+
+    def slots(average):
+        with strategy.scope():
+            adam = keras.optimizers.Adam(0.01)
+        model, _ = fit(strategy, [tfdist.callbacks.LocalSGD(
+            period=100, average_optimizer_state=average)], steps=4, optimizer=adam)
+        assert len(optimizer_slots(optimizers_of(model)[0])) == 2 * len(model.weights)
+        return [[v.numpy() for v in strategy.experimental_local_results(slot)]
+                for slot in optimizer_slots(optimizers_of(model)[0])]  # m and v of each
+
+    apart, averaged = slots(False), slots(True)
+    for (a, b), (x, y) in zip(apart, averaged):
+        assert not np.allclose(a, b)  # each replica's own moments without it
+        np.testing.assert_array_equal(x, y)
+        np.testing.assert_allclose(x, (a + b) / 2, rtol=1e-6, atol=1e-9)
+
+
 def test_replicas_differ_between_averages_and_agree_right_after(strategies):
     strategy = strategies("mirrored")
     record, local_sgd = Record(), tfdist.callbacks.LocalSGD(period=3, warmup_steps=2)

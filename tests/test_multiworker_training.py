@@ -482,16 +482,22 @@ def test_mixed_float16_under_parameter_servers_is_refused_in_one_line(write_conf
     assert refused and "use mixed_bfloat16" in refused[0], run.stdout[-3000:] + run.stderr[-2000:]
 
 
-@pytest.mark.parametrize("loop", ["fit", "trainer"])
-def test_sigterm_to_one_of_four_workers_loses_no_step(write_config, tmp_path, loop):
+@pytest.mark.parametrize("loop, training", [
+    ("fit", ()), ("trainer", ()),
+    ("fit", ("--local_sgd", "3", "--diloco", "1,0", "--islands", "2"))],
+    ids=["fit", "trainer", "fit-diloco-2-islands"])
+def test_sigterm_to_one_of_four_workers_loses_no_step(write_config, tmp_path, loop, training):
     """worker:2 gets SIGTERM (as from Kubernetes) after step 1 of epoch 1. The next step's
     all-reduce tells every worker; all save after that same step and exit with 143;
     `--max-restarts 1` relaunches the job, which resumes there: every step of every
     epoch trains exactly once on every worker (each task's step log), and the job ends
-    with the weights of a run never interrupted, identical on the 4 workers."""
+    with the weights of a run never interrupted, identical on the 4 workers. Also with
+    DiLoCo between 2 islands of 2 workers, the signal between two synchronisations (the
+    signal lands in the second island; each replica's weights, the anchors and the outer
+    momentum resume from the backup)."""
     cluster = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
     out, backup = tmp_path / "out", tmp_path / "backup"
-    common = ("--loop", loop, "--model", "plain", "--epochs", "3")
+    common = ("--loop", loop, "--model", "plain", "--epochs", "3", *training)
     results, run = launch(write_config, out, cluster, *common, "--backup", str(backup),
                           "--preempt", "1,1,2", launcher_args=("--max-restarts", "1"),
                           timeout=420)

@@ -10,6 +10,7 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
     --local_sgd PERIOD --warmup W    local SGD; records a weight checksum after each step
     --diloco F,TAU                   with --local_sgd: DiLoCo (outer Nesterov), F fragments,
                                      exchanges overlapped with TAU steps, int4-compressed
+    --islands N                      with --local_sgd: N equal islands of workers
     --auto PROBE_STEPS               compression: auto, probing PROBE_STEPS steps (6 if more:
                                      probe_seconds 0); records its decisions
     --accumulate K                   SGD with gradient_accumulation_steps=K
@@ -71,6 +72,7 @@ def parse():
     p.add_argument("--local_sgd", type=int, help="period")
     p.add_argument("--warmup", type=int, default=0)
     p.add_argument("--diloco", type=lambda text: tuple(int(v) for v in text.split(",")))
+    p.add_argument("--islands", type=int, help="with --local_sgd: that many equal islands")
     p.add_argument("--accumulate", type=int)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--pause_after", type=lambda text: {int(e) for e in text.split(",")},
@@ -319,6 +321,8 @@ def main():
         diloco = {} if not args.diloco else dict(
             outer="nesterov", fragments=args.diloco[0], overlap_steps=args.diloco[1],
             compression={"name": "int4", "min_size": 0})
+        if args.islands:
+            diloco["islands"] = args.islands
         if args.loop == "fit":
             callbacks.append(tfdist.callbacks.LocalSGD(args.local_sgd, args.warmup, **diloco))
         else:

@@ -123,6 +123,17 @@ def before_read(model, optimizer=None):
     _before_read(model, [pipeline_of(o) for o in optimizers_of(model, optimizer)])
 
 
+def before_backup(model):
+    """Lets the hooks of `model`'s tfdist optimizers prepare a backup (`before_backup`) if a
+    step ran since they last made one model; on every worker. A later read still makes
+    one model."""
+    for optimizer in optimizers_of(model):
+        pipeline = pipeline_of(optimizer)
+        if pipeline.changed:
+            for hook in pipeline.hooks:
+                hook.before_backup(model, _steps(optimizer))
+
+
 def _before_read(model, pipelines):
     for pipeline in pipelines:
         if not pipeline.changed:

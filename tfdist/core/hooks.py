@@ -51,6 +51,9 @@ class TrainingHook:
     freeze_variance = False
     #: A codec that compresses each gradient pushed to parameter servers, or None.
     push_codec = None
+    #: True when the replicas train apart (local SGD): each replica's weights and optimizer
+    #: slots are its own, and a backup keeps every replica's (`tfdist.keras.backup`).
+    replicas_apart = False
     #: The pipeline's `tfdist.core.wire.WireMeter` (set when the pipeline builds): a hook
     #: that exchanges outside the step (a model average) counts its bytes there.
     wire_meter = None
@@ -91,6 +94,15 @@ class TrainingHook:
         """Runs in Python on every worker before anything reads the model (validation,
         checkpoints, the end of an epoch or of training), once after each change: whatever
         reads the model must see one model."""
+
+    def before_backup(self, model, steps_done):
+        """Runs in Python on every worker before a backup of the model is captured (which
+        resumes training, rather than reads the model), `steps_done` steps in — possibly
+        before this step's `after_step` (a callback listed earlier saves); by default
+        `before_read`. A hook whose replicas' difference the backup keeps
+        (`replica_state`) leaves them apart, so the resumed run goes on exactly as an
+        uninterrupted one."""
+        self.before_read(model)
 
     def get_config(self):
         """Options that rebuild this hook when a model is loaded, or None (not saved)."""

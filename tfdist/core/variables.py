@@ -40,6 +40,17 @@ def per_replica_state(strategy, variables):
     return chosen
 
 
+def optimizer_slots(optimizer):
+    """The optimizer's floating-point state each replica holds a copy of (momenta, Adam's
+    moments), without its step count and learning rate: what replicas training apart
+    (local SGD) each update with their own gradients."""
+    skip = {id(underlying(v)) for v in (optimizer.iterations,
+                                        getattr(optimizer, "_learning_rate", None))}
+    values = [underlying(v) for v in optimizer.variables]
+    return [v for v in values if id(v) not in skip and tf.as_dtype(v.dtype).is_floating
+            and isinstance(v, tf.distribute.DistributedValues)]
+
+
 def average_over_replicas(strategy, variables):
     """A compiled function that sets every replica's copy of `variables` (tf.Variables,
     per replica) to their mean over all replicas and workers. Call it on every worker at

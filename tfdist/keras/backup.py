@@ -2,10 +2,12 @@
 own loop, and the pieces `tfdist.callbacks.BackupAndRestore` is made of.
 
 What a backup holds: the weights and the optimizer's state (slots, step count, loss
-scale, DiLoCo's outer optimizer) in `backup.weights.h5`; each replica's own exchange
-state (error-feedback residuals, PowerSGD's P and Q, EF21's estimates) gathered from every
-replica of every worker in `replica_state.npz`; and, in the metadata, the hooks' kept
-state (`compression: auto`'s choice). Each backup is a `tfdist.checkpoint.CheckpointStore`
+scale, DiLoCo's outer optimizer) in `backup.weights.h5`; each replica's own state
+gathered from every replica of every worker in `replica_state.npz` — the exchange's
+(error-feedback residuals, PowerSGD's P and Q, EF21's estimates) and, where replicas
+train apart (local SGD, DiLoCo), their weights, optimizer slots and DiLoCo's anchors, so
+a backup between two synchronisations changes nothing; and, in the metadata, the hooks'
+kept state (`compression: auto`'s choice, where local SGD's schedule stands). Each backup is a `tfdist.checkpoint.CheckpointStore`
 checkpoint: written apart, made durable, then switched to.
 """
 
@@ -15,10 +17,11 @@ import os
 import numpy as np
 
 from tfdist.checkpoint import CheckpointError, CheckpointStore
-from tfdist.core.driver import before_read
+from tfdist.core.driver import before_backup
 from tfdist.core.optimizer import pipeline_of
 from tfdist.core.owned import optimizers_of
-from tfdist.core.variables import gather_replica_values, set_replica_values
+from tfdist.core.variables import (gather_replica_values, optimizer_slots,
+                                   set_replica_values)
 from tfdist.strategies.task import barrier, is_chief
 
 WEIGHTS = "backup.weights.h5"
@@ -31,8 +34,8 @@ RESERVED = ("steps", "hooks")
 def capture(model, strategy):
     """(metadata, write) of a backup of `model` now: `write(path)` writes its files. Call
     it on every worker at the same point (averaging the replicas and gathering their
-    exchange state are collectives)."""
-    before_read(model)
+    each replica's state are collectives)."""
+    before_backup(model)
     metadata = {"steps": _steps(model),
                 "hooks": [pipeline_of(o).checkpoint_states() for o in _built(model)]}
     values = gather_replica_values(strategy, _replica_state(model))
@@ -143,8 +146,15 @@ def _built(model):
 
 
 def _replica_state(model):
-    """The per-replica state of every tfdist optimizer `model` trains with."""
-    return [v for optimizer in _built(model) for v in pipeline_of(optimizer).replica_state()]
+    """The per-replica state of every tfdist optimizer `model` trains with: its hooks',
+    and its slots where replicas train apart."""
+    state = []
+    for optimizer in _built(model):
+        pipeline = pipeline_of(optimizer)
+        state += pipeline.replica_state()
+        if any(hook.replicas_apart for hook in pipeline.hooks):
+            state += optimizer_slots(optimizer)
+    return state
 
 
 def _steps(model):

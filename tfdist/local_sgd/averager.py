@@ -36,7 +36,7 @@ from tfdist.config.yaml_source import Source
 from tfdist.core import wire
 from tfdist.core.hooks import TrainingHook, all_reduce_sum
 from tfdist.core.overlap import Background
-from tfdist.core.variables import per_replica_state, underlying
+from tfdist.core.variables import optimizer_slots, per_replica_state, underlying
 from tfdist.errors import UnsupportedError
 from tfdist.local_sgd import fragments as fragmenting
 from tfdist.local_sgd.islands import IslandReduce
@@ -76,6 +76,7 @@ class ModelAverager(TrainingHook):
     """
 
     replaces_exchange = True
+    replicas_apart = True
 
     def __init__(self, period, warmup_steps=0, average_non_trainable=False,
                  average_optimizer_state=False, compression=None, outer=None, fragments=1,
@@ -165,11 +166,34 @@ class ModelAverager(TrainingHook):
         return [self.outer_optimizer] if self.outer_optimizer is not None else []
 
     def replica_state(self):
-        """The compressed averages' own state (e.g. error-feedback residuals), if any."""
+        """Each replica's own weights, the anchors, an overlapped exchange's buffers and
+        the compressed exchanges' state (e.g. error-feedback residuals): a backup between
+        two synchronisations resumes every replica where it was."""
         exchanges = list(self.exchanges) if self.compression is not None else []
         if self.warmup_exchange is not None and self.warmup_exchange.state:
             exchanges.append(self.warmup_exchange)
-        return [v for hook in exchanges for v in hook.replica_state()]
+        buffers = (self.sent + self.received) if self.overlap_steps else []
+        return [*self.weights, *(self.anchors or []), *buffers,
+                *(v for hook in exchanges for v in hook.replica_state())]
+
+    def before_backup(self, model, steps_done):
+        """The replicas stay apart (the backup keeps each one's weights), after this step's
+        synchronisations (`after_step`, if a callback listed before LocalSGD saves); an
+        overlapped exchange in flight is waited for, so its result is in the backup."""
+        self.after_step(model, steps_done)  # once per step count: a no-op if it ran
+        if self._background is not None:
+            self._background.wait()
+
+    def checkpoint_state(self):
+        """Where the synchronisation schedule stands (the same on every worker)."""
+        return {"averages": self.averages, "anchored": bool(self.anchored),
+                "differ": sorted(self._differ),
+                "in_flight": sorted([f, at] for f, at in self._in_flight.items())}
+
+    def restore_checkpoint_state(self, state):
+        self.averages, self.anchored = int(state["averages"]), bool(state["anchored"])
+        self._differ = set(state["differ"])
+        self._in_flight = {int(f): int(at) for f, at in state["in_flight"]}
 
     def phase(self, step):
         """Synchronous (True) during the warm-up."""
@@ -291,10 +315,7 @@ class ModelAverager(TrainingHook):
         if self.average_non_trainable:
             state += per_replica_state(self.strategy, model.non_trainable_variables)
         if self.average_optimizer_state and model.optimizer is not None:
-            skip = {id(underlying(model.optimizer.iterations))}
-            state += [underlying(v) for v in model.optimizer.variables
-                      if v.dtype.is_floating and id(underlying(v)) not in skip
-                      and isinstance(underlying(v), tf.distribute.DistributedValues)]
+            state += optimizer_slots(model.optimizer)
         return weights, state
 
     def _compiled(self, model, kind, fragments, state=False, last=False, mix=0.0):

@@ -30,11 +30,12 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     named in one line and the previous one used; one that does not fit the model, or
     claims more epochs than this run has, is an error that says so. A job killed
     mid-epoch and relaunched resumes after the last completed epoch (or the last
-    `save_freq` batch). Under local SGD the replicas are averaged before each backup.
-    Each replica's own exchange state (error-feedback residuals, PowerSGD's P and Q) is
-    gathered from every replica of every worker into the backup and given back to each on
-    restore, so a resumed run goes on exactly as an uninterrupted one; `compression:
-    auto` resumes with its kept choice (`TrainingHook.checkpoint_state`).
+    `save_freq` batch). Each replica's own state — the exchange's (error-feedback
+    residuals, PowerSGD's P and Q) and, under local SGD and DiLoCo, its weights, optimizer
+    slots and the anchors, apart between two synchronisations — is gathered from every
+    replica of every worker into the backup and given back to each on restore, so a
+    resumed run goes on exactly as an uninterrupted one; `compression: auto` resumes with
+    its kept choice, local SGD with its schedule (`TrainingHook.checkpoint_state`).
 
     **Preemption** (`preemption=True`): a SIGTERM to any one task — Kubernetes evicting a
     pod, SLURM preempting, a spot VM reclaimed — rides the next step's all-reduce to every

@@ -27,7 +27,17 @@ class LocalSGD(TrainingHooks):
     def from_config(cls, config, **overrides):
         return cls(**{**vars(config), **overrides})
 
+    def set_model(self, model):
+        """Adds the averager as soon as fit hands over the model, before any callback's
+        `on_train_begin`: a `BackupAndRestore` listed first restores its state too."""
+        super().set_model(model)
+        self._add_averager()
+
     def on_train_begin(self, logs=None):
-        self.model.optimizer = with_hook(self.model.optimizer, self.averager,
-                                         strategy_of(self.model))
+        self._add_averager()  # compiled again since
         super().on_train_begin(logs)
+
+    def _add_averager(self):
+        if getattr(self.model, "optimizer", None) is not None:
+            self.model.optimizer = with_hook(self.model.optimizer, self.averager,
+                                             strategy_of(self.model))
