@@ -109,14 +109,19 @@ def per_replica(strategy, model):
 @pytest.mark.parametrize("averager, policy", [
     (dict(period=3), None),
     (dict(period=3, outer="nesterov", fragments=2, overlap_steps=1), None),
-    (dict(period=3, outer="nesterov"), "mixed_float16")],
-    ids=["local-sgd", "streaming-diloco-overlapped", "diloco-mixed-float16"])
+    (dict(period=3, outer="nesterov"), "mixed_float16"),
+    (dict(period=3, warmup_steps=9, warmup_compression={
+        "name": "topk", "ratio": 0.25, "error_feedback": True, "min_size": 0}),
+     "mixed_float16")],
+    ids=["local-sgd", "streaming-diloco-overlapped", "diloco-mixed-float16",
+         "topk-warm-up-mixed-float16"])
 def test_a_sigterm_between_two_synchronisations_resumes_every_replica_exactly(
         strategies, tmp_path, averager, policy, request):
     """Local SGD (period 3 over epochs of 4 steps) with Adam: the signal after step 2 of
     epoch 1 is agreed at step 3, between two synchronisations (steps 6 and 9), while the
     replicas hold different weights and Adam moments (and, under Streaming DiLoCo, an
-    exchange is in flight, and a fragment is due at that very step). The backup keeps
+    exchange is in flight, and a fragment is due at that very step; with a top-k + EF
+    warm-up, still in the warm-up: its residuals). The backup keeps
     every replica's own — BackupAndRestore listed before LocalSGD, against the advice —;
     the resumed run ends with every replica's weights and slots of a run never
     interrupted."""
