@@ -53,9 +53,11 @@ def unet_path():
     import pathlib
     import sys
 
-    path = str(pathlib.Path(__file__).parent.parent / "examples" / "unet_segmentation")
-    if path not in sys.path:
-        sys.path.insert(0, path)
+    examples = pathlib.Path(__file__).parent.parent / "examples"
+    path = str(examples / "unet_segmentation")
+    for entry in (str(examples), path):  # examples/: the modules they share (common/)
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
     return path
 
 

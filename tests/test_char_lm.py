@@ -17,7 +17,7 @@ from tfdist.config import ConfigError, config_from_dict
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "char_lm"
 TRAIN = EXAMPLE / "train.py"
-sys.path.insert(0, str(EXAMPLE))
+sys.path[:0] = [str(EXAMPLE), str(EXAMPLE.parent)]  # examples/: common/
 import corpus  # noqa: E402
 from lm_config import lm_config  # noqa: E402
 
@@ -124,3 +124,19 @@ def test_configs_run_under_tfdist_launch(tmp_path, name):
     assert metrics["optimizer_steps"] == 24
     losses = metrics["history"]["val_loss"]
     assert all(np.isfinite(losses)) and losses[-1] < np.log(256)  # below a uniform guess
+
+
+@pytest.mark.parametrize("example, flag, value", [("unet_segmentation", "--epochs", "0"),
+                                                  ("char_lm", "--learning_rate", "nan")])
+def test_a_bad_flag_of_either_example_is_one_line_naming_the_flag(example, flag, value):
+    """A flag overrides a config key through the key's own check: a bad value is one line
+    naming the flag (not the file's line it overrode), exit code 2, no traceback."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / example / "train.py"), "--config",
+         "configs/unet_mirrored.yaml", flag, value], cwd=ROOT, capture_output=True, text=True,
+        timeout=180, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 2, result.stderr[-3000:]
+    said = [line for line in result.stderr.splitlines() if "train.py: " in line]
+    assert len(said) == 1 and f"command line {flag}: train.{flag[2:]}: " in said[0], said
+    assert value in said[0] and "Traceback" not in result.stderr, result.stderr[-3000:]
+

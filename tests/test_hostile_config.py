@@ -545,7 +545,7 @@ def test_real_configs_load_to_what_plain_yaml_reads(path):
     assert data == yaml.safe_load(path.read_text())
 
 
-def test_example_train_sections_still_validate():
+def test_example_train_sections_still_validate(unet_path):  # and examples/ on sys.path
     spec = importlib.util.spec_from_file_location(
         "hostile_train_config", ROOT / "examples/unet_segmentation/train_config.py")
     module = importlib.util.module_from_spec(spec)

@@ -4,11 +4,9 @@ that every config in configs/ runs it) and its own `lm:` section."""
 import dataclasses
 import functools
 
+from common.settings import TRAIN_CHECKS, checked_section, positive, source_of
 from tfdist.config import checks
-from tfdist.config.yaml_source import Source
 
-LOOPS = ("fit", "ctl")
-POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 #: `train:` keys of the UNet example that mean nothing here (an image, its dataset).
 UNET_ONLY = ("image_size", "dataset", "data_dir", "num_classes", "num_examples",
              "base_filters", "depth", "dropout")
@@ -36,21 +34,11 @@ class LMConfig:
     dropout: float = 0.0
 
 
-_positive = functools.partial(checks.integer, minimum=1)
-TRAIN_CHECKS = {
-    "batch_size": _positive, "epochs": _positive, "steps_per_epoch": _positive,
-    "validation_steps": _positive,
-    "learning_rate": functools.partial(checks.number, minimum=0, open_minimum=True),
-    "seed": functools.partial(checks.integer, minimum=0),
-    "loop": functools.partial(checks.string, choices=LOOPS),
-    "policy": functools.partial(checks.string, choices=POLICIES),
-    "backup_dir": checks.path,
-}
 LM_CHECKS = {
     "sequence_length": functools.partial(checks.integer, minimum=2, maximum=4096),
     "width": functools.partial(checks.integer, minimum=2, maximum=4096),
     "layers": functools.partial(checks.integer, minimum=1, maximum=64),
-    "heads": _positive,
+    "heads": positive,
     "dropout": functools.partial(checks.number, minimum=0, maximum=0.9),
 }
 
@@ -62,19 +50,11 @@ def lm_config(config, overrides=None):
     Raises:
         ConfigError: naming the file, line and key.
     """
-    source = config.source or Source(config.path or "<config>", {}, {})
-    train = dict(config.section("train") or {})
-    lm = dict(config.section("lm") or {})
-    checks.mapping(source, ("train",), train, (*TRAIN_CHECKS, *UNET_ONLY))
-    checks.mapping(source, ("lm",), lm, tuple(LM_CHECKS))
-    values = {k: TRAIN_CHECKS[k](source, ("train", k), v) for k, v in train.items()
-              if k in TRAIN_CHECKS}
-    values.update({k: LM_CHECKS[k](source, ("lm", k), v) for k, v in lm.items()})
-    for key, value in (overrides or {}).items():
-        if value is not None:
-            checks_ = TRAIN_CHECKS if key in TRAIN_CHECKS else LM_CHECKS
-            values[key] = checks_[key](source, ("train" if key in TRAIN_CHECKS else "lm", key),
-                                       value)
+    source = source_of(config)
+    values = checked_section(source, "train", dict(config.section("train") or {}),
+                             TRAIN_CHECKS, overrides, ignored=UNET_ONLY)
+    values.update(checked_section(source, "lm", dict(config.section("lm") or {}), LM_CHECKS,
+                                  overrides))
     result = LMConfig(**values)
     if result.width % result.heads:
         raise source.error(("lm", "heads"), f"width ({result.width}) must be divisible by "

@@ -23,32 +23,17 @@ import numpy as np  # noqa: E402
 import tfdist  # noqa: E402
 import corpus  # noqa: E402
 import data  # noqa: E402
+from common import settings  # noqa: E402
 from common.progress import Progress, bytes_exchanged, json_ready  # noqa: E402
 from lm_config import lm_config  # noqa: E402
 from model import decoder  # noqa: E402
 
-flags.DEFINE_string("config", None, "tfdist config file (train: and lm: sections)",
-                    required=True)
-flags.DEFINE_string("output_dir", "output/char_lm", "where the chief writes its outputs")
-flags.DEFINE_integer("epochs", None, "override train.epochs")
-flags.DEFINE_integer("steps_per_epoch", None, "override train.steps_per_epoch")
-flags.DEFINE_integer("validation_steps", None, "override train.validation_steps")
-flags.DEFINE_integer("batch_size", None, "override train.batch_size (global)")
-flags.DEFINE_float("learning_rate", None, "override train.learning_rate")
-flags.DEFINE_integer("seed", None, "override train.seed")
-flags.DEFINE_enum("loop", None, ["fit", "ctl"], "override train.loop")
-flags.DEFINE_enum("policy", None, ["float32", "mixed_float16", "mixed_bfloat16"],
-                  "override train.policy (Keras dtype policy)")
-flags.DEFINE_string("backup_dir", None, "override train.backup_dir")
+settings.define_flags(flags, "tfdist config file (train: and lm: sections)", "output/char_lm")
 flags.DEFINE_integer("sequence_length", None, "override lm.sequence_length")
 flags.DEFINE_integer("width", None, "override lm.width")
 flags.DEFINE_integer("layers", None, "override lm.layers")
-flags.DEFINE_integer("start_step", None, "override compression.start_step")
-flags.DEFINE_integer("warmup_steps", None, "override local_sgd.warmup_steps")
-flags.DEFINE_integer("period", None, "override local_sgd.period")
 FLAGS = flags.FLAGS
-OVERRIDES = ("epochs", "steps_per_epoch", "validation_steps", "batch_size", "learning_rate",
-             "seed", "loop", "policy", "backup_dir", "sequence_length", "width", "layers")
+OVERRIDES = (*settings.TRAIN_CHECKS, "sequence_length", "width", "layers")
 
 
 class Perplexity(keras.callbacks.Callback):
@@ -64,12 +49,12 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
     config = tfdist.load_config(FLAGS.config)
-    lm = lm_config(config, {k: getattr(FLAGS, k) for k in OVERRIDES})
+    lm = lm_config(config, settings.flag_values(FLAGS, OVERRIDES))
     strategy = tfdist.get_strategy(config)
     chief = tfdist.is_chief(strategy)
     keras.utils.set_random_seed(lm.seed)
     keras.mixed_precision.set_global_policy(lm.policy)
-    overrides = {k: getattr(FLAGS, k) for k in ("start_step", "warmup_steps", "period")}
+    overrides = settings.flag_values(FLAGS, settings.TFDIST_OVERRIDES)
     with strategy.scope():
         model = decoder(lm.sequence_length, lm.width, lm.layers, lm.heads, lm.dropout)
         optimizer = tfdist.keras.optimizer_from_config(
@@ -131,4 +116,4 @@ def write_metrics(config, lm, strategy, history, progress, optimizer, wall):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    settings.run(app, main)

@@ -18,47 +18,32 @@ import numpy as np  # noqa: E402
 
 import tfdist  # noqa: E402
 import data  # noqa: E402
+from common import settings  # noqa: E402
 from common.progress import Progress, bytes_exchanged, json_ready  # noqa: E402
 import metrics  # noqa: E402
 import report  # noqa: E402
 from model import unet  # noqa: E402
 from train_config import train_config  # noqa: E402
 
-flags.DEFINE_string("config", None, "tfdist config file with a train: section", required=True)
-flags.DEFINE_string("output_dir", "output/unet", "where the chief writes its outputs")
-flags.DEFINE_integer("epochs", None, "override train.epochs")
-flags.DEFINE_integer("steps_per_epoch", None, "override train.steps_per_epoch")
-flags.DEFINE_integer("validation_steps", None, "override train.validation_steps")
-flags.DEFINE_integer("batch_size", None, "override train.batch_size (global)")
+settings.define_flags(flags, "tfdist config file with a train: section", "output/unet")
 flags.DEFINE_integer("image_size", None, "override train.image_size")
-flags.DEFINE_float("learning_rate", None, "override train.learning_rate")
-flags.DEFINE_integer("seed", None, "override train.seed")
-flags.DEFINE_enum("loop", None, ["fit", "ctl"], "override train.loop")
 flags.DEFINE_string("dataset", None, "override train.dataset")
 flags.DEFINE_string("data_dir", None, "override train.data_dir")
-flags.DEFINE_enum("policy", None, ["float32", "mixed_float16", "mixed_bfloat16"],
-                  "override train.policy (Keras dtype policy)")
-flags.DEFINE_string("backup_dir", None, "override train.backup_dir: back up every epoch "
-                    "there; a SIGTERM saves after the next step, a relaunch resumes there")
-flags.DEFINE_integer("start_step", None, "override compression.start_step")
-flags.DEFINE_integer("warmup_steps", None, "override local_sgd.warmup_steps")
-flags.DEFINE_integer("period", None, "override local_sgd.period")
 FLAGS = flags.FLAGS
-OVERRIDES = ("epochs", "steps_per_epoch", "validation_steps", "batch_size", "image_size",
-             "learning_rate", "seed", "loop", "dataset", "data_dir", "policy", "backup_dir")
+OVERRIDES = (*settings.TRAIN_CHECKS, "image_size", "dataset", "data_dir")
 
 
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
     config = tfdist.load_config(FLAGS.config)
-    train = train_config(config, {k: getattr(FLAGS, k) for k in OVERRIDES})
+    train = train_config(config, settings.flag_values(FLAGS, OVERRIDES))
     strategy = tfdist.get_strategy(config)
     chief = tfdist.is_chief(strategy)
     classes = data.num_classes(train)
     keras.utils.set_random_seed(train.seed)
     keras.mixed_precision.set_global_policy(train.policy)  # before the model is made
-    overrides = {k: getattr(FLAGS, k) for k in ("start_step", "warmup_steps", "period")}
+    overrides = settings.flag_values(FLAGS, settings.TFDIST_OVERRIDES)
     with strategy.scope():
         model = unet(train.image_size, classes, train.base_filters, train.depth, train.dropout)
         # compression or local SGD, as the config says; the same optimizer in both loops
@@ -127,4 +112,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    settings.run(app, main)

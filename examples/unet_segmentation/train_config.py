@@ -3,11 +3,9 @@
 import dataclasses
 import functools
 
+from common.settings import TRAIN_CHECKS, checked_section, positive, source_of
 from tfdist.config import checks
-from tfdist.config.yaml_source import Source
 
-LOOPS = ("fit", "ctl")
-POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 DATASETS = ("synthetic", "oxford_pet", "folder")
 
 
@@ -42,26 +40,18 @@ class TrainConfig:
     backup_dir: str | None = None
 
 
-_positive = functools.partial(checks.integer, minimum=1)
-_CHECKS = {
+#: The UNet's own `train:` keys beside the shared ones.
+UNET_CHECKS = {
     "image_size": functools.partial(checks.integer, minimum=8),
-    "batch_size": _positive,
-    "epochs": _positive,
-    "steps_per_epoch": _positive,
-    "validation_steps": _positive,
-    "learning_rate": functools.partial(checks.number, minimum=0, open_minimum=True),
-    "seed": functools.partial(checks.integer, minimum=0),
-    "loop": functools.partial(checks.string, choices=LOOPS),
     "dataset": functools.partial(checks.string, choices=DATASETS),
     "data_dir": checks.path,
     "num_classes": functools.partial(checks.integer, minimum=2),
-    "num_examples": _positive,
-    "base_filters": _positive,
-    "depth": _positive,
+    "num_examples": positive,
+    "base_filters": positive,
+    "depth": positive,
     "dropout": functools.partial(checks.number, minimum=0, maximum=0.9),
-    "policy": functools.partial(checks.string, choices=POLICIES),
-    "backup_dir": checks.path,
 }
+_CHECKS = {**TRAIN_CHECKS, **UNET_CHECKS}
 
 
 def train_config(config, overrides=None):
@@ -70,12 +60,9 @@ def train_config(config, overrides=None):
     Raises:
         ConfigError: naming the file, line and key, as for tfdist's own sections.
     """
-    source = config.source or Source(config.path or "<config>", {}, {})
-    section = dict(config.section("train") or {})
-    checks.mapping(source, ("train",), section, tuple(_CHECKS))
-    section.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    values = {k: _CHECKS[k](source, ("train", k), v) for k, v in section.items()}
-    train = TrainConfig(**values)
+    source = source_of(config)
+    train = TrainConfig(**checked_section(source, "train", dict(config.section("train") or {}),
+                                          _CHECKS, overrides))
     if train.dataset != "synthetic" and not train.data_dir:
         raise source.error(("train", "dataset"), f"dataset: {train.dataset} needs train.data_dir")
     if train.dataset == "folder" and not train.num_classes:
