@@ -108,7 +108,8 @@ def per_replica(strategy, model):
 
 @pytest.mark.parametrize("averager, policy", [
     (dict(period=3), None),
-    (dict(period=3, outer="nesterov", fragments=2, overlap_steps=1), None),
+    (dict(period=3, outer="nesterov", fragments=2, overlap_steps=1, compression="int8"),
+     None),
     (dict(period=3, outer="nesterov"), "mixed_float16"),
     (dict(period=3, warmup_steps=9, warmup_compression={
         "name": "topk", "ratio": 0.25, "error_feedback": True, "min_size": 0}),
@@ -119,8 +120,9 @@ def test_a_sigterm_between_two_synchronisations_resumes_every_replica_exactly(
         strategies, tmp_path, averager, policy, request):
     """Local SGD (period 3 over epochs of 4 steps) with Adam: the signal after step 2 of
     epoch 1 is agreed at step 3, between two synchronisations (steps 6 and 9), while the
-    replicas hold different weights and Adam moments (and, under Streaming DiLoCo, an
-    exchange is in flight, and a fragment is due at that very step; with a top-k + EF
+    replicas hold different weights and Adam moments (and, under Streaming DiLoCo with
+    int8 averages, an exchange is in flight, and a fragment is due at that very step, and
+    the averages' residuals are each replica's own; with a top-k + EF
     warm-up, still in the warm-up: its residuals). The backup keeps
     every replica's own — BackupAndRestore listed before LocalSGD, against the advice —;
     the resumed run ends with every replica's weights and slots of a run never

@@ -4,7 +4,8 @@ uninterrupted one does.
 Error-feedback residuals, PowerSGD's P and Q and a compressed average's residuals live in
 the gradient exchange, each replica its own: `BackupAndRestore` gathers them from every
 replica into the backup (`replica_state.npz`) and gives each replica its own back, so a
-resumed run continues exactly; local SGD's anchors are the restored (averaged) weights.
+resumed run continues exactly. Local SGD's and DiLoCo's replicas, anchors and compressed
+averages across a preemption: tests/test_preemption.py.
 """
 
 import keras
@@ -33,8 +34,6 @@ SETUPS = {
         keras.optimizers.SGD(0.05), "sign", error_feedback=True, min_size=64), []),
     "powersgd": lambda: (tfdist.keras.DistributedOptimizer(
         keras.optimizers.SGD(0.05), "powersgd", rank=1, error_feedback=True, min_size=64), []),
-    "local_sgd": lambda: (keras.optimizers.SGD(0.05),
-                          [tfdist.callbacks.LocalSGD(period=3, compression="int8")]),
 }
 
 
