@@ -4,7 +4,8 @@ Each pair of `tfdist.versions.TESTED` other than the newest (whose `.venv` runs 
 suite) gets its own virtual environment under `.venv-matrix/`, where pip's own resolver
 installs the checkout beside `tensorflow-cpu` and Keras at those versions, and runs the
 tests marked `matrix` (seam canaries, hook contract, transactional step, compression and
-DiLoCo on 2 replicas, a 2-worker job, the UNet example with compression). Then:
+DiLoCo on 2 replicas; the UNet example with compression on 2 workers beside each
+TensorFlow's newest Keras). Then:
 
 - the Keras releases between the oldest and the newest (`KERAS_CHECKED`) each run the seam
   canaries in one of those environments, Keras reinstalled in place;
@@ -34,6 +35,8 @@ sys.path.insert(0, str(ROOT))
 from tfdist.versions import KERAS_CHECKED, TESTED  # noqa: E402  (imports no TensorFlow)
 
 ENVS = ROOT / ".venv-matrix"
+UNET_EXAMPLE = ("tests/test_unet_training.py::test_every_config_runs_a_few_steps"
+                "[unet_compression_topk.yaml]")
 #: A Keras below the floor and the TensorFlow that shipped it (issue 28: trained silently
 #: wrong before tfdist refused it).
 BELOW_FLOOR = ("2.18.1", "3.8.0")
@@ -89,7 +92,9 @@ def check_pair(tensorflow, keras, python):
                                "print(t.__version__, k.__version__)"], capture_output=True,
                               text=True, check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert versions.stdout.split() == [tensorflow, keras], versions.stdout
-    pytest(python, "-m", "matrix", *matrix_files())
+    # the UNet example (a 2-worker launch, the pair's slowest test) once per TensorFlow
+    example = [] if keras == KERAS_CHECKED[-1] else ["--deselect", UNET_EXAMPLE]
+    pytest(python, "-m", "matrix", *example, *matrix_files())
     return python
 
 
