@@ -47,10 +47,10 @@ def refused(target, *fragments, key=None, line=None, seconds=1.0, megabytes=50):
     does not count, nor TensorFlow's threads in this process, which an earlier test may
     have started; a wall-clock bound failed on a busy machine), and again under
     tracemalloc within `megabytes` of Python allocations; checks the message is one
-    printable line with the file, line, key and `fragments`. The collector runs before
-    the timing, not during it: a pass over the garbage earlier tests left (TensorFlow
-    graphs) once cost 1.4 s of this thread's time in CI and is not the loader's cost."""
-    gc.collect()
+    printable line with the file, line, key and `fragments`. The collector is off while
+    timing: a pass over the garbage earlier tests left (TensorFlow graphs) once cost 1.4 s
+    of this thread's time in CI and is not the loader's cost (nor is a full collection
+    before each case, which cost minutes over the file)."""
     gc.disable()
     try:
         start = time.thread_time()
