@@ -221,6 +221,13 @@ def job_state(job_id):
     return fields.get("JobState", "?"), int(fields.get("Restarts", "0"))
 
 
+def nodes_idle():
+    """Whether every node is idle (no job, no step still completing)."""
+    states = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True,
+                            timeout=30).stdout.split()
+    return bool(states) and all(state == "idle" for state in states)
+
+
 def wait_until(condition, seconds, what, log):
     deadline = time.monotonic() + seconds
     while not condition():
@@ -256,6 +263,9 @@ def test_a_preempted_batch_job_is_requeued_and_trains_every_step_once(slurm, wri
     run(["scancel", "--signal=TERM", "--batch", job_id], timeout=30)
     (out / "signalled").touch()
     wait_until(lambda: job_state(job_id) == ("PENDING", 1), 180, "the requeue", log)
+    # SLURM holds a requeued job 2 minutes, while the preempted run's step is cleaned up;
+    # released sooner, it found that step still ending and failed ("Job credential revoked")
+    wait_until(nodes_idle, 180, "the preempted run's end on the node", log)
     run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], timeout=30)
     wait_until(lambda: job_state(job_id)[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
                420, "the requeued job's end", log)
