@@ -94,6 +94,31 @@ def test_averaging_the_optimizer_state_makes_adams_moments_their_mean(strategies
         np.testing.assert_allclose(x, (a + b) / 2, rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize("state", [
+    None, [], {"averages": 1}, {"averages": -1, "anchored": True, "differ": [], "in_flight": []},
+    {"averages": "1", "anchored": True, "differ": [], "in_flight": []},
+    {"averages": 1, "anchored": 1, "differ": [], "in_flight": []},
+    {"averages": 1, "anchored": True, "differ": [2], "in_flight": []},
+    {"averages": 1, "anchored": True, "differ": [], "in_flight": [[0]]},
+    {"averages": 1, "anchored": True, "differ": [], "in_flight": [[0, -3]]},
+    {"averages": 1, "anchored": True, "differ": [True], "in_flight": []}])
+def test_a_backup_schedule_it_cannot_use_is_one_line(strategies, state):
+    """A backup's metadata is a way in: a damaged local SGD schedule is refused in one
+    line naming it, not a traceback or a silently wrong schedule."""
+    from tfdist.checkpoint import CheckpointError
+
+    strategy = strategies("mirrored")
+    model, _ = fit(strategy, [local := tfdist.callbacks.LocalSGD(period=2, fragments=2)],
+                   steps=1)
+    averager = local.averager
+    good = averager.checkpoint_state()
+    averager.restore_checkpoint_state(good)
+    assert averager.checkpoint_state() == good
+    with pytest.raises(CheckpointError, match="local SGD schedule cannot be used") as error:
+        averager.restore_checkpoint_state(state)
+    assert "\n" not in str(error.value)
+
+
 def test_replicas_differ_between_averages_and_agree_right_after(strategies):
     strategy = strategies("mirrored")
     record, local_sgd = Record(), tfdist.callbacks.LocalSGD(period=3, warmup_steps=2)

@@ -191,9 +191,27 @@ class ModelAverager(TrainingHook):
                 "in_flight": sorted([f, at] for f, at in self._in_flight.items())}
 
     def restore_checkpoint_state(self, state):
-        self.averages, self.anchored = int(state["averages"]), bool(state["anchored"])
+        """Takes back `checkpoint_state()`; anything else is a one-line CheckpointError."""
+        fragments = range(len(self.groups))
+
+        def fragment(value):
+            return type(value) is int and value in fragments
+
+        valid = (isinstance(state, dict) and set(state) == {"averages", "anchored", "differ",
+                                                             "in_flight"}
+                 and type(state["averages"]) is int and state["averages"] >= 0
+                 and type(state["anchored"]) is bool
+                 and isinstance(state["differ"], list) and all(map(fragment, state["differ"]))
+                 and isinstance(state["in_flight"], list) and all(
+                     isinstance(p, list) and len(p) == 2 and fragment(p[0])
+                     and type(p[1]) is int and p[1] >= 0 for p in state["in_flight"]))
+        if not valid:
+            from tfdist.checkpoint import CheckpointError
+            raise CheckpointError(f"the backup's local SGD schedule cannot be used with "
+                                  f"{len(self.groups)} fragment(s): {str(state)[:200]}")
+        self.averages, self.anchored = state["averages"], state["anchored"]
         self._differ = set(state["differ"])
-        self._in_flight = {int(f): int(at) for f, at in state["in_flight"]}
+        self._in_flight = {f: at for f, at in state["in_flight"]}
 
     def phase(self, step):
         """Synchronous (True) during the warm-up."""
