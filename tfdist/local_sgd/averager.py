@@ -30,6 +30,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.capabilities import names_with
+from tfdist.checkpoint import CheckpointError
 from tfdist.compression.factory import build
 from tfdist.config.load import local_sgd_from_dict
 from tfdist.config.yaml_source import Source
@@ -206,7 +207,6 @@ class ModelAverager(TrainingHook):
                      isinstance(p, list) and len(p) == 2 and fragment(p[0])
                      and type(p[1]) is int and p[1] >= 0 for p in state["in_flight"]))
         if not valid:
-            from tfdist.checkpoint import CheckpointError
             raise CheckpointError(f"the backup's local SGD schedule cannot be used with "
                                   f"{len(self.groups)} fragment(s): {str(state)[:200]}")
         self.averages, self.anchored = state["averages"], state["anchored"]
