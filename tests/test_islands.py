@@ -18,7 +18,7 @@ from tfdist.local_sgd.islands import island_groups
 
 JOBS = os.path.join(os.path.dirname(__file__), "jobs")
 sys.path.insert(0, JOBS)
-from islands_job import reference  # noqa: E402
+from islands_job import FEATURES, reference  # noqa: E402
 
 JOB = os.path.join(JOBS, "islands_job.py")
 TFDIST = [sys.executable, "-m", "tfdist"]
@@ -85,7 +85,8 @@ def test_an_island_per_replica_is_plain_local_sgd(strategies):
 
 # --- 4 replicas, against NumPy ----------------------------------------------------------
 
-def run_job(tmp_path, *argv, launch=None, timeout=300):
+def launch_job(tmp_path, *argv, launch=None, timeout=300):
+    """The job (under `tfdist launch` with a `launch` config), as a finished process."""
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     command = [sys.executable, JOB, "--out", str(out), *argv]
@@ -95,7 +96,12 @@ def run_job(tmp_path, *argv, launch=None, timeout=300):
         command = [*TFDIST, "launch", str(config), "--", *command]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def run_job(tmp_path, *argv, launch=None, timeout=300):
+    out = tmp_path / "out"
+    result = launch_job(tmp_path, *argv, launch=launch, timeout=timeout)
     assert result.returncode == 0, result.stderr[-4000:] + result.stdout[-4000:]
     replicas = {}
     for path in out.glob("*.npz"):
@@ -151,6 +157,50 @@ def test_workers_on_localhost_train_as_numpy_says(tmp_path, workers, islands, gr
             np.testing.assert_allclose(replicas[r]["kernel"], expected[r][0], atol=1e-6)
         return
     assert_matches(replicas, groups, workers, **SCHEDULE)
+    if islands == "2":  # between synchronisations nothing crosses between the islands
+        sent = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*.json")]
+        assert len(sent) == workers
+        model, verdict = 4 * (FEATURES + 1), 4  # float32 kernel and bias; one flag
+        warmup, local = SCHEDULE["warmup"], SCHEDULE["steps"] - SCHEDULE["warmup"]
+        synchronisations = -(-local // SCHEDULE["period"])  # the last one: before the read
+        for totals in sent:  # every step of the warm-up, then only at each synchronisation
+            assert totals["reduced"] == (warmup + synchronisations) * (model + verdict)
+            assert totals["island"] == local * (model + verdict)
+
+
+FOUR_WORKERS = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
+
+
+@pytest.mark.multiprocess
+def test_a_nan_in_one_island_stops_every_worker_at_the_next_synchronisation(tmp_path):
+    """A NaN gradient on worker 0 at step 3 (a local step) is refused by its island, which
+    decides alone; every worker of both islands then fails at the synchronisation after
+    local step 3 with the refusal's message — no island left waiting in a collective."""
+    result = launch_job(tmp_path, "--islands", "2", "--spoil", "3:0:nan",
+                        *schedule_args(**SCHEDULE), launch=FOUR_WORKERS, timeout=240)
+    output = result.stdout + result.stderr
+    assert result.returncode == 3, output[-3000:]
+    refused = sorted((tmp_path / "out").glob("*.refused"))
+    assert [p.stem for p in refused] == [f"worker-{i}" for i in range(4)], output[-3000:]
+    for path in refused:
+        message = path.read_text()
+        assert message.startswith("tfdist: a NaN or Inf gradient on some replica: 1 local "
+                                  "step(s) of an island"), message
+        assert "at the synchronisation after local step 3: every worker stops" in message
+
+
+@pytest.mark.multiprocess
+def test_a_loss_scale_skip_is_one_islands_own(tmp_path):
+    """mixed_float16: worker 2's float16 gradient overflows at step 4 (local); its island
+    skips that step (and halves its scale), the other island does not, and the islands
+    still synchronise at the same steps: every replica as the NumPy simulation says."""
+    replicas = run_job(tmp_path, "--islands", "2", "--spoil", "4:2:huge", "--policy",
+                       "mixed_float16", *schedule_args(**SCHEDULE), launch=FOUR_WORKERS)
+    skipped = reference(4, [[0, 1], [2, 3]], skip=(4, 2), **SCHEDULE)
+    assert_matches(replicas, [[0, 1], [2, 3]], 4, atol=5e-3, skip=(4, 2), **SCHEDULE)
+    everywhere = reference(4, [[0, 1], [2, 3]], skip=(4, None), **SCHEDULE)
+    assert np.abs(skipped[0][0] - everywhere[0][0]).max() > 1e-2  # 4x the tolerance: not
+    # what a step skipped by every island gives
 
 
 @pytest.mark.multiprocess

@@ -8,6 +8,8 @@ the test compares each one with `reference`, a NumPy simulation of the same trai
     --replicas N        logical CPUs (MirroredStrategy); omit under tfdist launch
     --islands SPEC      a count, "host", or JSON lists of worker indices
     --period H --warmup W --steps S --lr LR --loop trainer|fit|own --policy NAME
+    --spoil STEP:REPLICA:nan|huge   that replica's batch at that step is NaN, or 1000x
+                                    (its float16 gradient overflows)
 
 `own` is the tutorial's `tf.GradientTape` loop under `tfdist.function`.
 """
@@ -24,11 +26,14 @@ import numpy as np  # noqa: E402
 FEATURES, BATCH = 3, 4
 
 
-def batch(replica, step):
-    """(x, y) of one replica at one step: the same on every machine."""
+def batch(replica, step, spoil=None):
+    """(x, y) of one replica at one step: the same on every machine; `spoil` (step,
+    replica, "nan" or "huge") spoils one replica's batch at one step."""
     rng = np.random.default_rng(1000 * replica + step)
     x = rng.normal(size=(BATCH, FEATURES)).astype(np.float32)
     y = (x @ np.array([[1.5], [-2.0], [0.5]], np.float32) + 0.3).astype(np.float32)
+    if spoil is not None and (step, replica) == tuple(spoil[:2]):
+        x = np.full_like(x, np.nan) if spoil[2] == "nan" else x * 1000
     return x, y
 
 
@@ -36,9 +41,11 @@ def initial_weights():
     return np.full((FEATURES, 1), 0.1, np.float32), np.zeros((1,), np.float32)
 
 
-def reference(replicas, groups, period, warmup, steps, lr):
+def reference(replicas, groups, period, warmup, steps, lr, skip=None):
     """NumPy: every replica's (kernel, bias) after `steps` steps of islands local SGD
-    (plain averaging), `groups` as lists of replica indices."""
+    (plain averaging), `groups` as lists of replica indices; `skip` (step, replica): that
+    replica's island skips that step (a loss-scale overflow), the others do not (a replica
+    of None: every island skips it)."""
     w = [list(initial_weights()) for _ in range(replicas)]
     island_of = {r: i for i, g in enumerate(groups) for r in g}
 
@@ -50,6 +57,9 @@ def reference(replicas, groups, period, warmup, steps, lr):
     for t in range(steps):
         grads = [grad(*w[r], r, t) for r in range(replicas)]
         for r in range(replicas):
+            if skip is not None and t == skip[0] and (
+                    skip[1] is None or island_of[r] == island_of[skip[1]]):
+                continue
             members = range(replicas) if t < warmup else groups[island_of[r]]
             gk = np.mean([grads[m][0] for m in members], 0)
             gb = np.mean([grads[m][1] for m in members], 0)
@@ -72,7 +82,12 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--loop", default="trainer")
     parser.add_argument("--policy", default=None)
+    parser.add_argument("--spoil", default=None)
     args = parser.parse_args()
+    spoil = None
+    if args.spoil:
+        step, replica, kind = args.spoil.split(":")
+        spoil = (int(step), int(replica), kind)
 
     import keras
     import tensorflow as tf
@@ -101,7 +116,7 @@ def main():
 
     def dataset_fn(context):
         worker = context.input_pipeline_id
-        xs, ys = zip(*[batch(worker * local + k % local, k // local)
+        xs, ys = zip(*[batch(worker * local + k % local, k // local, spoil)
                        for k in range(args.steps * local)])
         return tf.data.Dataset.from_tensor_slices((np.stack(xs), np.stack(ys)))
 
@@ -119,7 +134,13 @@ def main():
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=2.0)
     if args.loop == "trainer":
         trainer = tfdist.Trainer(model, optimizer, "mse", strategy=strategy, hooks=[averager])
-        trainer.fit(dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0)
+        try:
+            trainer.fit(dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0)
+        except tf.errors.InvalidArgumentError as error:  # a refused step (--spoil nan)
+            with open(os.path.join(args.out, f"{task}.refused"), "w") as f:
+                f.write(error.message)
+            tfdist.strategies.barrier(strategy)  # every worker writes before any exits
+            sys.exit(3)
     elif args.loop == "fit":  # Keras' own loop, the averager as a callback
         with strategy.scope():
             model.compile(optimizer, "mse")
@@ -138,6 +159,9 @@ def main():
     arrays = {f"replica_{first + i}_{name}": np.asarray(values[i])
               for name, values in zip(("kernel", "bias"), per_replica) for i in range(local)}
     np.savez(os.path.join(args.out, f"{task}.npz"), **arrays)
+    if args.loop == "trainer":  # what this worker's replica sent, by kind
+        with open(os.path.join(args.out, f"{task}.json"), "w") as f:
+            json.dump(averager.wire_meter.totals(), f)
     tfdist.strategies.barrier(strategy)
 
 

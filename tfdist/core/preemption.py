@@ -78,6 +78,8 @@ class Preemption:
         request (a process that goes on, such as a test, starts afresh)."""
         self.uninstall()
         self.unwatch()
+        for _, _, agreed in self._variables.values():  # no count left for a later watch
+            agreed.assign(0.0)
         self.requested, self.received_at, self.signal_name = False, None, None
 
     def _on_signal(self, number, frame):

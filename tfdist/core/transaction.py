@@ -60,6 +60,7 @@ class Decision:
         self.preempted = None if replicated else rider
         self._committed = None
         self.done = []
+        self.defer = None  # what records a refusal instead of failing (`settle_within`)
 
     @property
     def settled(self):
@@ -76,6 +77,14 @@ class Decision:
             self._refusals = summed[0]
             self.preempted = summed[1] if len(summed) > 1 else None
         return self._refusals
+
+    def settle_within(self, refusals, defer):
+        """Sets `refusals` from a sum over a *part* of the replicas — an island's
+        (`tfdist.local_sgd.islands`) — that agree among themselves only: no preemption
+        count (the islands agree on it when they synchronise), and a refused step is
+        recorded by `defer(committed)` instead of failing, so that every island fails
+        together at that synchronisation rather than one island at once."""
+        self._refusals, self.preempted, self.defer = refusals, None, defer
 
     def riders(self):
         """What this replica adds to the step's first all-reduce: its non-finite flag, and
@@ -162,9 +171,12 @@ def assign(variable, value):
 def fail_if_refused(decision, hint=""):
     """Raises `InvalidArgumentError` (`REFUSED` + `hint`) when the step runs, if it was
     refused — after the tensors in `decision.done`, i.e. after the step's collectives.
-    Inside `skipping()` a refused step is left to the caller (nothing is raised)."""
+    Inside `skipping()` a refused step is left to the caller (nothing is raised); a
+    decision settled within an island records it (`Decision.settle_within`)."""
     if skipping_refused():
         return None
+    if decision.defer is not None:
+        return decision.defer(decision.committed)
     with tf.control_dependencies([tf.identity(_values(t)) for t in decision.done]):
         return tf.debugging.Assert(decision.committed, [REFUSED + hint, decision.refusals])
 

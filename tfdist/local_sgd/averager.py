@@ -22,6 +22,14 @@ training), they synchronise:
 The exchange may be compressed: the replicas then send their compressed *change* since
 the anchors (which compresses like a gradient; the weights themselves would not) and all
 add the same decoded mean to the same anchors, so they end identical.
+
+Islands of workers (`islands`) decide their local steps among themselves: the step's
+finiteness verdict rides the island's own gradient sum, so no collective crosses between
+islands between two synchronisations. A loss-scale skip is then one island's, so the
+schedule counts the steps each island *attempted* (the same count everywhere), and the
+islands agree at each synchronisation on what they could not agree on every step: a
+preemption signal (saved at that step on every worker) and a refused step without loss
+scaling (every worker fails there, none is left waiting in a collective).
 """
 
 import types
@@ -34,9 +42,10 @@ from tfdist.checkpoint import CheckpointError
 from tfdist.compression.factory import build
 from tfdist.config.load import local_sgd_from_dict
 from tfdist.config.yaml_source import Source
-from tfdist.core import wire
+from tfdist.core import transaction, wire
 from tfdist.core.hooks import TrainingHook, all_reduce_sum
 from tfdist.core.overlap import Background
+from tfdist.core.preemption import preemption
 from tfdist.core.variables import optimizer_slots, per_replica_state, underlying
 from tfdist.errors import UnsupportedError
 from tfdist.local_sgd import fragments as fragmenting
@@ -110,6 +119,8 @@ class ModelAverager(TrainingHook):
         self._last_steps_done = None
         self._in_flight = {}  # fragment -> the local step to apply its exchange at
         self._background = None
+        self.island_verdict = False  # islands of workers decide their local steps alone
+        self._agree_functions = {}
 
     @classmethod
     def from_config(cls, config, **overrides):
@@ -134,6 +145,14 @@ class ModelAverager(TrainingHook):
         self.strategy, self.anchored = strategy, False
         if self.islands is not None and strategy.num_replicas_in_sync > 1:
             self.island_reduce = IslandReduce(strategy, self.islands)
+            # a worker's replicas share one step count and loss scale: islands of
+            # replicas on one machine keep the global verdict
+            self.island_verdict = self.island_reduce.multi_worker
+        if self.island_verdict:
+            local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
+            self._refused = tf.Variable(0.0, name="tfdist_island_refused", **local)
+            self._attempts = tf.Variable(0, dtype=tf.int64, name="tfdist_local_attempts",
+                                         **local)
         sizes = [int(v.shape.num_elements()) for v in variables]
         self.model_bytes = 4 * sum(sizes)
         self.groups = fragmenting.split(sizes, self.fragments)
@@ -187,9 +206,12 @@ class ModelAverager(TrainingHook):
 
     def checkpoint_state(self):
         """Where the synchronisation schedule stands (the same on every worker)."""
-        return {"averages": self.averages, "anchored": bool(self.anchored),
-                "differ": sorted(self._differ),
-                "in_flight": sorted([f, at] for f, at in self._in_flight.items())}
+        state = {"averages": self.averages, "anchored": bool(self.anchored),
+                 "differ": sorted(self._differ),
+                 "in_flight": sorted([f, at] for f, at in self._in_flight.items())}
+        if self.island_verdict:
+            state["attempts"] = int(self._attempts.numpy())
+        return state
 
     def restore_checkpoint_state(self, state):
         """Takes back `checkpoint_state()`; anything else is a one-line CheckpointError."""
@@ -198,9 +220,11 @@ class ModelAverager(TrainingHook):
         def fragment(value):
             return type(value) is int and value in fragments
 
-        valid = (isinstance(state, dict) and set(state) == {"averages", "anchored", "differ",
-                                                             "in_flight"}
-                 and type(state["averages"]) is int and state["averages"] >= 0
+        keys = {"averages", "anchored", "differ", "in_flight"} | (
+            {"attempts"} if self.island_verdict else set())
+        valid = (isinstance(state, dict) and set(state) == keys
+                 and all(type(state.get(k, 0)) is int and state.get(k, 0) >= 0
+                         for k in ("averages", "attempts"))
                  and type(state["anchored"]) is bool
                  and isinstance(state["differ"], list) and all(map(fragment, state["differ"]))
                  and isinstance(state["in_flight"], list) and all(
@@ -212,6 +236,8 @@ class ModelAverager(TrainingHook):
         self.averages, self.anchored = state["averages"], state["anchored"]
         self._differ = set(state["differ"])
         self._in_flight = {f: at for f, at in state["in_flight"]}
+        if self.island_verdict:
+            self._attempts.assign(state["attempts"])
 
     def phase(self, step):
         """Synchronous (True) during the warm-up."""
@@ -241,8 +267,25 @@ class ModelAverager(TrainingHook):
         grads = [tf.convert_to_tensor(g) for g in grads]
         if self.island_reduce is None:
             return [g * replicas for g in grads]  # this replica's own mean
+        decision = transaction.current()
+        riders = []
+        if self.island_verdict and decision is not None and not decision.settled:
+            riders = [decision.local]  # the island decides its step alone
+        summed = self.island_reduce.sum(grads + riders)
+        if riders:
+            decision.settle_within(summed[-1], self._defer_refusal)
         scale = replicas / self.island_reduce.replica_island_size()  # the island's mean
-        return [g * tf.cast(scale, g.dtype) for g in self.island_reduce.sum(grads)]
+        return [g * tf.cast(scale, g.dtype) for g in summed[:len(grads)]]
+
+    def _defer_refusal(self, committed):
+        """(replica context) Counts a refused local step, for the next synchronisation."""
+        share = 1.0 / self.island_reduce.replica_island_size()  # the island's, once
+        return self._refused.assign_add((1.0 - tf.cast(committed, tf.float32)) * share)
+
+    def on_step_end(self, step):
+        if self.island_verdict and self.current_phase is False:  # a local step, tried
+            self._attempts.assign_add(1)
+        return None
 
     def bytes_per_step(self, step=None):
         """Like `GradientCompression.bytes_per_step`: after the warm-up, one synchronisation
@@ -262,6 +305,8 @@ class ModelAverager(TrainingHook):
         and applies the overlapped exchanges that have run beside `overlap_steps` steps.
         (Called again with the same count — micro-batches of an accumulated step — it
         waits.)"""
+        if self.island_verdict and steps_done >= self.warmup_steps:
+            steps_done = self.warmup_steps + int(self._attempts.numpy())  # skips count too
         if steps_done == self._last_steps_done:
             return
         self._last_steps_done = steps_done
@@ -269,10 +314,13 @@ class ModelAverager(TrainingHook):
             return  # the steps so far were synchronous
         local = steps_done - self.warmup_steps
         self._differ = set(range(len(self.groups)))  # a local step changed every fragment
-        for fragment, apply_at in list(self._in_flight.items()):
-            if local == apply_at:
-                self._finish(model, fragment)
-        for fragment in fragmenting.due(local, len(self.groups), self.period):
+        finishing = [f for f, apply_at in self._in_flight.items() if local == apply_at]
+        due = fragmenting.due(local, len(self.groups), self.period)
+        if finishing or due:
+            self._agree(f"the synchronisation after local step {local}")
+        for fragment in finishing:
+            self._finish(model, fragment)
+        for fragment in due:
             self._start(model, fragment, local)
 
     @property
@@ -288,10 +336,53 @@ class ModelAverager(TrainingHook):
         """Synchronises every replica's weights (and the chosen state) over replicas and
         workers now, after any exchange in flight: one model. Call it on every worker at
         the same point: it runs collectives."""
+        if self._in_flight or self._differ:
+            self._agree("the synchronisation before the model is read")
         for fragment in list(self._in_flight):
             self._finish(model, fragment, mix=0.0)
         self._run(model, "sync", sorted(self._differ), state=True, last=bool(self._differ))
         self._differ = set()
+
+    def _agree(self, where):
+        """Islands of workers: what each island decided alone since the last
+        synchronisation — a preemption signal, refused steps — summed over every worker,
+        on every worker at the same synchronisation (one scalar all-reduce). A preemption
+        is then `preemption().agreed()` after this step; refused steps fail every worker
+        here, none left waiting in a collective."""
+        if not self.island_verdict:
+            return
+        watching = preemption().rider() is not None
+        if watching not in self._agree_functions:
+            self._agree_functions[watching] = self._agreement(watching)
+        refused = round(float(self._agree_functions[watching]()))
+        if refused:
+            raise tf.errors.InvalidArgumentError(
+                None, None, f"tfdist: a NaN or Inf gradient on some replica: {refused} local "
+                "step(s) of an island since the islands last synchronised were refused on "
+                "every replica of that island (weights, optimizer state and step counters are "
+                f"as before them). The islands agree on it at {where}: every worker stops "
+                "here.")
+
+    def _agreement(self, watching):
+        strategy = self.strategy
+
+        def replica():
+            flag = preemption().rider() if watching else None
+            values = [self._refused.read_value()] + ([flag] if watching else [])
+            summed = wire.all_reduce(tf.distribute.get_replica_context(),
+                                     tf.distribute.ReduceOp.SUM, values)
+            with tf.control_dependencies(summed):
+                self._refused.assign(0.0)
+            return summed
+
+        @tf.function
+        def agree():
+            summed = wire.run_counted(strategy, self.wire_meter, replica)
+            if watching:
+                preemption().record(strategy, summed[1])
+            return strategy.experimental_local_results(summed[0])[0]
+
+        return agree
 
     def _start(self, model, fragment, local):
         """A fragment's synchronisation: at once, or (`overlap_steps`) its exchange begins
