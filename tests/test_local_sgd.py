@@ -119,6 +119,29 @@ def test_a_backup_schedule_it_cannot_use_is_one_line(strategies, state):
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("attempts", [None, -1, True, "3", 2.0])
+def test_an_islands_backup_needs_its_count_of_attempted_steps(strategies, attempts):
+    """Islands of workers count the steps each island attempted (tests/test_islands.py);
+    a backup's count is restored, and a missing or damaged one is refused in one line."""
+    import tensorflow as tf
+
+    from tfdist.checkpoint import CheckpointError
+
+    strategy = strategies("mirrored")
+    _, _ = fit(strategy, [local := tfdist.callbacks.LocalSGD(period=2)], steps=1)
+    averager = local.averager
+    averager.island_verdict, averager._attempts = True, tf.Variable(0, dtype=tf.int64)
+    good = {**averager.checkpoint_state(), "attempts": 5}
+    averager.restore_checkpoint_state(good)
+    assert averager.checkpoint_state() == good and int(averager._attempts.numpy()) == 5
+    bad = {k: v for k, v in good.items() if k != "attempts" or attempts is not None}
+    if attempts is not None:
+        bad["attempts"] = attempts
+    with pytest.raises(CheckpointError, match="local SGD schedule cannot be used") as error:
+        averager.restore_checkpoint_state(bad)
+    assert "\n" not in str(error.value)
+
+
 def test_replicas_differ_between_averages_and_agree_right_after(strategies):
     strategy = strategies("mirrored")
     record, local_sgd = Record(), tfdist.callbacks.LocalSGD(period=3, warmup_steps=2)
