@@ -172,6 +172,50 @@ FOUR_WORKERS = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("loop", ["trainer", "fit"])
+def test_a_slower_island_trains_fewer_local_steps_and_weighs_less(tmp_path, loop):
+    """Heterogeneous islands (`island_steps: [3, 1]`, period 3): the second island trains
+    on one call of each period (the third), reads and drops the other batches, and still
+    synchronises with the first at every period; the averages weigh the islands 3:1 by
+    the samples they trained on. Every replica of the 4 workers as NumPy says."""
+    schedule = dict(SCHEDULE, island_steps=[3, 1])
+    replicas = run_job(tmp_path, "--islands", "2", "--island-steps", "3,1", "--loop", loop,
+                       *schedule_args(**SCHEDULE), launch=FOUR_WORKERS)
+    expected = reference(4, [[0, 1], [2, 3]], **schedule)
+    for r in range(4):
+        np.testing.assert_allclose(replicas[r]["kernel"], expected[r][0], atol=1e-6)
+        np.testing.assert_allclose(replicas[r]["bias"], expected[r][1], atol=1e-6)
+    equal = reference(4, [[0, 1], [2, 3]], **SCHEDULE)
+    assert np.abs(expected[0][0] - equal[0][0]).max() > 1e-3  # the counts made a difference
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"period": 3, "island_steps": [3, 1]}, "island_steps needs islands"),
+    ({"period": 3, "islands": 2, "island_steps": [3]}, "islands gives 2, island_steps lists 1"),
+    ({"period": 3, "islands": [[0], [1]], "island_steps": [3, 4]}, "between 1 and 3"),
+    ({"period": 3, "islands": 2, "island_steps": [3, 0]}, "between 1 and 3"),
+    ({"period": 3, "islands": 2, "island_steps": 3}, "a list of local steps per island"),
+    ({"period": 3, "islands": 2, "island_steps": [3, True]}, "island_steps"),
+    ({"period": 3, "islands": 2, "island_steps": []}, "a list of local steps per island")])
+def test_bad_island_steps_are_located_errors_in_the_config_and_the_constructor(section, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        config_from_dict({"strategy": "multi_worker_mirrored", "local_sgd": section})
+    assert "local_sgd.island_steps" in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(ConfigError, match=message):
+        tfdist.local_sgd.ModelAverager(**section)
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_island_steps_on_one_machines_replicas_are_refused(strategies):
+    """A machine's replicas share one loop: they cannot train at two paces."""
+    from test_local_sgd import fit
+
+    with pytest.raises(UnsupportedError, match="island_steps needs islands of workers"):
+        fit(strategies("mirrored"), [tfdist.callbacks.LocalSGD(
+            period=3, islands=2, island_steps=[3, 1])], steps=2)
+
+
+@pytest.mark.multiprocess
 def test_a_nan_in_one_island_stops_every_worker_at_the_next_synchronisation(tmp_path):
     """A NaN gradient on worker 0 at step 3 (a local step) is refused by its island, which
     decides alone; every worker of both islands then fails at the synchronisation after

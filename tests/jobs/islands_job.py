@@ -8,6 +8,7 @@ the test compares each one with `reference`, a NumPy simulation of the same trai
     --replicas N        logical CPUs (MirroredStrategy); omit under tfdist launch
     --islands SPEC      a count, "host", or JSON lists of worker indices
     --period H --warmup W --steps S --lr LR --loop trainer|fit|own --policy NAME
+    --island-steps N,M  local steps each island trains per period (heterogeneous islands)
     --spoil STEP:REPLICA:nan|huge   that replica's batch at that step is NaN, or 1000x
                                     (its float16 gradient overflows)
 
@@ -41,11 +42,12 @@ def initial_weights():
     return np.full((FEATURES, 1), 0.1, np.float32), np.zeros((1,), np.float32)
 
 
-def reference(replicas, groups, period, warmup, steps, lr, skip=None):
+def reference(replicas, groups, period, warmup, steps, lr, skip=None, island_steps=None):
     """NumPy: every replica's (kernel, bias) after `steps` steps of islands local SGD
     (plain averaging), `groups` as lists of replica indices; `skip` (step, replica): that
     replica's island skips that step (a loss-scale overflow), the others do not (a replica
-    of None: every island skips it)."""
+    of None: every island skips it). `island_steps`: island i trains on island_steps[i] of
+    each period's calls (evenly spread), and the averages weigh islands by those counts."""
     w = [list(initial_weights()) for _ in range(replicas)]
     island_of = {r: i for i, g in enumerate(groups) for r in g}
 
@@ -54,9 +56,20 @@ def reference(replicas, groups, period, warmup, steps, lr, skip=None):
         error = x @ kernel + bias - y
         return 2 * x.T @ error / len(x), 2 * error.mean(0)
 
+    counts = island_steps or [period] * len(groups)
+    weight = np.array([counts[island_of[r]] for r in range(replicas)], np.float64)
+    weight /= weight.sum()
+
+    def trains(r, t):
+        call = (t - warmup) % period
+        count = counts[island_of[r]]
+        return t < warmup or (call + 1) * count // period > call * count // period
+
     for t in range(steps):
         grads = [grad(*w[r], r, t) for r in range(replicas)]
         for r in range(replicas):
+            if not trains(r, t):
+                continue
             if skip is not None and t == skip[0] and (
                     skip[1] is None or island_of[r] == island_of[skip[1]]):
                 continue
@@ -66,7 +79,8 @@ def reference(replicas, groups, period, warmup, steps, lr, skip=None):
             w[r] = [w[r][0] - lr * gk, w[r][1] - lr * gb]
         local = t + 1 - warmup
         if t >= warmup and (local % period == 0 or t == steps - 1):
-            mean = [np.mean([w[r][i] for r in range(replicas)], 0) for i in (0, 1)]
+            mean = [sum(weight[r] * w[r][i] for r in range(replicas)).astype(np.float32)
+                    for i in (0, 1)]
             w = [list(mean) for _ in range(replicas)]
     return w
 
@@ -83,6 +97,7 @@ def main():
     parser.add_argument("--loop", default="trainer")
     parser.add_argument("--policy", default=None)
     parser.add_argument("--spoil", default=None)
+    parser.add_argument("--island-steps", default=None)
     args = parser.parse_args()
     spoil = None
     if args.spoil:
@@ -118,7 +133,9 @@ def main():
         worker = context.input_pipeline_id
         xs, ys = zip(*[batch(worker * local + k % local, k // local, spoil)
                        for k in range(args.steps * local)])
-        return tf.data.Dataset.from_tensor_slices((np.stack(xs), np.stack(ys)))
+        # infinite (repeated): TF then reads each step's batch without a collective across
+        # workers (its check for a partial last batch), so islands decouple
+        return tf.data.Dataset.from_tensor_slices((np.stack(xs), np.stack(ys))).repeat()
 
     with strategy.scope():
         inputs = keras.Input((FEATURES,))
@@ -127,8 +144,10 @@ def main():
         kernel, bias = initial_weights()
         layer.kernel.assign(kernel)
         layer.bias.assign(bias)
+        island_steps = (None if args.island_steps is None
+                        else [int(n) for n in args.island_steps.split(",")])
         averager = tfdist.local_sgd.ModelAverager(period=args.period, warmup_steps=args.warmup,
-                                                  islands=islands)
+                                                  islands=islands, island_steps=island_steps)
         optimizer = keras.optimizers.SGD(args.lr)
         if args.policy == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=2.0)
@@ -148,7 +167,8 @@ def main():
                   steps_per_epoch=args.steps, verbose=0,
                   callbacks=[tfdist.callbacks.LocalSGD(period=args.period,
                                                        warmup_steps=args.warmup,
-                                                       islands=islands)])
+                                                       islands=islands,
+                                                       island_steps=island_steps)])
     elif args.loop == "own":  # a tf.GradientTape loop as TensorFlow's tutorials write it
         own_loop(strategy, model, optimizer, averager, dataset_fn, args.steps)
     else:

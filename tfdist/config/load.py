@@ -56,7 +56,7 @@ EXCHANGE_OPTIONS = {"start_step": _count, "min_size": _count, "bucket_bytes": _c
 COMPRESSION_KEYS = ("name", *COMPRESSOR_PARAMS, "error_feedback", *EXCHANGE_OPTIONS)
 LOCAL_SGD_KEYS = ("period", "warmup_steps", "average_non_trainable", "average_optimizer_state",
                   "outer", "fragments", "overlap_steps", "overlap_mix", "compression", "islands",
-                  "warmup_compression")
+                  "warmup_compression", "island_steps")
 
 
 def load_config(path):
@@ -342,7 +342,32 @@ def _local_sgd(source, path, value):
             "warm-up's gradient exchange", "topk with error_feedback, fp16")
     if value.get("islands") is not None:
         fields["islands"] = _islands(source, path + ("islands",), value["islands"])
+    if value.get("island_steps") is not None:
+        fields["island_steps"] = _island_steps(source, path, value, fields)
     return LocalSGDConfig(**fields)
+
+
+def _island_steps(source, path, value, fields):
+    """Local steps each island trains per period (heterogeneous islands): one count per
+    island, each between 1 and the period."""
+    where = path + ("island_steps",)
+    steps = value["island_steps"]
+    if "islands" not in fields:
+        raise source.error(where, "island_steps needs islands: (one count of local steps per "
+                                  "island)")
+    if not isinstance(steps, (list, tuple)) or not steps:
+        raise checks.type_error(source, where, "a list of local steps per island", steps)
+    if len(steps) > limits.MAX_TASKS:
+        raise source.error(where, f"at most {limits.MAX_TASKS} islands; got {len(steps)}")
+    counts = tuple(checks.integer(source, where + (i,), n, minimum=1, maximum=fields["period"])
+                   for i, n in enumerate(steps))
+    islands = fields["islands"]
+    expected = islands if isinstance(islands, int) else (
+        len(islands) if isinstance(islands, tuple) else None)
+    if expected is not None and len(counts) != expected:
+        raise source.error(where, f"one count per island: islands gives {expected}, "
+                                  f"island_steps lists {len(counts)}")
+    return counts
 
 
 def _named_compression(source, path, value, what, examples):

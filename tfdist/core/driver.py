@@ -73,6 +73,22 @@ class HookDriver:
             self._functions[key] = _Driven(make(), self.optimizers)
         return self._functions[key]
 
+    def couples_workers(self):
+        """(after `begin_step`) Whether the next step runs a collective across every
+        worker; if not (islands between synchronisations), a loop reads the step's logs
+        on this worker alone, so that no island waits for another at every step."""
+        return all(pipeline.couples_workers() for pipeline in self.pipelines)
+
+    def skips_next(self):
+        """(after `function`) Whether the next step call trains nothing on this worker
+        (`TrainingHook.trains_next`): the loop reads its batch, drops it and calls `skip`."""
+        return not all(pipeline.trains_next() for pipeline in self.pipelines)
+
+    def skip(self):
+        """Tells the hooks a step call trained nothing; `end_step` follows as after a step."""
+        for pipeline in self.pipelines:
+            pipeline.skipped()
+
     def owns(self, function):
         """Whether `function` is one of the steps made here."""
         return any(function is f for f in self._functions.values())
@@ -171,7 +187,11 @@ class StepFunction:
         step = self.driver.function(lambda: tf.function(self.fn, **self.options))
         if self.watch_preemption:
             preemption().before_step()
-        result = step(*args, **kwargs)
+        if self.driver.skips_next():  # a slower island: this call's batch trains nothing
+            self.driver.skip()
+            result = None
+        else:
+            result = step(*args, **kwargs)
         self.driver.end_step()
         return result
 

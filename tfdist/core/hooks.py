@@ -90,6 +90,21 @@ class TrainingHook:
     def after_step(self, model, steps_done):
         """Runs in Python after each step, on every worker; `steps_done` counts the steps."""
 
+    def couples_workers(self):
+        """(Python, after the phase of the next step is entered) False when the step
+        traced for the current phase runs no collective across every worker (islands
+        between synchronisations): the loop then reads its logs without one either."""
+        return True
+
+    def trains_next(self):
+        """(Python, after the phase of the next step call is entered) False when this
+        worker's next step call reads its batch and trains nothing (a slower island of
+        heterogeneous islands, `tfdist.local_sgd`); the loop then calls `skipped()`."""
+        return True
+
+    def skipped(self):
+        """A step call that `trains_next()` declined: nothing ran; `after_step` follows."""
+
     def before_read(self, model):
         """Runs in Python on every worker before anything reads the model (validation,
         checkpoints, the end of an epoch or of training), once after each change: whatever
@@ -205,6 +220,16 @@ class GradientPipeline:
     def on_step_end(self, step):
         for hook in self.hooks:
             hook.on_step_end(step)
+
+    def trains_next(self):
+        return all(hook.trains_next() for hook in self.hooks)
+
+    def couples_workers(self):
+        return all(hook.couples_workers() for hook in self.hooks)
+
+    def skipped(self):
+        for hook in self.hooks:
+            hook.skipped()
 
     def frozen_variance_step(self):
         """The step Adam's second moment stays at in the phase traced, if a hook freezes it

@@ -83,6 +83,12 @@ class ModelAverager(TrainingHook):
             synchronise with the other groups as above (`tfdist.local_sgd.islands`): a
             count of equal groups, "host", or lists of worker indices; None: every
             replica on its own.
+        island_steps: heterogeneous islands — the local steps each island trains per
+            period (one count per island, each at most `period`): a slower island trains
+            on that many of the period's step calls, spread evenly, and on the others
+            reads its batch and trains nothing, so it reaches each synchronisation when the
+            faster ones do; the outer mean weighs each island by the samples it trained on
+            (HeLoCo-style; configured counts, not measured ones). Islands of workers only.
     """
 
     replaces_exchange = True
@@ -90,13 +96,14 @@ class ModelAverager(TrainingHook):
 
     def __init__(self, period, warmup_steps=0, average_non_trainable=False,
                  average_optimizer_state=False, compression=None, outer=None, fragments=1,
-                 overlap_steps=0, overlap_mix=0.5, islands=None, warmup_compression=None):
+                 overlap_steps=0, overlap_mix=0.5, islands=None, warmup_compression=None,
+                 island_steps=None):
         checked = _checked_arguments(
             period=period, warmup_steps=warmup_steps, fragments=fragments,
             overlap_steps=overlap_steps, overlap_mix=overlap_mix, outer=outer,
             average_non_trainable=average_non_trainable, compression=compression,
             average_optimizer_state=average_optimizer_state, islands=islands,
-            warmup_compression=warmup_compression)
+            warmup_compression=warmup_compression, island_steps=island_steps)
         self.period, self.warmup_steps = checked.period, checked.warmup_steps
         self.average_non_trainable = checked.average_non_trainable
         self.average_optimizer_state = checked.average_optimizer_state
@@ -112,6 +119,8 @@ class ModelAverager(TrainingHook):
         self.fragments, self.overlap_steps = checked.fragments, checked.overlap_steps
         self.overlap_mix = checked.overlap_mix
         self.islands, self.island_reduce = checked.islands, None
+        self.island_steps = checked.island_steps
+        self.own_steps, self.outgoing_scale = self.period, 1.0
         self.phased = self.warmup_steps > 0
         self._differ = set()  # the fragments whose replicas may hold different weights
         self.averages = 0    # synchronisations done (the step counter of a compressed one)
@@ -129,6 +138,7 @@ class ModelAverager(TrainingHook):
 
     def __repr__(self):
         return (f"ModelAverager(period={self.period}, warmup_steps={self.warmup_steps}, "
+                f"islands={self.islands!r}, island_steps={self.island_steps!r}, "
                 f"compression={self.compression.compressor.name if self.compression else None}"
                 f", outer={self.outer!r}, fragments={self.fragments}, "
                 f"overlap_steps={self.overlap_steps})")
@@ -148,6 +158,8 @@ class ModelAverager(TrainingHook):
             # a worker's replicas share one step count and loss scale: islands of
             # replicas on one machine keep the global verdict
             self.island_verdict = self.island_reduce.multi_worker
+        if self.island_steps is not None:
+            self._weigh_islands(strategy)
         if self.island_verdict:
             local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
             self._refused = tf.Variable(0.0, name="tfdist_island_refused", **local)
@@ -179,6 +191,40 @@ class ModelAverager(TrainingHook):
                          for v in variables]
             self.received = [tf.Variable(tf.zeros(v.shape), name="tfdist_received", **local)
                              for v in variables]
+
+    def _weigh_islands(self, strategy):
+        """This worker's island's local steps per period, and the factor its replicas'
+        contributions take so that the outer mean weighs every island by its samples."""
+        islands = self.island_reduce.groups if self.island_reduce is not None else None
+        if not self.island_verdict:
+            raise UnsupportedError(
+                "island_steps needs islands of workers (a multi-worker job): a machine's "
+                "replicas share one loop and train at one pace. Received: "
+                f"island_steps={list(self.island_steps)} on {type(strategy).__name__}")
+        if len(islands) != len(self.island_steps):
+            raise UnsupportedError(
+                f"island_steps: one count per island; the job's islands are {islands}, "
+                f"island_steps lists {len(self.island_steps)}: {list(self.island_steps)}")
+        sizes = self.island_reduce.sizes()
+        self.own_steps = self.island_steps[self.island_reduce.own]
+        trained = sum(n * steps for n, steps in zip(sizes, self.island_steps))
+        self.outgoing_scale = strategy.num_replicas_in_sync * self.own_steps / trained
+
+    def couples_workers(self):
+        return not (self.island_verdict and self.current_phase is False)
+
+    def trains_next(self):
+        """Whether this worker trains on its next step call: a local step of an island
+        that trains `own_steps` of each period's calls (evenly spread) may read its batch
+        and train nothing (`skipped`)."""
+        if self.own_steps == self.period or self.current_phase is not False:
+            return True
+        call = int(self._attempts.numpy()) % self.period  # its place in the period
+        return (call + 1) * self.own_steps // self.period > call * self.own_steps // self.period
+
+    def skipped(self):
+        """A step call that trained nothing still counts in the schedule."""
+        self._attempts.assign_add(1)
 
     def saveables(self):
         """The outer optimizer (its momentum and step): `BackupAndRestore` resumes it. The
@@ -479,9 +525,13 @@ class _Plan:
         since the anchors."""
         a = self.averager
         if a.anchors is None:
-            return [self.weights[i].read_value() for i in self.ids]
-        return [tf.cast(self.weights[i].read_value(), tf.float32) - a.anchors[i]
-                for i in self.ids]
+            values = [self.weights[i].read_value() for i in self.ids]
+        else:
+            values = [tf.cast(self.weights[i].read_value(), tf.float32) - a.anchors[i]
+                      for i in self.ids]
+        if a.outgoing_scale == 1.0:
+            return values
+        return [v * tf.cast(a.outgoing_scale, v.dtype) for v in values]  # samples-weighted
 
     def reduce(self, values, step):
         """The mean over replicas and workers of `values`, and of the state (plain)."""

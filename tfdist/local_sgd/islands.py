@@ -95,6 +95,8 @@ class IslandReduce:
                 + MAX_ISLANDS * block)
         self._island_of, self._sizes = island_of, sizes
         self.multi_worker = workers > 1
+        #: The island of this worker (of a multi-worker job), else None.
+        self.own = island_of_unit[_worker_index(strategy)] if workers > 1 else None
         self._keys = [base + i for i in range(len(self.groups))]
         self._instances = collections.defaultdict(itertools.count)  # per device: the same
         # sequence of collectives on every replica gives the same instance keys
@@ -147,6 +149,15 @@ class IslandReduce:
         sequence of collectives, so the keys agree across replicas and workers)."""
         with _lock:
             return 1 + next(self._instances[device])
+
+
+def _worker_index(strategy):
+    """This task's index among the workers, chief first (as `_workers` orders them)."""
+    resolver = strategy.cluster_resolver
+    spec = resolver.cluster_spec().as_dict()
+    if resolver.task_type == "chief":
+        return 0
+    return len(spec.get("chief", [])) + int(resolver.task_id)
 
 
 def _workers(strategy):

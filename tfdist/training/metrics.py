@@ -39,9 +39,10 @@ def can_read_at_once(metrics):
                for m in metrics for v in m.variables)
 
 
-def read_at_once(metrics):
+def read_at_once(metrics, across=True):
     """{name: result} of `metrics` over every replica, read in replica context with one
-    all-reduce of all their states (the same on every replica).
+    all-reduce of all their states (the same on every replica); with `across` False, this
+    replica's own, with no collective (islands between synchronisations).
 
     A metric's state lives on each replica (Keras' on-read variables); reading its result
     in cross-replica context all-reduces each state variable on its own: 5 collectives a
@@ -53,11 +54,11 @@ def read_at_once(metrics):
     local = [tf.convert_to_tensor(v.value) for v in states]
     flat = tf.concat([tf.reshape(tf.cast(x, tf.float64), [-1]) for x in local], 0)
     context = tf.distribute.get_replica_context()
-    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, flat)
+    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, flat) if across else flat
     sizes = [x.shape.num_elements() for x in local]
     values, results = [], {}
     for part, x, v in zip(tf.split(summed, sizes), local, states):
-        if v.aggregation == "mean":
+        if v.aggregation == "mean" and across:
             part = part / context.num_replicas_in_sync
         values.append(tf.cast(tf.reshape(part, tf.shape(x)), x.dtype))
     for m in metrics:

@@ -134,7 +134,7 @@ class Trainer:
             if is_loss_scale(self.optimizer):  # a skipped step counts in no metric
                 keep, weight = _weighed_by(committed, y_pred, sample_weight)
             self._update_metrics(scaled * strategy.num_replicas_in_sync, y, y_pred, weight, keep)
-            return self._replica_results()
+            return self._replica_results(training=True)
 
         def step_fn(data):
             return self._step_results(strategy.run(replica_step, args=(data,)))
@@ -276,6 +276,16 @@ class Trainer:
                 continue
             function = (self.driver.function(self._make_train_function) if training
                         else self._test_function)
+            if training and self.coordinator is None and self.driver.skips_next():
+                try:  # a slower island: the batch is read and trains nothing
+                    next(iterator)
+                except (tf.errors.OutOfRangeError, StopIteration):
+                    return done, True
+                self.driver.skip()
+                done += 1
+                self.driver.end_step()
+                on_end(batch, {})
+                continue
             logs = {}  # under a coordinator, results stay on the workers until the epoch ends
             if self.coordinator is not None:
                 if training:
@@ -303,10 +313,16 @@ class Trainer:
     def _results(self):
         return {m.name: m.result() for m in [self.loss_tracker, *self.metrics]}
 
-    def _replica_results(self):
+    def _replica_results(self, training=False):
         """(replica context) The step's logs from one all-reduce of every metric's state,
-        where that is possible (`tfdist.training.metrics.read_at_once`); else None."""
+        where that is possible (`tfdist.training.metrics.read_at_once`); else None. A
+        training step of islands between synchronisations reads this replica's own (the
+        epoch's logs are read across every worker at its end)."""
         tracked = [self.loss_tracker, *self.metrics]
+        if training and self.coordinator is None and not self.driver.couples_workers():
+            if can_read_at_once(tracked):  # islands apart: this replica's own, no collective
+                return read_at_once(tracked, across=False)
+            return {m.name: m.result() for m in tracked}
         if self.coordinator is None and can_read_at_once(tracked):
             return read_at_once(tracked)
         return None

@@ -1,10 +1,12 @@
 """`TrainingHooks`: runs the hooks of tfdist's pipeline under `model.fit`."""
 
 import keras
+import tensorflow as tf
 
 from tfdist.core.driver import HookDriver
 from tfdist.core.owned import optimizers_of
 from tfdist.core.preemption import skipping
+from tfdist.errors import UnsupportedError
 
 
 class TrainingHooks(keras.callbacks.Callback):
@@ -30,6 +32,7 @@ class TrainingHooks(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
         self.driver, self.epoch = None, 0
+        self._apart = False  # a step's logs were this worker's own (islands apart)
 
     def on_train_begin(self, logs=None):
         optimizers = optimizers_of(self.model)
@@ -47,6 +50,10 @@ class TrainingHooks(keras.callbacks.Callback):
         # preemption is left to BackupAndRestore, which reads its data and drops it
         if self.driver is not None and not skipping(self.model, self.epoch, batch):
             self.model.train_function = self.driver.function(self._make_train_function)
+            if self.driver.skips_next():  # a slower island: this batch trains nothing
+                self.driver.skip()
+                self.model.train_function = _read_one_batch
+                self._apart = True
 
     def on_train_batch_end(self, batch, logs=None):
         if self.driver is not None and not skipping(self.model, self.epoch, batch):
@@ -57,6 +64,10 @@ class TrainingHooks(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._before_read()
+        if self._apart and logs is not None:  # the epoch's metrics over every worker
+            self._apart = False
+            for name, value in self.model.get_metrics_result().items():
+                logs[name] = float(value)
 
     def on_train_end(self, logs=None):
         self._before_read()
@@ -66,9 +77,40 @@ class TrainingHooks(keras.callbacks.Callback):
             self.driver.before_read()
 
     def _make_train_function(self):
-        self.model.make_train_function(force=True)
-        return self.model.train_function
+        if self.driver.couples_workers():
+            self.model.make_train_function(force=True)
+            return self.model.train_function
+        self._apart = True
+        return _train_function_apart(self.model)
 
 
 class HookPhases(TrainingHooks):
     """The former name of `TrainingHooks` (kept for existing scripts)."""
+
+
+def _read_one_batch(iterator):
+    """fit's step for a call that trains nothing: its batch is read and dropped; no logs
+    (the epoch's are read over every worker at its end)."""
+    next(iterator)
+    return {}
+
+
+def _train_function_apart(model):
+    """fit's step for islands between synchronisations: Keras' own `train_step` on each
+    replica, its logs this worker's first replica's — Keras' step would reduce them over
+    every worker (`reduce_per_replica`), a collective across islands at every step. The
+    epoch's logs are read over every worker at its end (`on_epoch_end`)."""
+    if getattr(model, "steps_per_execution", 1) != 1:
+        raise UnsupportedError(
+            "islands between synchronisations run one step per call of fit's step: "
+            "compile with steps_per_execution=1. Received: "
+            f"steps_per_execution={model.steps_per_execution}")
+    strategy = model.distribute_strategy
+
+    @tf.function(reduce_retracing=True)
+    def train_function(iterator):
+        outputs = strategy.run(model.train_step, args=(next(iterator),))
+        return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0],
+                                     outputs)
+
+    return train_function
