@@ -187,6 +187,9 @@ def test_a_slower_island_trains_fewer_local_steps_and_weighs_less(tmp_path, loop
         np.testing.assert_allclose(replicas[r]["bias"], expected[r][1], atol=1e-6)
     equal = reference(4, [[0, 1], [2, 3]], **SCHEDULE)
     assert np.abs(expected[0][0] - equal[0][0]).max() > 1e-3  # the counts made a difference
+    if loop == "fit":  # the steps' logs were each worker's own; the epoch's are every worker's
+        logs = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("*.logs"))]
+        assert len(logs) == 4 and all(log == logs[0] for log in logs), logs
 
 
 @pytest.mark.parametrize("section, message", [

@@ -163,12 +163,13 @@ def main():
     elif args.loop == "fit":  # Keras' own loop, the averager as a callback
         with strategy.scope():
             model.compile(optimizer, "mse")
-        model.fit(strategy.distribute_datasets_from_function(dataset_fn), epochs=1,
-                  steps_per_epoch=args.steps, verbose=0,
-                  callbacks=[tfdist.callbacks.LocalSGD(period=args.period,
-                                                       warmup_steps=args.warmup,
-                                                       islands=islands,
-                                                       island_steps=island_steps)])
+        history = model.fit(
+            strategy.distribute_datasets_from_function(dataset_fn), epochs=1,
+            steps_per_epoch=args.steps, verbose=0,
+            callbacks=[tfdist.callbacks.LocalSGD(period=args.period, warmup_steps=args.warmup,
+                                                 islands=islands, island_steps=island_steps)])
+        with open(os.path.join(args.out, f"{task}.logs"), "w") as f:  # the epoch's logs
+            json.dump(history.history, f)
     elif args.loop == "own":  # a tf.GradientTape loop as TensorFlow's tutorials write it
         own_loop(strategy, model, optimizer, averager, dataset_fn, args.steps)
     else:

@@ -32,7 +32,7 @@ class TrainingHooks(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
         self.driver, self.epoch = None, 0
-        self._apart = False  # a step's logs were this worker's own (islands apart)
+        self._logs = {}  # the last trained step's logs (a call that trains nothing gives them)
 
     def on_train_begin(self, logs=None):
         optimizers = optimizers_of(self.model)
@@ -52,10 +52,10 @@ class TrainingHooks(keras.callbacks.Callback):
             self.model.train_function = self.driver.function(self._make_train_function)
             if self.driver.skips_next():  # a slower island: this batch trains nothing
                 self.driver.skip()
-                self.model.train_function = _read_one_batch
-                self._apart = True
+                self.model.train_function = self._read_one_batch
 
     def on_train_batch_end(self, batch, logs=None):
+        self._logs = logs if logs else self._logs
         if self.driver is not None and not skipping(self.model, self.epoch, batch):
             self.driver.end_step()
 
@@ -64,10 +64,6 @@ class TrainingHooks(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._before_read()
-        if self._apart and logs is not None:  # the epoch's metrics over every worker
-            self._apart = False
-            for name, value in self.model.get_metrics_result().items():
-                logs[name] = float(value)
 
     def on_train_end(self, logs=None):
         self._before_read()
@@ -80,26 +76,25 @@ class TrainingHooks(keras.callbacks.Callback):
         if self.driver.couples_workers():
             self.model.make_train_function(force=True)
             return self.model.train_function
-        self._apart = True
         return _train_function_apart(self.model)
+
+    def _read_one_batch(self, iterator):
+        """fit's step for a call that trains nothing: its batch is read and dropped; the
+        logs are the last trained step's (with their keys, fit reads the epoch's metrics
+        over every worker at its end)."""
+        next(iterator)
+        return self._logs
 
 
 class HookPhases(TrainingHooks):
     """The former name of `TrainingHooks` (kept for existing scripts)."""
 
 
-def _read_one_batch(iterator):
-    """fit's step for a call that trains nothing: its batch is read and dropped; no logs
-    (the epoch's are read over every worker at its end)."""
-    next(iterator)
-    return {}
-
-
 def _train_function_apart(model):
     """fit's step for islands between synchronisations: Keras' own `train_step` on each
     replica, its logs this worker's first replica's — Keras' step would reduce them over
-    every worker (`reduce_per_replica`), a collective across islands at every step. The
-    epoch's logs are read over every worker at its end (`on_epoch_end`)."""
+    every worker (`reduce_per_replica`), a collective across islands at every step. fit
+    reads the epoch's metrics over every worker at its end (their keys match)."""
     if getattr(model, "steps_per_execution", 1) != 1:
         raise UnsupportedError(
             "islands between synchronisations run one step per call of fit's step: "
