@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -335,3 +336,27 @@ def test_more_islands_than_collective_groups_are_refused():
     with pytest.raises(UnsupportedError, match=f"at most {MAX_ISLANDS} islands"):
         IslandReduce(strategy, MAX_ISLANDS + 1)
     assert len(IslandReduce(types.SimpleNamespace(num_replicas_in_sync=4), 2).groups) == 2
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_a_finite_dataset_that_couples_islands_is_named(strategies):
+    """TensorFlow's seam: a distributed iterator over a finite dataset without static
+    shapes checks every batch for a partial last one with a collective across workers
+    (so do finite ones in any multi-worker job); an infinite one does not. tfdist warns
+    when islands step apart on such an iterator (fails loudly if the seam moves)."""
+    import tensorflow as tf
+
+    from tfdist.local_sgd.islands import COUPLED_INPUT, warn_if_input_couples
+    from tfdist.strategies.input_pipelines import checks_partial_batches
+
+    strategy = strategies("mirrored")
+    finite = tf.data.Dataset.range(10).batch(3)  # the last batch is partial: no static shape
+    coupled = iter(strategy.experimental_distribute_dataset(finite))
+    apart = iter(strategy.experimental_distribute_dataset(finite.repeat()))
+    assert checks_partial_batches(coupled) and not checks_partial_batches(apart)
+    with pytest.warns(UserWarning, match="read a finite dataset") as caught:
+        warn_if_input_couples(coupled)
+    assert str(caught[0].message) == COUPLED_INPUT
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_input_couples(apart)

@@ -20,11 +20,13 @@ MultiWorkerMirroredStrategy numbers them).
 import collections
 import itertools
 import threading
+import warnings
 
 import tensorflow as tf
 
 from tfdist.core import wire
 from tfdist.errors import UnsupportedError
+from tfdist.strategies.input_pipelines import checks_partial_batches
 
 #: Island group keys sit in the upper half of a strategy's collective key range
 #: (`tfdist.strategies.collective_keys`), clear of the strategy's own device groups.
@@ -66,6 +68,20 @@ def island_groups(spec, units, hosts=None):
                                f"once (chief first, then the workers). Received: "
                                f"islands={[list(g) for g in spec]}")
     return groups
+
+
+#: Why islands wait for each other at every step, reading a finite dataset.
+COUPLED_INPUT = ("tfdist: islands between synchronisations read a finite dataset, so "
+                 "TensorFlow checks every batch for a partial last one with a collective over "
+                 "every worker: the islands wait for each other at each step. Give them an "
+                 "infinite one (dataset.repeat()) and steps_per_epoch.")
+
+
+def warn_if_input_couples(iterator):
+    """Warns (once per place) if the distributed `iterator` runs a collective over every
+    worker at each step (`checks_partial_batches`), which islands cannot step apart with."""
+    if checks_partial_batches(iterator):
+        warnings.warn(COUPLED_INPUT, stacklevel=3)
 
 
 class IslandReduce:

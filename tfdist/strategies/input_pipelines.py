@@ -60,6 +60,13 @@ def plain_iterators(strategy, distributed, options):
     return distributed
 
 
+def checks_partial_batches(iterator):
+    """Whether TF's distributed `iterator` checks every batch for a partial last one, with
+    a collective over every worker at each step (a finite dataset in a multi-worker job,
+    or one without static shapes; never an infinite one)."""
+    return bool(getattr(iterator, "_enable_get_next_as_optional", False))
+
+
 class StallFreeInput:
     """Strategy mixin: datasets distributed without iterators that pause when deleted."""
 

@@ -14,6 +14,7 @@ from tfdist.core.loss_scale import LossScaleOptimizer, is_loss_scale
 from tfdist.core.optimizer import pipeline_of, with_gradient_pipeline
 from tfdist.core.preemption import skipping
 from tfdist.core.variables import trained_variables, underlying
+from tfdist.local_sgd.islands import warn_if_input_couples
 from tfdist.keras.callbacks.training_hooks import TrainingHooks
 from tfdist.strategies.kind import capabilities_of
 from tfdist.strategies.task import is_chief
@@ -276,6 +277,8 @@ class Trainer:
                 continue
             function = (self.driver.function(self._make_train_function) if training
                         else self._test_function)
+            if training and self.coordinator is None and not self.driver.couples_workers():
+                warn_if_input_couples(iterator)  # islands apart: a finite dataset couples
             if training and self.coordinator is None and self.driver.skips_next():
                 try:  # a slower island: the batch is read and trains nothing
                     next(iterator)

@@ -7,6 +7,7 @@ from tfdist.core.driver import HookDriver
 from tfdist.core.owned import optimizers_of
 from tfdist.core.preemption import skipping
 from tfdist.errors import UnsupportedError
+from tfdist.local_sgd.islands import warn_if_input_couples
 
 
 class TrainingHooks(keras.callbacks.Callback):
@@ -103,9 +104,13 @@ def _train_function_apart(model):
     strategy = model.distribute_strategy
 
     @tf.function(reduce_retracing=True)
-    def train_function(iterator):
+    def step(iterator):
         outputs = strategy.run(model.train_step, args=(next(iterator),))
         return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0],
                                      outputs)
+
+    def train_function(iterator):
+        warn_if_input_couples(iterator)
+        return step(iterator)
 
     return train_function
