@@ -173,13 +173,14 @@ FOUR_WORKERS = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("loop", ["trainer", "fit"])
+@pytest.mark.parametrize("loop", ["trainer", "fit", "own"])
 def test_a_slower_island_trains_fewer_local_steps_and_weighs_less(tmp_path, loop):
     """Heterogeneous islands (`island_steps: [3, 1]`, period 3): the second island trains
-    on one call of each period (the third), reads and drops the other batches, and still
-    synchronises with the first at every period; the averages weigh the islands 3:1 by
-    the samples they trained on. Every replica of the 4 workers as NumPy says."""
-    schedule = dict(SCHEDULE, island_steps=[3, 1])
+    on one call of each period (the third) — reading no batch on the others in fit and
+    the Trainer; your own loop's batch is dropped — and still synchronises with the first
+    at every period; the averages weigh the islands 3:1 by the samples they trained on.
+    Every replica of the 4 workers as NumPy says."""
+    schedule = dict(SCHEDULE, island_steps=[3, 1], loop_reads=loop == "own")
     replicas = run_job(tmp_path, "--islands", "2", "--island-steps", "3,1", "--loop", loop,
                        *schedule_args(**SCHEDULE), launch=FOUR_WORKERS)
     expected = reference(4, [[0, 1], [2, 3]], **schedule)

@@ -42,12 +42,14 @@ def initial_weights():
     return np.full((FEATURES, 1), 0.1, np.float32), np.zeros((1,), np.float32)
 
 
-def reference(replicas, groups, period, warmup, steps, lr, skip=None, island_steps=None):
+def reference(replicas, groups, period, warmup, steps, lr, skip=None, island_steps=None,
+              loop_reads=False):
     """NumPy: every replica's (kernel, bias) after `steps` steps of islands local SGD
     (plain averaging), `groups` as lists of replica indices; `skip` (step, replica): that
     replica's island skips that step (a loss-scale overflow), the others do not (a replica
     of None: every island skips it). `island_steps`: island i trains on island_steps[i] of
-    each period's calls (evenly spread), and the averages weigh islands by those counts."""
+    each period's calls (evenly spread; a call that trains nothing reads no batch, unless
+    `loop_reads`: your own loop's), and the averages weigh islands by those counts."""
     w = [list(initial_weights()) for _ in range(replicas)]
     island_of = {r: i for i, g in enumerate(groups) for r in g}
 
@@ -65,11 +67,13 @@ def reference(replicas, groups, period, warmup, steps, lr, skip=None, island_ste
         count = counts[island_of[r]]
         return t < warmup or (call + 1) * count // period > call * count // period
 
+    read = [0] * replicas  # batches each replica has read (a call training nothing reads none)
     for t in range(steps):
-        grads = [grad(*w[r], r, t) for r in range(replicas)]
+        grads = [grad(*w[r], r, t if loop_reads else read[r]) for r in range(replicas)]
         for r in range(replicas):
             if not trains(r, t):
                 continue
+            read[r] += 1
             if skip is not None and t == skip[0] and (
                     skip[1] is None or island_of[r] == island_of[skip[1]]):
                 continue

@@ -81,7 +81,8 @@ class HookDriver:
 
     def skips_next(self):
         """(after `function`) Whether the next step call trains nothing on this worker
-        (`TrainingHook.trains_next`): the loop reads its batch, drops it and calls `skip`."""
+        (`TrainingHook.trains_next`): the loop reads no batch (or drops the one it has)
+        and calls `skip`."""
         return not all(pipeline.trains_next() for pipeline in self.pipelines)
 
     def skip(self):

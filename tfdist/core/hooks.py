@@ -98,8 +98,8 @@ class TrainingHook:
 
     def trains_next(self):
         """(Python, after the phase of the next step call is entered) False when this
-        worker's next step call reads its batch and trains nothing (a slower island of
-        heterogeneous islands, `tfdist.local_sgd`); the loop then calls `skipped()`."""
+        worker's next step call trains nothing (a slower island of heterogeneous islands,
+        `tfdist.local_sgd`): the loop reads no batch if it can, and calls `skipped()`."""
         return True
 
     def skipped(self):

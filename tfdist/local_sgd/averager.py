@@ -86,8 +86,9 @@ class ModelAverager(TrainingHook):
         island_steps: heterogeneous islands — the local steps each island trains per
             period (one count per island, each at most `period`): a slower island trains
             on that many of the period's step calls, spread evenly, and on the others
-            reads its batch and trains nothing, so it reaches each synchronisation when the
-            faster ones do; the outer mean weighs each island by the samples it trained on
+            trains nothing (fit and the Trainer read no batch then; your own loop's is
+            dropped), so it reaches each synchronisation when the faster ones do; the outer
+            mean weighs each island by the samples it trained on
             (HeLoCo-style; configured counts, not measured ones). Islands of workers only.
     """
 

@@ -280,11 +280,7 @@ class Trainer:
             if training and self.coordinator is None and not self.driver.couples_workers():
                 warn_if_input_couples(iterator)  # islands apart: a finite dataset couples
             if training and self.coordinator is None and self.driver.skips_next():
-                try:  # a slower island: the batch is read and trains nothing
-                    next(iterator)
-                except (tf.errors.OutOfRangeError, StopIteration):
-                    return done, True
-                self.driver.skip()
+                self.driver.skip()  # a slower island: this call trains (and reads) nothing
                 done += 1
                 self.driver.end_step()
                 on_end(batch, {})

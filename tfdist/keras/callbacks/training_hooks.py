@@ -51,9 +51,9 @@ class TrainingHooks(keras.callbacks.Callback):
         # preemption is left to BackupAndRestore, which reads its data and drops it
         if self.driver is not None and not skipping(self.model, self.epoch, batch):
             self.model.train_function = self.driver.function(self._make_train_function)
-            if self.driver.skips_next():  # a slower island: this batch trains nothing
+            if self.driver.skips_next():  # a slower island: this call trains nothing
                 self.driver.skip()
-                self.model.train_function = self._read_one_batch
+                self.model.train_function = self._train_nothing
 
     def on_train_batch_end(self, batch, logs=None):
         self._logs = logs if logs else self._logs
@@ -79,11 +79,11 @@ class TrainingHooks(keras.callbacks.Callback):
             return self.model.train_function
         return _train_function_apart(self.model)
 
-    def _read_one_batch(self, iterator):
-        """fit's step for a call that trains nothing: its batch is read and dropped; the
-        logs are the last trained step's (with their keys, fit reads the epoch's metrics
-        over every worker at its end)."""
-        next(iterator)
+    def _train_nothing(self, iterator):
+        """fit's step for a call that trains nothing: no batch is read (the next trained
+        call takes it: a slower island wastes no input work), and the logs are the last
+        trained step's (with their keys, fit reads the epoch's metrics over every worker
+        at its end)."""
         return self._logs
 
 
