@@ -361,3 +361,19 @@ def test_a_finite_dataset_that_couples_islands_is_named(strategies):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_if_input_couples(apart)
+
+
+@pytest.mark.usefixtures("two_cpus")
+def test_fit_apart_needs_one_step_per_call(strategies):
+    """fit's step for islands between synchronisations runs one `train_step` per call: a
+    model compiled with steps_per_execution > 1 is refused in one line saying what to do."""
+    import keras
+
+    from tfdist.keras.callbacks.training_hooks import _train_function_apart
+
+    with strategies("mirrored").scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse", steps_per_execution=4)
+    with pytest.raises(UnsupportedError, match="compile with steps_per_execution=1") as error:
+        _train_function_apart(model)
+    assert "\n" not in str(error.value) and "steps_per_execution=4" in str(error.value)

@@ -216,8 +216,8 @@ class ModelAverager(TrainingHook):
 
     def trains_next(self):
         """Whether this worker trains on its next step call: a local step of an island
-        that trains `own_steps` of each period's calls (evenly spread) may read its batch
-        and train nothing (`skipped`)."""
+        that trains `own_steps` of each period's calls (evenly spread) trains nothing on
+        the others (`skipped`)."""
         if self.own_steps == self.period or self.current_phase is not False:
             return True
         call = int(self._attempts.numpy()) % self.period  # its place in the period
