@@ -162,14 +162,36 @@ def test_workers_on_localhost_train_as_numpy_says(tmp_path, workers, islands, gr
         sent = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*.json")]
         assert len(sent) == workers
         model, verdict = 4 * (FEATURES + 1), 4  # float32 kernel and bias; one flag
+        shard = 4 * -(-(FEATURES + 1) // 2)  # each worker's half of its island's change
         warmup, local = SCHEDULE["warmup"], SCHEDULE["steps"] - SCHEDULE["warmup"]
         synchronisations = -(-local // SCHEDULE["period"])  # the last one: before the read
-        for totals in sent:  # every step of the warm-up, then only at each synchronisation
-            assert totals["reduced"] == (warmup + synchronisations) * (model + verdict)
-            assert totals["island"] == local * (model + verdict)
+        for totals in sent:  # every step of the warm-up, then only at each synchronisation;
+            # a half of the model per worker: the islands' sums cross once, not per worker
+            assert totals["reduced"] == (warmup + synchronisations) * (shard + verdict)
+            # inside: each step's gradients and verdict; the halves put back together
+            assert totals["island"] == ((warmup + local) * (model + verdict)
+                                        + (warmup + synchronisations) * 2 * shard)
 
 
 FOUR_WORKERS = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
+
+
+@pytest.mark.multiprocess
+def test_islands_send_their_change_once_in_quantised_shards(tmp_path):
+    """Between islands of equal size the change goes hierarchically: each of an island's
+    two workers quantises (int8) and sends its half of the island's change — in the
+    warm-up, of the island's gradient sum —, the island puts the halves back together:
+    NumPy with exactly those quantisations, and not the flat exchange's (each replica's
+    whole change quantised)."""
+    replicas = run_job(tmp_path, "--islands", "2", "--compression", "int8",
+                       "--warmup-compression", "int8", *schedule_args(**SCHEDULE),
+                       launch=FOUR_WORKERS)
+    groups = [[0, 1], [2, 3]]
+    assert_matches(replicas, groups, 4, atol=1e-5, compression="int8",
+                   warmup_compression="int8", **SCHEDULE)
+    for quantised in ({}, {"compression": "int8"}):  # the warm-up's quantisation counts too
+        other = reference(4, groups, **quantised, **SCHEDULE)
+        assert not np.allclose(replicas[0]["kernel"], other[0][0], atol=1e-5)
 
 
 @pytest.mark.multiprocess

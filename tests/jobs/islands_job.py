@@ -9,6 +9,8 @@ the test compares each one with `reference`, a NumPy simulation of the same trai
     --islands SPEC      a count, "host", or JSON lists of worker indices
     --period H --warmup W --steps S --lr LR --loop trainer|fit|own --policy NAME
     --island-steps N,M  local steps each island trains per period (heterogeneous islands)
+    --compression NAME  the synchronisation's compression (min_size 0)
+    --warmup-compression NAME   the warm-up's (min_size 0)
     --spoil STEP:REPLICA:nan|huge   that replica's batch at that step is NaN, or 1000x
                                     (its float16 gradient overflows)
 
@@ -42,14 +44,37 @@ def initial_weights():
     return np.full((FEATURES, 1), 0.1, np.float32), np.zeros((1,), np.float32)
 
 
+def int8(x):
+    """NumPy of tfdist's int8 round trip of one tensor: levels -127..127 of max |x|."""
+    scale = np.float32(np.abs(x).max() / 127) or np.float32(1)
+    return (np.round(x / scale) * scale).astype(np.float32)
+
+
+def across_islands(deltas, groups, times=None):
+    """The int8-exchanged sum over the islands of `deltas` (one flat float32 tensor per
+    island), hierarchically: the replica at place p of each island sends its island's p-th
+    share times `times` (default: the island's size, i.e. the island's change counted for
+    each of its replicas), quantised on its own."""
+    size = len(groups[0])
+    times = size if times is None else times
+    shard = -(-deltas[0].size // size)
+    padded = [np.pad(d, (0, shard * size - d.size)) for d in deltas]
+    total = np.concatenate([sum(int8(times * d[p * shard:(p + 1) * shard]) for d in padded)
+                            for p in range(size)])
+    return total[:deltas[0].size]
+
+
 def reference(replicas, groups, period, warmup, steps, lr, skip=None, island_steps=None,
-              loop_reads=False):
+              loop_reads=False, compression=None, warmup_compression=None):
     """NumPy: every replica's (kernel, bias) after `steps` steps of islands local SGD
     (plain averaging), `groups` as lists of replica indices; `skip` (step, replica): that
     replica's island skips that step (a loss-scale overflow), the others do not (a replica
     of None: every island skips it). `island_steps`: island i trains on island_steps[i] of
     each period's calls (evenly spread; a call that trains nothing reads no batch, unless
-    `loop_reads`: your own loop's), and the averages weigh islands by those counts."""
+    `loop_reads`: your own loop's), and the averages weigh islands by those counts.
+    `compression` "int8": the islands' changes since the last synchronisation go as
+    `across_islands` sends them (equal islands of workers); `warmup_compression` "int8":
+    the warm-up's gradients too, summed inside each island first."""
     w = [list(initial_weights()) for _ in range(replicas)]
     island_of = {r: i for i, g in enumerate(groups) for r in g}
 
@@ -80,13 +105,28 @@ def reference(replicas, groups, period, warmup, steps, lr, skip=None, island_ste
             members = range(replicas) if t < warmup else groups[island_of[r]]
             gk = np.mean([grads[m][0] for m in members], 0)
             gb = np.mean([grads[m][1] for m in members], 0)
+            if t < warmup and warmup_compression == "int8":
+                sums = [sum(flat(grads[m]) for m in g) for g in groups]
+                total = across_islands(sums, groups, times=1) / np.float32(replicas)
+                gk, gb = total[:FEATURES].reshape(FEATURES, 1), total[FEATURES:]
             w[r] = [w[r][0] - lr * gk, w[r][1] - lr * gb]
         local = t + 1 - warmup
+        if t == warmup - 1 or (t == 0 and warmup == 0):
+            anchor = flat(w[0] if warmup else initial_weights())  # where local steps start
         if t >= warmup and (local % period == 0 or t == steps - 1):
             mean = [sum(weight[r] * w[r][i] for r in range(replicas)).astype(np.float32)
                     for i in (0, 1)]
+            if compression == "int8":
+                change = across_islands([flat(w[g[0]]) - anchor for g in groups], groups)
+                anchor = anchor + change / np.float32(replicas)
+                mean = [anchor[:FEATURES].reshape(FEATURES, 1), anchor[FEATURES:]]
             w = [list(mean) for _ in range(replicas)]
     return w
+
+
+def flat(weights):
+    kernel, bias = weights
+    return np.concatenate([kernel.ravel(), bias.ravel()]).astype(np.float32)
 
 
 def main():
@@ -102,6 +142,8 @@ def main():
     parser.add_argument("--policy", default=None)
     parser.add_argument("--spoil", default=None)
     parser.add_argument("--island-steps", default=None)
+    parser.add_argument("--compression", default=None)
+    parser.add_argument("--warmup-compression", default=None)
     args = parser.parse_args()
     spoil = None
     if args.spoil:
@@ -150,8 +192,13 @@ def main():
         layer.bias.assign(bias)
         island_steps = (None if args.island_steps is None
                         else [int(n) for n in args.island_steps.split(",")])
-        averager = tfdist.local_sgd.ModelAverager(period=args.period, warmup_steps=args.warmup,
-                                                  islands=islands, island_steps=island_steps)
+        compression, warmup_compression = (
+            name and {"name": name, "min_size": 0}
+            for name in (args.compression, args.warmup_compression))
+        averager = tfdist.local_sgd.ModelAverager(
+            period=args.period, warmup_steps=args.warmup, islands=islands,
+            island_steps=island_steps, compression=compression,
+            warmup_compression=warmup_compression)
         optimizer = keras.optimizers.SGD(args.lr)
         if args.policy == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=2.0)

@@ -230,7 +230,9 @@ class GradientCompression(TrainingHook):
 
     # --- state ----------------------------------------------------------------------
 
-    def build(self, strategy, variables):
+    def build(self, strategy, variables, shapes=None):
+        """State for exchanging the gradients of `variables` — or, given `shapes`, tensors
+        of those shapes (`exchange_dense`)."""
         caps = capabilities_of(strategy)
         self.push = caps.push
         name = self.compressor.name
@@ -246,7 +248,7 @@ class GradientCompression(TrainingHook):
         self.push_codec = (PushCodec(self.compressor)
                            if self.push and self.compressor.compresses else None)
         self.slots = {id(underlying(v)): i for i, v in enumerate(variables)}
-        self.shapes = [tuple(v.shape) for v in variables]
+        self.shapes = [tuple(s) for s in (shapes or [v.shape for v in variables])]
         small, large, self.large_layout = self.transform.split(self.shapes)
         self.small_size = Layout(tuple(self.shapes[i] for i in small)).size
         local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
@@ -261,18 +263,24 @@ class GradientCompression(TrainingHook):
     def exchange(self, grads, variables, step):
         if self.push:  # nothing crosses between replicas; the push is compressed instead
             return list(grads)
-        comm = Communicator(bucket_bytes=self.bucket_bytes)
         dense = [None] * len(self.shapes)
         for grad, variable in zip(grads, variables):
             dense[self.slots[id(underlying(variable))]] = tf.convert_to_tensor(grad)
         dense = [tf.zeros(s, tf.float32) if d is None else d for d, s in zip(dense, self.shapes)]
+        summed = self.exchange_dense(dense, step)
+        return [tf.cast(summed[self.slots[id(underlying(v))]], g.dtype)
+                for g, v in zip(grads, variables)]
+
+    def exchange_dense(self, dense, step, context=None):
+        """(replica context) The sums of `dense` (tensors of the shapes built, in their
+        order) over `context`'s replicas (None: every replica in sync)."""
+        comm = Communicator(context, bucket_bytes=self.bucket_bytes)
         transform = self.transforms[self.stage].for_phase(self.compressing)
         state = {k: v.read_value() for k, v in self.state.items()}
         summed, state = transform.exchange(dense, state, comm, self._seeds(comm, step))
         for key, value in state.items():
             transaction.assign(self.state[key], value)
-        return [tf.cast(summed[self.slots[id(underlying(v))]], g.dtype)
-                for g, v in zip(grads, variables)]
+        return summed
 
     def _seeds(self, comm, step):
         shared = tf.stack([tf.cast(self.seed, tf.int64), tf.cast(step, tf.int64)])

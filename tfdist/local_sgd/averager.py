@@ -130,6 +130,7 @@ class ModelAverager(TrainingHook):
         self._in_flight = {}  # fragment -> the local step to apply its exchange at
         self._background = None
         self.island_verdict = False  # islands of workers decide their local steps alone
+        self.across = None  # the replicas at one place in every island (`CrossIslands`)
         self._agree_functions = {}
 
     @classmethod
@@ -161,13 +162,15 @@ class ModelAverager(TrainingHook):
             self.island_verdict = self.island_reduce.multi_worker
         if self.island_steps is not None:
             self._weigh_islands(strategy)
+        #: Islands of equal size exchange between them hierarchically (`CrossIslands`).
+        self.across = self.island_reduce.across if self.island_verdict else None
         if self.island_verdict:
             local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
             self._refused = tf.Variable(0.0, name="tfdist_island_refused", **local)
             self._attempts = tf.Variable(0, dtype=tf.int64, name="tfdist_local_attempts",
                                          **local)
         sizes = [int(v.shape.num_elements()) for v in variables]
-        self.model_bytes = 4 * sum(sizes)
+        self.model_bytes, self.model_sizes = 4 * sum(sizes), sizes
         self.groups = fragmenting.split(sizes, self.fragments)
         self.weights = [underlying(v) for v in variables]
         local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
@@ -180,18 +183,26 @@ class ModelAverager(TrainingHook):
             self.outer_optimizer = outer_optimizer(self.outer)
             self.outer_optimizer.build(self.anchor_variables)
         if self.warmup_exchange is not None and self.warmup_steps > 0:
-            self.warmup_exchange.build(strategy, variables)
+            self.warmup_exchange.build(strategy, variables, shapes=self._across_shapes(sizes))
         if self.compression is not None:
             self.exchanges = [self.compression if i == 0 else build(self.compression.get_config())
                               for i in range(len(self.groups))]
             for hook, group in zip(self.exchanges, self.groups):
-                hook.build(strategy, [self.anchors[i] for i in group])
+                hook.build(strategy, [self.anchors[i] for i in group], shapes=self._across_shapes(
+                    [sizes[i] for i in group]))
         if self.overlap_steps:  # what a fragment sent and received, between two steps
             self._background = Background()
             self.sent = [tf.Variable(tf.zeros(v.shape), name="tfdist_sent", **local)
                          for v in variables]
             self.received = [tf.Variable(tf.zeros(v.shape), name="tfdist_received", **local)
                              for v in variables]
+
+    def _across_shapes(self, sizes):
+        """The shapes a fragment of weights of `sizes` values is exchanged in: one shard
+        per replica between islands (`IslandReduce.shard`), else the weights' own."""
+        if self.across is None:
+            return None
+        return [(self.island_reduce.shard_size([(n,) for n in sizes]),)]
 
     def _weigh_islands(self, strategy):
         """This worker's island's local steps per period, and the factor its replicas'
@@ -307,6 +318,8 @@ class ModelAverager(TrainingHook):
     def exchange(self, grads, variables, step):
         synchronous = self.phase(0) if self.current_phase is None else self.current_phase
         if synchronous:  # the warm-up
+            if self.across is not None:
+                return self._warmup_across_islands(grads, step)
             if self.warmup_exchange is not None:
                 return self.warmup_exchange.exchange(grads, variables, step)
             return all_reduce_sum(grads)
@@ -324,6 +337,25 @@ class ModelAverager(TrainingHook):
         scale = replicas / self.island_reduce.replica_island_size()  # the island's mean
         return [g * tf.cast(scale, g.dtype) for g in summed[:len(grads)]]
 
+    def _warmup_across_islands(self, grads, step):
+        """A synchronous step between islands of equal size, hierarchically: the gradients
+        (and the step's verdict) summed inside each island, each replica's share of its
+        island's sum exchanged between islands (`warmup_compression`, if any), the shares
+        put back together inside the island."""
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        decision = transaction.current()
+        riders = decision.riders() if decision is not None and not decision.settled else []
+        summed = self.island_reduce.sum(grads + riders)
+        if riders:  # one replica of each island adds its island's count: every replica's
+            decision.settle(wire.all_reduce(self.across, tf.distribute.ReduceOp.SUM,
+                                            summed[len(grads):]))
+        shard = self.island_reduce.shard(summed[:len(grads)], times=1)
+        if self.warmup_exchange is None:
+            total = wire.all_reduce(self.across, tf.distribute.ReduceOp.SUM, [shard])
+        else:
+            total = self.warmup_exchange.exchange_dense([shard], step, context=self.across)
+        return self.island_reduce.assemble(total[0], grads)
+
     def _defer_refusal(self, committed):
         """(replica context) Counts a refused local step, for the next synchronisation."""
         share = 1.0 / self.island_reduce.replica_island_size()  # the island's, once
@@ -338,6 +370,9 @@ class ModelAverager(TrainingHook):
         """Like `GradientCompression.bytes_per_step`: after the warm-up, one synchronisation
         of the trainable weights (compressed or not) every `period` steps."""
         dense = {"payload": self.model_bytes, "dense": self.model_bytes, "gathered": 0}
+        if self.across is not None:  # between islands, a share of the model per replica
+            dense["payload"] = 4 * sum(self._across_shapes([self.model_sizes[i] for i in g])[0][0]
+                                       for g in self.groups)
         if step is not None and step < self.warmup_steps:
             return dense if self.warmup_exchange is None else self.warmup_exchange.bytes_per_step()
         sent = dense if self.compression is None else {
@@ -537,20 +572,34 @@ class _Plan:
     def reduce(self, values, step):
         """The mean over replicas and workers of `values`, and of the state (plain)."""
         a, context = self.averager, tf.distribute.get_replica_context()
-        plain = values if a.compression is None else []
+        plain = values if a.compression is None and a.across is None else []
         means = wire.all_reduce(context, tf.distribute.ReduceOp.MEAN, plain + [
             v.read_value() for v in self.state]) if plain or self.state else []
         for variable, mean in zip(self.state, means[len(plain):]):
             variable.assign(mean)
-        if a.compression is None:
+        if a.compression is None and a.across is None:
             return means[:len(plain)]
         summed, start = [], 0
         for fragment in self.fragments:
             count = len(a.groups[fragment])
-            summed += a.exchanges[fragment].exchange(
-                values[start:start + count], [a.anchors[i] for i in a.groups[fragment]], step)
-            start += count
+            part, start = values[start:start + count], start + count
+            if a.across is not None:
+                summed += self._across_islands(fragment, part, step)
+            else:
+                summed += a.exchanges[fragment].exchange(
+                    part, [a.anchors[i] for i in a.groups[fragment]], step)
         return [s / context.num_replicas_in_sync for s in summed]
+
+    def _across_islands(self, fragment, values, step):
+        """The sum over every replica of one fragment's `values`, hierarchically: each
+        replica exchanges its island's share between islands, the island assembles them."""
+        a = self.averager
+        shard = a.island_reduce.shard(values)
+        if a.compression is None:
+            summed = wire.all_reduce(a.across, tf.distribute.ReduceOp.SUM, [shard])
+        else:
+            summed = a.exchanges[fragment].exchange_dense([shard], step, context=a.across)
+        return a.island_reduce.assemble(summed[0], values)
 
     def apply(self, means=None):
         """Anchors (if any) := the anchors moved by the mean change (outer optimizer or

@@ -105,15 +105,21 @@ class IslandReduce:
         island_of_unit = {u: i for i, group in enumerate(self.groups) for u in group}
         island_of = [island_of_unit[unit_of[r]] for r in range(replicas)]
         sizes = [island_of.count(i) for i in range(len(self.groups))]
-        with _lock:
-            block = next(_builds)
-        base = (getattr(strategy, "_collective_key_base", 0) + GROUP_KEY_OFFSET
-                + MAX_ISLANDS * block)
+        with _lock:  # two blocks: the islands' groups, then the groups across them
+            blocks = next(_builds), next(_builds)
+        base = getattr(strategy, "_collective_key_base", 0) + GROUP_KEY_OFFSET
         self._island_of, self._sizes = island_of, sizes
         self.multi_worker = workers > 1
         #: The island of this worker (of a multi-worker job), else None.
         self.own = island_of_unit[_worker_index(strategy)] if workers > 1 else None
-        self._keys = [base + i for i in range(len(self.groups))]
+        self._keys = [base + MAX_ISLANDS * blocks[0] + i for i in range(len(self.groups))]
+        self._place = [island_of[:r].count(island_of[r]) for r in range(replicas)]
+        #: The replicas at the same place in every island, as a replica context
+        #: (`CrossIslands`), when the exchange between islands can go hierarchically.
+        self.across = (CrossIslands(self, [base + MAX_ISLANDS * blocks[1] + p
+                                           for p in range(sizes[0])])
+                       if self.multi_worker and len(set(sizes)) == 1
+                       and 1 < sizes[0] <= MAX_ISLANDS and len(sizes) > 1 else None)
         self._instances = collections.defaultdict(itertools.count)  # per device: the same
         # sequence of collectives on every replica gives the same instance keys
 
@@ -156,15 +162,88 @@ class IslandReduce:
         rows = tf.one_hot(island, len(self._sizes), dtype=flat.dtype)[:, None] * flat[None]
         return tf.gather(context.all_reduce(tf.distribute.ReduceOp.SUM, rows), island)
 
+    def shard(self, tensors, times=None):
+        """(replica context) This replica's share of `tensors` (the same on every replica
+        of its island): the slice at its place of their flat float32 concatenation (split
+        in the island's size of equal parts, zero-padded), times `times` — by default the
+        island's size: the island's contribution to a sum over every replica."""
+        flat = self._flat(tensors)
+        size = self._sizes[0]
+        start = self._place_tensor() * (flat.shape[0] // size)
+        shard = tf.slice(flat, [start], [flat.shape[0] // size])
+        return shard * float(size if times is None else times)
+
+    def assemble(self, shard, tensors):
+        """(replica context) The island's shards put back together in `tensors`' shapes
+        and dtypes (one sum inside the island: nothing crosses between islands)."""
+        sizes = [int(t.shape.num_elements()) for t in tensors]
+        whole = shard.shape[0] * self._sizes[0]
+        before = self._place_tensor() * shard.shape[0]
+        placed = tf.reshape(tf.pad(shard, [[before, whole - shard.shape[0] - before]]), [whole])
+        pieces = tf.split(self.sum([placed])[0][:sum(sizes)], sizes)
+        return [tf.cast(tf.reshape(p, t.shape), t.dtype) for p, t in zip(pieces, tensors)]
+
+    def shard_size(self, shapes):
+        """The values in one replica's `shard` of tensors of these shapes."""
+        return -(-sum(tf.TensorShape(s).num_elements() for s in shapes) // self._sizes[0])
+
+    def _flat(self, tensors):
+        """The float32 concatenation of `tensors`, zero-padded to whole shards."""
+        flat = tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], 0)
+        return tf.pad(flat, [[0, -flat.shape[0] % self._sizes[0]]])
+
+    def _place_tensor(self):
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        return tf.gather(self._place, replica)
+
     def _island_tensor(self):
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         return tf.gather(self._island_of, replica)
 
-    def _instance(self, device):
-        """The next instance key on `device` (the replica's; each replica traces the same
-        sequence of collectives, so the keys agree across replicas and workers)."""
+    def _instance(self, device, kind="island"):
+        """The next instance key on `device` for `kind` of group (the replica's; each
+        replica traces the same sequence of collectives, so the keys agree across replicas
+        and workers)."""
         with _lock:
-            return 1 + next(self._instances[device])
+            return 1 + next(self._instances[device, kind])
+
+
+class CrossIslands:
+    """The replicas at the same place in every island (islands of equal size), as the
+    replica context a `Communicator` or `tfdist.core.wire` runs collectives in: one replica
+    of each island. Every replica of an island holds the same model between two
+    synchronisations, so the exchange between islands goes hierarchically (as in
+    hierarchical all-reduce, e.g. Horovod's): each replica sends its island's change for
+    its share of the model only — the islands' change crosses the slow links once, not
+    once per replica — and the island puts the shares back together inside.
+    """
+
+    def __init__(self, islands, keys):
+        self._islands, self._keys = islands, keys
+        self.num_replicas_in_sync = len(islands.groups)
+
+    @property
+    def replica_id_in_sync_group(self):
+        return self._islands._island_tensor()
+
+    def all_reduce(self, reduce_op, values):
+        """Each of `values` summed (or averaged) over one replica of every island."""
+        final = "Div" if reduce_op == tf.distribute.ReduceOp.MEAN else "Id"
+        return [self._collective(tf.raw_ops.CollectiveReduceV2, v, merge_op="Add",
+                                 final_op=final) for v in values]
+
+    def all_gather(self, value, axis=0):
+        """`value` of one replica of every island, concatenated along `axis` (0 only)."""
+        if axis != 0:
+            raise ValueError(f"CrossIslands gathers along axis 0. Received: axis={axis}")
+        return self._collective(tf.raw_ops.CollectiveGatherV2, value)
+
+    def _collective(self, op, value, **options):
+        place = self._islands._place_tensor()
+        return op(input=value, group_size=self.num_replicas_in_sync,
+                  group_key=tf.gather(self._keys, place),
+                  instance_key=self._islands._instance(value.device, "across"),
+                  ordering_token=[], communication_hint="auto", timeout_seconds=0, **options)
 
 
 def _worker_index(strategy):
