@@ -191,6 +191,8 @@ def main():
                         help="local steps per period of the slowed island (--slowed)")
     parser.add_argument("--fresh", action="store_true",
                         help="--slowed: measure the equal-steps runs again too")
+    parser.add_argument("--again", action="store_true",
+                        help="measure --methods again (their saved rows are replaced)")
     args = parser.parse_args()
     results_path = pathlib.Path(args.out) / "islands.json"
     slowed_path = results_path.parent / "islands_slowed.json"
@@ -202,6 +204,8 @@ def main():
             slowed_path.write_text(json.dumps(rows, indent=1))
         args.report_only = True
     rows = json.loads(results_path.read_text()) if results_path.exists() else []
+    if args.again:
+        rows = [r for r in rows if r["method"] not in args.methods or r["rate_bits"] == FREE]
     done = {(r["method"], r["rate_bits"], r["seed"]) for r in rows}
     plan = [("flat synchronous", FREE, s) for s in args.seeds]
     plan += [(m, r, s) for r in args.rates for m in args.methods for s in args.seeds]
