@@ -89,7 +89,7 @@ def test_an_island_per_replica_is_plain_local_sgd(strategies):
 def launch_job(tmp_path, *argv, launch=None, timeout=300):
     """The job (under `tfdist launch` with a `launch` config), as a finished process."""
     out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, JOB, "--out", str(out), *argv]
     if launch is not None:
         config = tmp_path / "job.yaml"
@@ -258,6 +258,47 @@ def test_a_nan_in_one_island_stops_every_worker_at_the_next_synchronisation(tmp_
         assert message.startswith("tfdist: a NaN or Inf gradient on some replica: 1 local "
                                   "step(s) of an island"), message
         assert "at the synchronisation after local step 3: every worker stops" in message
+
+
+STREAMING = ("--fragments", "2", "--overlap", "1")
+
+
+@pytest.mark.multiprocess
+def test_overlapped_fragments_between_islands_of_workers_train_as_on_one_machine(tmp_path):
+    """Streaming DiLoCo's overlapped fragments between 2 islands of 2 workers (the
+    exchange hierarchical, the islands' agreement carried by each exchange) end with the
+    weights of the same training on 4 logical CPUs of one machine (islands of replicas:
+    the flat exchange, an agreement of no one), on every replica."""
+    workers = run_job(tmp_path / "workers", "--islands", "2", *STREAMING,
+                      *schedule_args(**SCHEDULE), launch=FOUR_WORKERS)
+    machine = run_job(tmp_path / "machine", "--replicas", "4", "--islands", "2", *STREAMING,
+                      *schedule_args(**SCHEDULE))
+    assert sorted(workers) == sorted(machine) == list(range(4))
+    for r in range(4):
+        for name in ("kernel", "bias"):
+            np.testing.assert_allclose(workers[r][name], machine[r][name], atol=1e-6)
+    flat = run_job(tmp_path / "flat", "--replicas", "4", *STREAMING, *schedule_args(**SCHEDULE))
+    assert not np.allclose(flat[0]["kernel"], machine[0]["kernel"], atol=1e-4)
+
+
+@pytest.mark.multiprocess
+def test_a_nan_between_overlapped_exchanges_stops_every_worker_where_one_is_applied(tmp_path):
+    """With overlapped exchanges the islands' agreement rides the next exchange: a NaN on
+    worker 0 at step 3 (local step 2) is carried by the exchange that starts after local
+    step 3 (fragment 1's: period 3, 2 fragments; fragment 0's, sent before the NaN, runs
+    beside it and carries nothing of it) and every worker fails where that exchange is
+    applied, one step later."""
+    result = launch_job(tmp_path, "--islands", "2", "--spoil", "3:0:nan", *STREAMING,
+                        *schedule_args(**SCHEDULE), launch=FOUR_WORKERS, timeout=240)
+    output = result.stdout + result.stderr
+    assert result.returncode == 3, output[-3000:]
+    refused = sorted((tmp_path / "out").glob("*.refused"))
+    assert [p.stem for p in refused] == [f"worker-{i}" for i in range(4)], output[-3000:]
+    for path in refused:
+        message = path.read_text()
+        assert message.startswith("tfdist: a NaN or Inf gradient on some replica: 1 local "
+                                  "step(s) of an island"), message
+        assert "at the synchronisation applied after local step 4: every worker" in message
 
 
 @pytest.mark.multiprocess

@@ -482,11 +482,14 @@ def test_mixed_float16_under_parameter_servers_is_refused_in_one_line(write_conf
     assert refused and "use mixed_bfloat16" in refused[0], run.stdout[-3000:] + run.stderr[-2000:]
 
 
-@pytest.mark.parametrize("loop, training", [
-    ("fit", ()), ("trainer", ()),
-    ("fit", ("--local_sgd", "3", "--diloco", "1,0", "--islands", "2"))],
-    ids=["fit", "trainer", "fit-diloco-2-islands"])
-def test_sigterm_to_one_of_four_workers_loses_no_step(write_config, tmp_path, loop, training):
+@pytest.mark.parametrize("loop, training, signal", [
+    ("fit", (), "1,1,2"), ("trainer", (), "1,1,2"), ("fit", (), "1,2,2"),
+    ("fit", ("--local_sgd", "3", "--diloco", "1,0", "--islands", "2"), "1,1,2"),
+    ("fit", ("--local_sgd", "3", "--diloco", "2,1", "--islands", "2"), "1,1,2")],
+    ids=["fit", "trainer", "fit-last-step-of-an-epoch", "fit-diloco-2-islands",
+         "fit-streaming-diloco-2-islands"])
+def test_sigterm_to_one_of_four_workers_loses_no_step(write_config, tmp_path, loop, training,
+                                                       signal):
     """worker:2 gets SIGTERM (as from Kubernetes) after step 1 of epoch 1. The next step's
     all-reduce tells every worker; all save after that same step and exit with 143;
     `--max-restarts 1` relaunches the job, which resumes there: every step of every
@@ -495,19 +498,25 @@ def test_sigterm_to_one_of_four_workers_loses_no_step(write_config, tmp_path, lo
     DiLoCo between 2 islands of 2 workers, the signal between two synchronisations (the
     signal lands in the second island; each replica's weights, the anchors and the outer
     momentum resume from the backup; the islands agree on the signal at their next
-    synchronisation)."""
+    synchronisation), and with Streaming DiLoCo's overlapped fragments (the signal carried
+    by an exchange in flight). A signal agreed on an epoch's last step lets the epoch end
+    first: the backup is of the epoch's end, and the resumed run starts the next epoch (not
+    an empty one whose logs a user's callback would miss)."""
     cluster = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
     out, backup = tmp_path / "out", tmp_path / "backup"
     common = ("--loop", loop, "--model", "plain", "--epochs", "3", *training)
     results, run = launch(write_config, out, cluster, *common, "--backup", str(backup),
-                          "--preempt", "1,1,2", launcher_args=("--max-restarts", "1"),
+                          "--preempt", signal, launcher_args=("--max-restarts", "1"),
                           timeout=420)
     assert (out / "preempted").exists()
     assert "exited with code 143; restarting the whole job (1/1)" in run.stderr, run.stderr[-3000:]
     saved = [line for line in run.stdout.splitlines() if "tfdist: preempted: saved" in line]
     # islands decide their local steps alone and agree on a signal when they synchronise:
-    # at the end of epoch 1 here, seen by the loop after the next step
-    at = "after step 1 of epoch 2" if "--islands" in training else "after step 3 of epoch 1"
+    # before the epoch's logs are read at the end of epoch 1 here (with overlapped
+    # fragments: where the exchange that carried it is applied, the epoch's last step),
+    # so the epoch ends first and the backup is of its end (a resumed run starts epoch 2)
+    at = ("at the end of epoch 1" if "--islands" in training or signal == "1,2,2"
+          else "after step 3 of epoch 1")
     assert len(saved) == 4 and all(at in line for line in saved), saved
     steps = [(e, b) for e in range(3) for b in range(4)]
     for index in range(4):

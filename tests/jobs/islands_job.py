@@ -11,6 +11,7 @@ the test compares each one with `reference`, a NumPy simulation of the same trai
     --island-steps N,M  local steps each island trains per period (heterogeneous islands)
     --compression NAME  the synchronisation's compression (min_size 0)
     --warmup-compression NAME   the warm-up's (min_size 0)
+    --fragments F --overlap K   Streaming DiLoCo's fragments and overlapped steps
     --spoil STEP:REPLICA:nan|huge   that replica's batch at that step is NaN, or 1000x
                                     (its float16 gradient overflows)
 
@@ -144,6 +145,8 @@ def main():
     parser.add_argument("--island-steps", default=None)
     parser.add_argument("--compression", default=None)
     parser.add_argument("--warmup-compression", default=None)
+    parser.add_argument("--fragments", type=int, default=1)
+    parser.add_argument("--overlap", type=int, default=0)
     args = parser.parse_args()
     spoil = None
     if args.spoil:
@@ -198,7 +201,8 @@ def main():
         averager = tfdist.local_sgd.ModelAverager(
             period=args.period, warmup_steps=args.warmup, islands=islands,
             island_steps=island_steps, compression=compression,
-            warmup_compression=warmup_compression)
+            warmup_compression=warmup_compression, fragments=args.fragments,
+            overlap_steps=args.overlap)
         optimizer = keras.optimizers.SGD(args.lr)
         if args.policy == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=2.0)

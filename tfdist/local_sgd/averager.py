@@ -167,6 +167,9 @@ class ModelAverager(TrainingHook):
         if self.island_verdict:
             local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
             self._refused = tf.Variable(0.0, name="tfdist_island_refused", **local)
+            # (refused, preempted) for an overlapped exchange to carry, and what it carried
+            self._staged = tf.Variable(tf.zeros([2]), name="tfdist_island_staged", **local)
+            self._carried = tf.Variable(tf.zeros([2]), name="tfdist_island_carried", **local)
             self._attempts = tf.Variable(0, dtype=tf.int64, name="tfdist_local_attempts",
                                          **local)
         sizes = [int(v.shape.num_elements()) for v in variables]
@@ -398,10 +401,12 @@ class ModelAverager(TrainingHook):
         self._differ = set(range(len(self.groups)))  # a local step changed every fragment
         finishing = [f for f, apply_at in self._in_flight.items() if local == apply_at]
         due = fragmenting.due(local, len(self.groups), self.period)
-        if finishing or due:
+        if (finishing or due) and not self.overlap_steps:  # overlapped: the exchange carries it
             self._agree(f"the synchronisation after local step {local}")
         for fragment in finishing:
             self._finish(model, fragment)
+        if finishing and self.island_verdict:
+            self._act_on_carried(f"the synchronisation applied after local step {local}")
         for fragment in due:
             self._start(model, fragment, local)
 
@@ -420,8 +425,11 @@ class ModelAverager(TrainingHook):
         the same point: it runs collectives."""
         if self._in_flight or self._differ:
             self._agree("the synchronisation before the model is read")
-        for fragment in list(self._in_flight):
+        finishing = list(self._in_flight)
+        for fragment in finishing:
             self._finish(model, fragment, mix=0.0)
+        if finishing and self.island_verdict:
+            self._act_on_carried("the synchronisation before the model is read")
         self._run(model, "sync", sorted(self._differ), state=True, last=bool(self._differ))
         self._differ = set()
 
@@ -438,12 +446,60 @@ class ModelAverager(TrainingHook):
             self._agree_functions[watching] = self._agreement(watching)
         refused = round(float(self._agree_functions[watching]()))
         if refused:
-            raise tf.errors.InvalidArgumentError(
-                None, None, f"tfdist: a NaN or Inf gradient on some replica: {refused} local "
-                "step(s) of an island since the islands last synchronised were refused on "
-                "every replica of that island (weights, optimizer state and step counters are "
-                f"as before them). The islands agree on it at {where}: every worker stops "
-                "here.")
+            raise self._refusal(refused, where)
+
+    def _refusal(self, refused, where):
+        return tf.errors.InvalidArgumentError(
+            None, None, f"tfdist: a NaN or Inf gradient on some replica: {refused} local "
+            "step(s) of an island since the islands last synchronised were refused on "
+            "every replica of that island (weights, optimizer state and step counters are "
+            f"as before them). The islands agree on it at {where}: every worker stops here.")
+
+    def stage_agreement(self):
+        """(replica context, as an overlapped exchange is sent: in program order) What the
+        island decided alone since the last exchange — refused steps, its preemption flag —
+        for the exchange to carry."""
+        flag = preemption().rider()
+        refused = self._refused.read_value()
+        self._staged.assign_add(tf.stack([refused, tf.zeros([]) if flag is None else flag]))
+        self._refused.assign_sub(refused)
+
+    def carry_agreement(self):
+        """(replica context, inside an overlapped exchange) The staged agreement summed over
+        every worker beside the exchange, so that no synchronisation waits for an agreement
+        of its own; acted on where exchanges are applied (`_act_on_carried`), on every
+        worker alike."""
+        staged = self._staged.read_value()
+        summed = wire.all_reduce(tf.distribute.get_replica_context(), tf.distribute.ReduceOp.SUM,
+                                 [staged])[0]
+        self._staged.assign_sub(staged)  # what a later send staged meanwhile stays
+        self._carried.assign_add(summed)
+
+    def _act_on_carried(self, where):
+        """At an applied exchange, on every worker alike: a carried preemption is
+        `preemption().agreed()` after this step; carried refused steps fail here."""
+        watching = preemption().rider() is not None
+        key = ("carried", watching)
+        if key not in self._agree_functions:
+            strategy = self.strategy
+
+            def replica():
+                carried = self._carried.read_value()
+                with tf.control_dependencies([carried]):
+                    self._carried.assign(tf.zeros([2]))
+                return carried[0], carried[1]
+
+            @tf.function
+            def take():
+                refused, flags = strategy.run(replica)
+                if watching:
+                    preemption().record(strategy, flags)
+                return strategy.experimental_local_results(refused)[0]
+
+            self._agree_functions[key] = take
+        refused = round(float(self._agree_functions[key]()))
+        if refused:
+            raise self._refusal(refused, where)
 
     def _agreement(self, watching):
         strategy = self.strategy
@@ -513,7 +569,9 @@ class ModelAverager(TrainingHook):
         """The compiled function of one `kind` of work (sync, send, exchange, apply) on
         some fragments, traced once per model and arguments."""
         weights, extra = self.variables_of(model)
-        key = (tuple(id(v) for v in weights + extra), kind, tuple(fragments), state, last, mix)
+        watching = preemption().rider() is not None  # an exchange carries the flag then
+        key = (tuple(id(v) for v in weights + extra), kind, tuple(fragments), state, last, mix,
+               watching)
         if key not in self._functions:
             if self.anchors is not None and len(weights) != len(self.anchors):
                 raise ValueError(f"the model has {len(weights)} trainable weights but the "
@@ -550,11 +608,15 @@ class _Plan:
     def send(self):
         for i, value in zip(self.ids, self.outgoing()):
             self.averager.sent[i].assign(value)
+        if self.averager.island_verdict:
+            self.averager.stage_agreement()
 
     def exchange(self, step):
         means = self.reduce([self.averager.sent[i].read_value() for i in self.ids], step)
         for i, mean in zip(self.ids, means):
             self.averager.received[i].assign(mean)
+        if self.averager.island_verdict:
+            self.averager.carry_agreement()
 
     def outgoing(self):
         """What the replica contributes: its weights (plain averaging), or its change

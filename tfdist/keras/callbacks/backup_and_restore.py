@@ -107,22 +107,32 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         super().on_train_batch_end(batch, logs)
         if self._watching and not self._rides:
             preemption().agree_now()
-        if preemption().agreed():
-            self._save_model()
-            barrier(strategy_of(self.model))  # nobody exits before the chief's save is done
-            waited = seconds_since_signal()
-            message = (f"preempted: saved the backup after step {batch + 1} of epoch "
-                       f"{self._epoch}" + (f", {waited:.1f} s after the signal"
-                                           if waited is not None else " (a peer's signal)")
-                       + "; exiting with code 143 to be restarted")
-            print(f"tfdist: {message}", flush=True)
-            preemption().reset()
-            raise Preempted(message)
+        if preemption().agreed() and batch + 1 != (self.params or {}).get("steps"):
+            self._exit_preempted(f"after step {batch + 1} of epoch {self._epoch}")
+        # on an epoch's last step the epoch ends first (its validation and epoch logs):
+        # a run resumed there starts the next epoch, not an empty one
 
     def on_epoch_end(self, epoch, logs=None):
         resume_at(self.model, 0, 0)  # past the resumed epoch
         self._done_in_epoch = 0
         super().on_epoch_end(epoch, logs)
+        if self._watching and preemption().agreed():
+            self._current_epoch = epoch + 1
+            self._exit_preempted(f"at the end of epoch {epoch}",
+                                 saved=self.save_freq == "epoch")  # Keras' own just saved
+
+    def _exit_preempted(self, where, saved=False):
+        """Every worker saves the backup (the chief's is the one kept) and exits with 143."""
+        if not saved:
+            self._save_model()
+        barrier(strategy_of(self.model))  # nobody exits before the chief's save is done
+        waited = seconds_since_signal()
+        message = (f"preempted: saved the backup {where}"
+                   + (f", {waited:.1f} s after the signal" if waited is not None
+                      else " (a peer's signal)") + "; exiting with code 143 to be restarted")
+        print(f"tfdist: {message}", flush=True)
+        preemption().reset()
+        raise Preempted(message)
 
     @staticmethod
     def _skip(iterator):
