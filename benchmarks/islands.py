@@ -30,7 +30,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from slow_network import HOSTS, NAMESPACES, capped_link  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TRAIN = ROOT / "examples" / "char_lm" / "train.py"
+EXAMPLES = ROOT / "examples"
 PORTS = (23456, 23457)
 ONE_CORE = ["env", "TF_NUM_INTRAOP_THREADS=1", "TF_NUM_INTEROP_THREADS=1"]
 NESTEROV = {"name": "nesterov", "learning_rate": 0.7, "momentum": 0.9}
@@ -52,6 +52,37 @@ METHODS = {
 FREE = 10_000_000_000  # "every link free": a 10 Gbit/s cap that nothing reaches
 TARGET_PERPLEXITY = 11.0
 SCHEDULE = {"epochs": 12, "steps_per_epoch": 40, "validation_steps": 8, "batch_size": 32}
+
+
+class Workload:
+    """A training example measured on the topology: its script, the validation metric
+    whose target time to accuracy is timed to, and where its results go."""
+
+    def __init__(self, name, script, metric, label, target, lower, results, methods):
+        self.name, self.script, self.metric, self.label = name, script, metric, label
+        self.target, self.lower, self.results, self.methods = target, lower, results, methods
+
+    def reached(self, value):
+        return value <= self.target if self.lower else value >= self.target
+
+    @property
+    def final_key(self):
+        return f"final_{self.metric}"
+
+    @property
+    def by_epoch_key(self):
+        return f"{self.metric.removeprefix('val_')}_by_epoch"
+
+
+# the UNet's synchronous training at 20 Mbit/s (~1.2 s/step, ~10 min a run) is measured by
+# benchmarks/time_to_accuracy.py; here its bytes are the free link's (the same payload)
+WORKLOADS = {
+    "lm": Workload("the language model", EXAMPLES / "char_lm" / "train.py", "val_perplexity",
+                   "perplexity", TARGET_PERPLEXITY, True, "islands", list(METHODS)),
+    "unet": Workload("the UNet", EXAMPLES / "unet_segmentation" / "train.py", "val_mean_iou",
+                     "mean IoU", 0.85, False, "islands_unet",
+                     [m for m in METHODS if m != "flat synchronous"]),
+}
 
 
 SLOWED = "island Streaming DiLoCo, top-k warm-up"  # the method the slowed island runs
@@ -101,14 +132,14 @@ def slow_link_bytes():
 
 
 def run(method, rate, seed, workdir, timeout=3600, cgroups=None, schedule=SCHEDULE, tag="",
-        island_steps=None):
-    """One run on the topology (each island's tasks in `cgroups[island]`, if given);
-    returns its row."""
+        island_steps=None, workload=WORKLOADS["lm"]):
+    """One run of `workload` on the topology (each island's tasks in `cgroups[island]`, if
+    given); returns its row."""
     workdir = pathlib.Path(workdir)
     slug = f"{method.replace(' ', '_').replace('+', '').replace(',', '')}-{rate}-{seed}{tag}"
     config, out = workdir / f"{slug}.yaml", workdir / f"out-{slug}"
     config.write_text(config_text(method, schedule, island_steps))
-    train = [*ONE_CORE, sys.executable, str(TRAIN), "--config", str(config), "--output_dir",
+    train = [*ONE_CORE, sys.executable, str(workload.script), "--config", str(config), "--output_dir",
              str(out), "--seed", str(seed)]
     with capped_link(rate):
         before = slow_link_bytes()
@@ -136,14 +167,14 @@ def run(method, rate, seed, workdir, timeout=3600, cgroups=None, schedule=SCHEDU
     epochs = metrics["epochs"]
     steps = schedule["epochs"] * schedule["steps_per_epoch"]
     reached = next((e["train_seconds"] for e in epochs
-                    if e["val_perplexity"] <= TARGET_PERPLEXITY), None)
+                    if workload.reached(e[workload.metric])), None)
     return {"method": method, "rate_bits": rate, "seed": seed,
-            "seconds_to_target": reached, "final_val_perplexity": epochs[-1]["val_perplexity"],
+            "seconds_to_target": reached, workload.final_key: epochs[-1][workload.metric],
             "train_seconds": epochs[-1]["train_seconds"],
             "seconds_per_step": metrics["seconds_per_step"],
             "slow_link_bytes_per_step": crossed / steps,
             "local_seconds_per_step": local_seconds_per_step(epochs, schedule),
-            "perplexity_by_epoch": [(e["train_seconds"], e["val_perplexity"]) for e in epochs]}
+            workload.by_epoch_key: [(e["train_seconds"], e[workload.metric]) for e in epochs]}
 
 
 def local_seconds_per_step(epochs, schedule):
@@ -181,7 +212,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rates", type=int, nargs="+", default=[20_000_000])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="lm",
+                        help="the language model (the issue's targets) or the UNet")
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help="default: every method (the UNet: all but synchronous training "
+                             "at the slow rate, measured by time_to_accuracy.py)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--report-only", action="store_true",
                         help="write the report from the saved results, run nothing")
@@ -194,7 +229,9 @@ def main():
     parser.add_argument("--again", action="store_true",
                         help="measure --methods again (their saved rows are replaced)")
     args = parser.parse_args()
-    results_path = pathlib.Path(args.out) / "islands.json"
+    workload = WORKLOADS[args.workload]
+    args.methods = args.methods or workload.methods
+    results_path = pathlib.Path(args.out) / f"{workload.results}.json"
     slowed_path = results_path.parent / "islands_slowed.json"
     if args.slowed:
         with tempfile.TemporaryDirectory() as workdir:
@@ -217,22 +254,27 @@ def main():
                 continue
             print(f"[{i + 1}/{len(plan)}] {method} at {rate / 1e6:g} Mbit/s, seed {seed}",
                   flush=True)
-            row = run(method, rate, seed, workdir)
-            print(f"    to perplexity {TARGET_PERPLEXITY}: {row['seconds_to_target']} s, final "
-                  f"{row['final_val_perplexity']:.2f}, slow link "
+            row = run(method, rate, seed, workdir, workload=workload)
+            print(f"    to {workload.label} {workload.target}: {row['seconds_to_target']} s, "
+                  f"final {row[workload.final_key]:.3f}, slow link "
                   f"{row['slow_link_bytes_per_step'] / 1e3:.1f} kB/step", flush=True)
             rows.append(row)
             results_path.write_text(json.dumps(rows, indent=1))
-    text = report(rows, json.loads(slowed_path.read_text()) if slowed_path.exists() else [])
-    (results_path.parent / "islands.md").write_text(
-        f"# DiLoCo across islands (benchmarks/islands.py)\n\n{__doc__.split(chr(10) * 2)[1]}"
+    if workload is WORKLOADS["lm"]:
+        text = report(rows, json.loads(slowed_path.read_text()) if slowed_path.exists() else [])
+        intro = __doc__.split(chr(10) * 2)[1]
+    else:
+        text = unet_report(rows, workload)
+        intro = UNET_INTRO
+    (results_path.parent / f"{workload.results}.md").write_text(
+        f"# DiLoCo across islands: {workload.name} (benchmarks/islands.py)\n\n{intro}"
         f"\n\n{text}\n")
-    plot(rows, results_path.parent / "islands.png")
+    plot(rows, results_path.parent / f"{workload.results}.png", workload)
     print(text)
 
 
-def plot(rows, path):
-    """Validation perplexity against training seconds, one line per method and link."""
+def plot(rows, path, workload):
+    """The validation metric against training seconds, one line per method and link."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -243,18 +285,25 @@ def plot(rows, path):
         if row["seed"] != 0:
             continue
         link = "free" if row["rate_bits"] == FREE else f"{row['rate_bits'] / 1e6:g} Mbit/s"
-        seconds, perplexity = zip(*row["perplexity_by_epoch"])
-        ax.plot(seconds, perplexity, marker=".", label=f"{row['method']} ({link})")
-    ax.axhline(TARGET_PERPLEXITY, color="grey", linestyle=":", linewidth=1)
-    ax.set(xlabel="training seconds (validation excluded)", ylabel="validation perplexity",
-           title="Language model, 2 islands x 2 workers (seed 0)")
+        seconds, values = zip(*row[workload.by_epoch_key])
+        ax.plot(seconds, values, marker=".", label=f"{row['method']} ({link})")
+    ax.axhline(workload.target, color="grey", linestyle=":", linewidth=1)
+    ax.set(xlabel="training seconds (validation excluded)",
+           ylabel=f"validation {workload.label}",
+           title=f"{workload.name.capitalize()}, 2 islands x 2 workers (seed 0)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
-def report(rows, slowed_rows=()):
-    """The markdown table and the issue's targets, met or MISSED."""
+UNET_INTRO = ("The same topology and methods on the UNet example (its demo schedule: 480 "
+              "steps of 32 samples, 8 validation steps per epoch): time to validation mean "
+              "IoU 0.85. Synchronous training at 20 Mbit/s is in time_to_accuracy.py's table "
+              "(2 workers); its bytes per step here are the free link's run's (the same "
+              "payload).")
+
+
+def _mean(rows):
     import statistics
 
     def mean(method, rate, key):
@@ -262,9 +311,13 @@ def report(rows, slowed_rows=()):
         values = [v for v in values if v is not None]
         return statistics.mean(values) if values else None
 
-    lines = ["| method | link | seconds to perplexity "
-             f"{TARGET_PERPLEXITY} | final perplexity | s/step | slow-link kB/step |",
-             "|---|---|---|---|---|---|"]
+    return mean
+
+
+def table(rows, workload, mean):
+    """The markdown table of every method and link measured."""
+    lines = [f"| method | link | seconds to {workload.label} {workload.target} | final "
+             f"{workload.label} | s/step | slow-link kB/step |", "|---|---|---|---|---|---|"]
     for method, rate in dict.fromkeys((r["method"], r["rate_bits"]) for r in rows):
         link = "free" if rate == FREE else f"{rate / 1e6:g} Mbit/s"
         to = mean(method, rate, "seconds_to_target")
@@ -273,9 +326,38 @@ def report(rows, slowed_rows=()):
         to = "not reached" if to is None else f"{to:.1f}" + (
             f" ({reached} of {len(runs)} seeds)" if reached < len(runs) else "")
         lines.append(f"| {method} | {link} | {to} | "
-                     f"{mean(method, rate, 'final_val_perplexity'):.2f} | "
+                     f"{mean(method, rate, workload.final_key):.3f} | "
                      f"{mean(method, rate, 'seconds_per_step'):.3f} | "
                      f"{mean(method, rate, 'slow_link_bytes_per_step') / 1e3:.1f} |")
+    return lines
+
+
+def unet_report(rows, workload):
+    """The UNet's table, and its island methods against synchronous training on free
+    links (time to mean IoU 0.85, final mean IoU, bytes per step)."""
+    mean = _mean(rows)
+    lines = table(rows, workload, mean)
+    free = mean("flat synchronous", FREE, "seconds_to_target")
+    free_final = mean("flat synchronous", FREE, workload.final_key)
+    sync_bytes = mean("flat synchronous", FREE, "slow_link_bytes_per_step")
+    notes = []
+    for method in [m for m in workload.methods if m.startswith("island")]:
+        to = mean(method, 20_000_000, "seconds_to_target")
+        final = mean(method, 20_000_000, workload.final_key)
+        sent = mean(method, 20_000_000, "slow_link_bytes_per_step")
+        if None in (free, final, sent):
+            continue
+        time = f"{to / free:.2f}x the time" if to is not None else "not reached"
+        notes.append(f"- {method} at 20 Mbit/s: {time} of synchronous training on free "
+                     f"links, final mean IoU {final:.3f} against {free_final:.3f}, "
+                     f"{sync_bytes / sent:.0f}x fewer bytes across the slow link per step")
+    return "\n".join(lines + [""] + notes)
+
+
+def report(rows, slowed_rows=()):
+    """The markdown table and the issue's targets, met or MISSED."""
+    mean = _mean(rows)
+    lines = table(rows, WORKLOADS["lm"], mean)
     free = mean("flat synchronous", FREE, "seconds_to_target")
     free_final = mean("flat synchronous", FREE, "final_val_perplexity")
     islands = [m for m in METHODS if m.startswith("island Streaming")
