@@ -393,14 +393,18 @@ def report(rows, slowed_rows=()):
                        f"synchronous "
                        f"(target >= 100x): {'met' if ratio >= 100 else 'MISSED'}")
     if len(slowed_rows) >= 3:
-        base, equal, heterogeneous = (r["local_seconds_per_step"] for r in slowed_rows[:3])
+        half = [DILOCO["period"], DILOCO["period"] // 2]  # the slowed island's speed's share
+        main = next((r for r in slowed_rows[2:] if r["island_steps"] == half), slowed_rows[2])
+        base, equal, heterogeneous = (r["local_seconds_per_step"]
+                                      for r in (*slowed_rows[:2], main))
         cost = 1 - base / heterogeneous
-        steps = slowed_rows[2]["island_steps"]
+        steps = main["island_steps"]
         others = "".join(f"; `{r['island_steps']}`: {1 - base / r['local_seconds_per_step']:.0%}"
-                         for r in slowed_rows[3:])
+                         for r in slowed_rows[2:] if r is not main)
         targets.append(f"- A slowed island (half a CPU against one, {SLOWED} at "
                        f"{slowed_rows[0]['rate_bits'] / 1e6:g} Mbit/s, `island_steps: "
-                       f"{steps}`, its speed's share) costs the other {cost:.0%} of its local "
+                       f"{steps}`{', its speed' + chr(39) + 's share' if steps == half else ''})"
+                       f" costs the other {cost:.0%} of its local "
                        f"step rate ({base:.3f} -> {heterogeneous:.3f} s/step; with equal local "
                        f"steps {equal:.3f}, {1 - base / equal:.0%}{others}; target <= 10%): "
                        f"{'met' if cost <= 0.10 else 'MISSED'}")
