@@ -10,7 +10,8 @@ slow link per training step (the veth counters of both namespaces). Needs root.
 A slowed island: the same job with each island's workers in a cgroup of one CPU, then
 with the second island's cut to half a CPU (`--slowed`), first with equal local steps,
 then with `island_steps` giving the slowed island half of each period's: the first
-island's step rate in its local steps, against the unslowed run's.
+island's step rate in its local steps once every function is traced (epochs 3 to 6),
+against the unslowed run's.
 
     python benchmarks/islands.py [--rates 20000000] [--seeds 0 1] [--out benchmarks/results]
 """
@@ -86,7 +87,10 @@ WORKLOADS = {
 
 
 SLOWED = "island Streaming DiLoCo, top-k warm-up"  # the method the slowed island runs
-SLOWED_SCHEDULE = {**SCHEDULE, "epochs": 4}
+SLOWED_SCHEDULE = {**SCHEDULE, "epochs": 6}
+#: Epochs the slowed island's step rate leaves out: the warm-up's, and the one whose
+#: steps trace the fragments' functions (each island once; the slowed one at half speed).
+SLOWED_SKIP = 2
 CGROUPS = pathlib.Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller
 
 
@@ -173,15 +177,17 @@ def run(method, rate, seed, workdir, timeout=3600, cgroups=None, schedule=SCHEDU
             "train_seconds": epochs[-1]["train_seconds"],
             "seconds_per_step": metrics["seconds_per_step"],
             "slow_link_bytes_per_step": crossed / steps,
-            "local_seconds_per_step": local_seconds_per_step(epochs, schedule),
+            "local_seconds_per_step": local_seconds_per_step(
+                epochs, schedule, SLOWED_SKIP if schedule is SLOWED_SCHEDULE else 1),
             workload.by_epoch_key: [(e["train_seconds"], e[workload.metric]) for e in epochs]}
 
 
-def local_seconds_per_step(epochs, schedule):
-    """The chief's training seconds per step in the epochs after the first (whose steps
-    include the synchronous warm-up)."""
+def local_seconds_per_step(epochs, schedule, skip=1):
+    """The chief's training seconds per step in the epochs after the first `skip` (the
+    first: the synchronous warm-up's)."""
     seconds = [e["train_seconds"] for e in epochs]
-    return (seconds[-1] - seconds[0]) / ((len(seconds) - 1) * schedule["steps_per_epoch"])
+    return ((seconds[-1] - seconds[skip - 1])
+            / ((len(seconds) - skip) * schedule["steps_per_epoch"]))
 
 
 def slowed(rate, seed, workdir, slow_steps, previous=()):

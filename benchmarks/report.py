@@ -397,13 +397,15 @@ def diloco_periods_section():
 
 
 def islands_section():
-    """DiLoCo across islands on the language model (islands.py), when it was run."""
-    path = RESULTS / "islands.md"
-    if not path.exists():
-        return []
-    body = path.read_text().split("\n", 2)[2].strip()  # without its own title
-    return ["", "### DiLoCo across islands: the language model", "", body, "",
-            "![islands](../benchmarks/results/islands.png)"]
+    """DiLoCo across islands on the language model and the UNet (islands.py), where run."""
+    lines = []
+    for name, title in (("islands", "the language model"), ("islands_unet", "the UNet")):
+        path = RESULTS / f"{name}.md"
+        if path.exists():
+            body = path.read_text().split("\n", 2)[2].strip()  # without its own title
+            lines += ["", f"### DiLoCo across islands: {title}", "", body, "",
+                      f"![{name}](../benchmarks/results/{name}.png)"]
+    return lines
 
 
 def markdown(results):
