@@ -228,6 +228,18 @@ def nodes_idle():
     return bool(states) and all(state == "idle" for state in states)
 
 
+def steps_alive(job_id):
+    """Whether a step of `job_id` still runs or ends on this machine: its `slurmstepd:
+    [<job>.<step>]` process (sinfo may already call the node idle while one ends)."""
+    for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes().startswith(f"slurmstepd: [{job_id}.".encode()):
+                return True
+        except OSError:  # gone meanwhile
+            continue
+    return False
+
+
 def wait_until(condition, seconds, what, log):
     deadline = time.monotonic() + seconds
     while not condition():
@@ -264,8 +276,10 @@ def test_a_preempted_batch_job_is_requeued_and_trains_every_step_once(slurm, wri
     (out / "signalled").touch()
     wait_until(lambda: job_state(job_id) == ("PENDING", 1), 180, "the requeue", log)
     # SLURM holds a requeued job 2 minutes, while the preempted run's step is cleaned up;
-    # released sooner, it found that step still ending and failed ("Job credential revoked")
-    wait_until(nodes_idle, 180, "the preempted run's end on the node", log)
+    # released sooner, it found that step still ending and failed ("Job credential revoked";
+    # sinfo can call the node idle while the step's slurmstepd still ends: wait for both)
+    wait_until(lambda: nodes_idle() and not steps_alive(job_id), 180,
+               "the preempted run's end on the node", log)
     run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], timeout=30)
     wait_until(lambda: job_state(job_id)[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
                420, "the requeued job's end", log)
