@@ -242,12 +242,23 @@ def test_island_steps_on_one_machines_replicas_are_refused(strategies):
             period=3, islands=2, island_steps=[3, 1])], steps=2)
 
 
+STREAMING = ("--fragments", "2", "--overlap", "1")
+
+
 @pytest.mark.multiprocess
-def test_a_nan_in_one_island_stops_every_worker_at_the_next_synchronisation(tmp_path):
-    """A NaN gradient on worker 0 at step 3 (a local step) is refused by its island, which
-    decides alone; every worker of both islands then fails at the synchronisation after
-    local step 3 with the refusal's message — no island left waiting in a collective."""
-    result = launch_job(tmp_path, "--islands", "2", "--spoil", "3:0:nan",
+@pytest.mark.parametrize("training, where", [
+    ((), "at the synchronisation after local step 3"),
+    (STREAMING, "at the synchronisation applied after local step 4")],
+    ids=["synchronisation", "overlapped-exchange"])
+def test_a_nan_in_one_island_stops_every_worker_at_the_next_synchronisation(tmp_path, training,
+                                                                          where):
+    """A NaN gradient on worker 0 at step 3 (local step 2) is refused by its island, which
+    decides alone; every worker of both islands then fails with the refusal's message at
+    the next synchronisation (after local step 3) — no island left waiting in a collective.
+    With overlapped exchanges the agreement rides the next exchange sent: fragment 1's,
+    after local step 3 (period 3, 2 fragments; fragment 0's, sent before the NaN, carries
+    nothing of it), and every worker fails where it is applied, one step later."""
+    result = launch_job(tmp_path, "--islands", "2", "--spoil", "3:0:nan", *training,
                         *schedule_args(**SCHEDULE), launch=FOUR_WORKERS, timeout=240)
     output = result.stdout + result.stderr
     assert result.returncode == 3, output[-3000:]
@@ -257,10 +268,7 @@ def test_a_nan_in_one_island_stops_every_worker_at_the_next_synchronisation(tmp_
         message = path.read_text()
         assert message.startswith("tfdist: a NaN or Inf gradient on some replica: 1 local "
                                   "step(s) of an island"), message
-        assert "at the synchronisation after local step 3: every worker stops" in message
-
-
-STREAMING = ("--fragments", "2", "--overlap", "1")
+        assert f"{where}: every worker stops" in message
 
 
 @pytest.mark.multiprocess
@@ -279,26 +287,6 @@ def test_overlapped_fragments_between_islands_of_workers_train_as_on_one_machine
             np.testing.assert_allclose(workers[r][name], machine[r][name], atol=1e-6)
     flat = run_job(tmp_path / "flat", "--replicas", "4", *STREAMING, *schedule_args(**SCHEDULE))
     assert not np.allclose(flat[0]["kernel"], machine[0]["kernel"], atol=1e-4)
-
-
-@pytest.mark.multiprocess
-def test_a_nan_between_overlapped_exchanges_stops_every_worker_where_one_is_applied(tmp_path):
-    """With overlapped exchanges the islands' agreement rides the next exchange: a NaN on
-    worker 0 at step 3 (local step 2) is carried by the exchange that starts after local
-    step 3 (fragment 1's: period 3, 2 fragments; fragment 0's, sent before the NaN, runs
-    beside it and carries nothing of it) and every worker fails where that exchange is
-    applied, one step later."""
-    result = launch_job(tmp_path, "--islands", "2", "--spoil", "3:0:nan", *STREAMING,
-                        *schedule_args(**SCHEDULE), launch=FOUR_WORKERS, timeout=240)
-    output = result.stdout + result.stderr
-    assert result.returncode == 3, output[-3000:]
-    refused = sorted((tmp_path / "out").glob("*.refused"))
-    assert [p.stem for p in refused] == [f"worker-{i}" for i in range(4)], output[-3000:]
-    for path in refused:
-        message = path.read_text()
-        assert message.startswith("tfdist: a NaN or Inf gradient on some replica: 1 local "
-                                  "step(s) of an island"), message
-        assert "at the synchronisation applied after local step 4: every worker" in message
 
 
 @pytest.mark.multiprocess
