@@ -29,9 +29,9 @@ import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from slow_network import HOSTS, NAMESPACES, capped_link  # noqa: E402
+from workloads import WORKLOADS  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples"
 PORTS = (23456, 23457)
 ONE_CORE = ["env", "TF_NUM_INTRAOP_THREADS=1", "TF_NUM_INTEROP_THREADS=1"]
 NESTEROV = {"name": "nesterov", "learning_rate": 0.7, "momentum": 0.9}
@@ -51,39 +51,14 @@ METHODS = {
             "name": "topk", "ratio": 0.01, "error_feedback": True, "min_size": 0}}},
 }
 FREE = 10_000_000_000  # "every link free": a 10 Gbit/s cap that nothing reaches
-TARGET_PERPLEXITY = 11.0
+TARGET_PERPLEXITY = WORKLOADS["lm"].target
 SCHEDULE = {"epochs": 12, "steps_per_epoch": 40, "validation_steps": 8, "batch_size": 32}
-
-
-class Workload:
-    """A training example measured on the topology: its script, the validation metric
-    whose target time to accuracy is timed to, and where its results go."""
-
-    def __init__(self, name, script, metric, label, target, lower, results, methods):
-        self.name, self.script, self.metric, self.label = name, script, metric, label
-        self.target, self.lower, self.results, self.methods = target, lower, results, methods
-
-    def reached(self, value):
-        return value <= self.target if self.lower else value >= self.target
-
-    @property
-    def final_key(self):
-        return f"final_{self.metric}"
-
-    @property
-    def by_epoch_key(self):
-        return f"{self.metric.removeprefix('val_')}_by_epoch"
 
 
 # the UNet's synchronous training at 20 Mbit/s (~1.2 s/step, ~10 min a run) is measured by
 # benchmarks/time_to_accuracy.py; here its bytes are the free link's (the same payload)
-WORKLOADS = {
-    "lm": Workload("the language model", EXAMPLES / "char_lm" / "train.py", "val_perplexity",
-                   "perplexity", TARGET_PERPLEXITY, True, "islands", list(METHODS)),
-    "unet": Workload("the UNet", EXAMPLES / "unet_segmentation" / "train.py", "val_mean_iou",
-                     "mean IoU", 0.85, False, "islands_unet",
-                     [m for m in METHODS if m != "flat synchronous"]),
-}
+METHODS_OF = {"lm": list(METHODS), "unet": [m for m in METHODS if m != "flat synchronous"]}
+RESULTS_OF = {"lm": "islands", "unet": "islands_unet"}
 
 
 SLOWED = "island Streaming DiLoCo, top-k warm-up"  # the method the slowed island runs
@@ -236,8 +211,8 @@ def main():
                         help="measure --methods again (their saved rows are replaced)")
     args = parser.parse_args()
     workload = WORKLOADS[args.workload]
-    args.methods = args.methods or workload.methods
-    results_path = pathlib.Path(args.out) / f"{workload.results}.json"
+    args.methods = args.methods or METHODS_OF[workload.key]
+    results_path = pathlib.Path(args.out) / f"{RESULTS_OF[workload.key]}.json"
     slowed_path = results_path.parent / "islands_slowed.json"
     if args.slowed:
         with tempfile.TemporaryDirectory() as workdir:
@@ -272,10 +247,10 @@ def main():
     else:
         text = unet_report(rows, workload)
         intro = UNET_INTRO
-    (results_path.parent / f"{workload.results}.md").write_text(
+    (results_path.parent / f"{RESULTS_OF[workload.key]}.md").write_text(
         f"# DiLoCo across islands: {workload.name} (benchmarks/islands.py)\n\n{intro}"
         f"\n\n{text}\n")
-    plot(rows, results_path.parent / f"{workload.results}.png", workload)
+    plot(rows, results_path.parent / f"{RESULTS_OF[workload.key]}.png", workload)
     print(text)
 
 
@@ -347,7 +322,7 @@ def unet_report(rows, workload):
     free_final = mean("flat synchronous", FREE, workload.final_key)
     sync_bytes = mean("flat synchronous", FREE, "slow_link_bytes_per_step")
     notes = []
-    for method in [m for m in workload.methods if m.startswith("island")]:
+    for method in [m for m in METHODS_OF[workload.key] if m.startswith("island")]:
         to = mean(method, 20_000_000, "seconds_to_target")
         final = mean(method, 20_000_000, workload.final_key)
         sent = mean(method, 20_000_000, "slow_link_bytes_per_step")

@@ -90,14 +90,15 @@ def job_config(method, workers, warmup=0, hosts=None, port=23456):
     return "\n".join(lines) + "\n"
 
 
-def command(method, config, output_dir, steps, epochs=1, seed=0, workers=2):
-    """The command every task runs for `method` (steps per epoch x epochs)."""
+def command(method, config, output_dir, steps, epochs=1, seed=0, workers=2, train=None):
+    """The command every task runs for `method` (steps per epoch x epochs), with the UNet
+    example's script or `train` (another example taking the same flags)."""
     if METHODS[method] is None:
         return [*ONE_CORE, sys.executable, str(PLAIN), "--output_dir", str(output_dir),
                 "--steps", str(steps * epochs), "--seed", str(seed),
                 "--batch_size", str(16 * workers)]
     section = (METHODS[method] or {}).get("compression")
     delayed = isinstance(section, dict) and "start_step" in section
-    return [*ONE_CORE, sys.executable, str(TRAIN), "--config", str(config), "--output_dir", str(output_dir),
+    return [*ONE_CORE, sys.executable, str(train or TRAIN), "--config", str(config), "--output_dir", str(output_dir),
             "--epochs", str(epochs), "--steps_per_epoch", str(steps), "--seed", str(seed),
             *([] if delayed else ["--start_step", "0"])]  # compress from step 0 unless delayed

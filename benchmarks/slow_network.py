@@ -50,12 +50,13 @@ def teardown():
 
 
 def run(method, rate_bits, steps, workdir, timeout=1800, epochs=1, seed=0, warmup=WARMUP,
-        flags=(), extra="", tag="", script=None):
+        flags=(), extra="", tag="", script=None, train=None):
     """Trains `method` for `epochs` x `steps` steps across the capped link (extra `flags`
     for the UNet example); returns the chief's metrics (seconds_per_step, timeline of
     (seconds, loss, bytes received), epochs: training seconds and validation metrics).
     `extra` is appended to the job's config (e.g. a compression section); `tag` names it;
-    `script(config, output_dir)` gives another command for every task."""
+    `script(config, output_dir)` gives another command for every task; `train` another
+    example's script (the language model's) run the same way."""
     slug = method.replace(" ", "_").replace("+", "_").replace(".", "") + tag
     workdir = pathlib.Path(workdir)
     config = workdir / f"slow-{slug}-{rate_bits}.yaml"
@@ -66,7 +67,8 @@ def run(method, rate_bits, steps, workdir, timeout=1800, epochs=1, seed=0, warmu
             ["ip", "netns", "exec", ns, sys.executable, "-m", "tfdist", "launch", str(config),
              "--task", f"worker:{i}", "--",
              *map(str, script(config, out) if script else
-                  command(method, config, out, steps, epochs, seed)), *map(str, flags)],
+                  command(method, config, out, steps, epochs, seed, train=train)),
+             *map(str, flags)],
             stdout=open(workdir / f"slow-log-{slug}-{i}", "w"), stderr=subprocess.STDOUT)
             for i, ns in enumerate(NAMESPACES)]
         try:

@@ -1,25 +1,25 @@
 """Time to accuracy on a real capped link: what a user on a slow network buys.
 
-Each run trains the UNet example on 2 workers as 2 hosts (network namespaces joined by a
+Each run trains the UNet example (or the language model, `--workload lm`) on 2 workers as 2 hosts (network namespaces joined by a
 veth pair capped by `tc tbf`, slow_network.py) over the full schedule, validating after
 every epoch. Per method, link speed and seed it records the training seconds (every step
 and all that runs between steps — averages, phase switches, tracing — validation left
-out) at which validation mean IoU first reaches each target, the final mean IoU, the
+out) at which validation mean IoU (perplexity) first reaches each target, its final value, the
 wall seconds per step and the bytes this worker received per step on the link.
 
     sudo python benchmarks/time_to_accuracy.py [--quick] [--methods none topk+EF ...]
-        [--rates 100 20] [--seeds 0 1] [--resume]
+        [--rates 100 20] [--seeds 0 1] [--resume] [--workload lm]
 
 Runs are saved as they finish (time_to_accuracy-partial.json); --resume skips those done
 (in the partial file, else in the last results).
 
 Writes benchmarks/results/time_to_accuracy.json (raw) and .md (the table); report.py
-puts both at the head of docs/benchmarks.md.
+puts both at the head of docs/benchmarks.md. The language model's: time_to_accuracy_lm.*
+(every method on one link, 100 Mbit/s, 2 seeds).
 """
 
 import argparse
 import json
-import pathlib
 import shutil
 import statistics
 import tempfile
@@ -28,9 +28,11 @@ import time
 import slow_network
 from methods import METHODS
 from netns import ROOT
+from workloads import WORKLOADS
 
 RESULTS = ROOT / "benchmarks" / "results"
-TARGETS = (0.85, 0.90)
+UNET = WORKLOADS["unet"]
+TARGETS = UNET.targets
 MBIT = 1_000_000
 ALL_METHODS = ["none", "fp16", "bf16", "int8", "qsgd", "sign+EF", "topk+EF", "randomk+EF",
                "powersgd+EF", "local SGD 8", "topk+DGC", "topk+EF21", "sign+EF21",
@@ -45,13 +47,21 @@ PLANS = {
              "epochs": 12, "steps": 40, "validation_steps": 8, "methods": ALL_METHODS},
     "quick": {"rates": (100 * MBIT,), "seeds": (0,), "epochs": 6, "steps": 40,
               "validation_steps": 4, "methods": ["none", "topk+EF"]},
+    # the language model: 12 epochs of 40 steps of 32 sequences (islands.py's schedule)
+    "lm": {"rates": (100 * MBIT,), "seeds": (0, 1), "epochs": 12, "steps": 40,
+           "validation_steps": 8, "methods": ALL_METHODS, "workload": "lm"},
 }
 LOCAL_SGD_WARMUP = 240  # post-local SGD: synchronous for the first half (benchmarks/local_sgd.py)
 
 
-def time_to(epochs, target):
-    """Training seconds at the first validation with mean IoU ≥ `target`, else None."""
-    return next((e["train_seconds"] for e in epochs if e["val_mean_iou"] >= target), None)
+def workload_of(results):
+    return WORKLOADS[results.get("workload", "unet")]
+
+
+def time_to(epochs, target, workload=UNET):
+    """Training seconds at the first validation reaching `target`, else None."""
+    return next((e["train_seconds"] for e in epochs
+                 if workload.reached(e[workload.metric], target)), None)
 
 
 def bytes_per_step(timeline, skip=10):
@@ -95,11 +105,13 @@ def peak_bytes_per_step(timeline, skip=10):
 def run_one(method, rate, seed, plan, workdir):
     """One training run across the capped link; returns its row."""
     warmup = LOCAL_SGD_WARMUP * plan["epochs"] * plan["steps"] // 480
+    workload = WORKLOADS[plan.get("workload", "unet")]
     metrics = slow_network.run(method, rate, plan["steps"], workdir, epochs=plan["epochs"],
-                               seed=seed, warmup=warmup,
+                               seed=seed, warmup=warmup, train=workload.script,
                                flags=("--validation_steps", plan["validation_steps"]))
     epochs = [{"train_seconds": e["train_seconds"], "wall_seconds": e["wall_seconds"],
-               "val_mean_iou": e["val_mean_iou"], "loss": e["loss"]} for e in metrics["epochs"]]
+               workload.metric: e[workload.metric], "loss": e["loss"]}
+              for e in metrics["epochs"]]
     return {"method": method, "rate_bits": rate, "seed": seed, "epochs": epochs,
             "seconds_per_step": metrics["seconds_per_step"],
             "bytes_per_step": bytes_per_step(metrics["timeline"]),
@@ -112,10 +124,10 @@ def run_one(method, rate, seed, plan, workdir):
                                                        local_warmup(method, warmup) + 10),
             "local_seconds_per_step": seconds_per_step_after(
                 metrics["timeline"], local_warmup(method, warmup) + 10, plan["steps"]),
-            "final_val_mean_iou": epochs[-1]["val_mean_iou"], "final_loss": epochs[-1]["loss"],
+            workload.final_key: epochs[-1][workload.metric], "final_loss": epochs[-1]["loss"],
             "train_seconds": epochs[-1]["train_seconds"],
             "wall_seconds": metrics["wall_time_seconds"],
-            **{f"seconds_to_{t}": time_to(epochs, t) for t in TARGETS}}
+            **{f"seconds_to_{t}": time_to(epochs, t, workload) for t in workload.targets}}
 
 
 def local_warmup(method, default):
@@ -124,7 +136,7 @@ def local_warmup(method, default):
     return 0 if local is None else local.get("warmup_steps", default)
 
 
-def summary(rows):
+def summary(rows, workload=UNET):
     """One row per (method, link): medians over seeds, and how many seeds reached each
     target (a median over seeds that did not all reach it is not given)."""
     groups = {}
@@ -132,15 +144,15 @@ def summary(rows):
         groups.setdefault((r["method"], r["rate_bits"]), []).append(r)
     out = []
     for (method, rate), runs in groups.items():
-        ious = [r["final_val_mean_iou"] for r in runs]
+        finals = [r[workload.final_key] for r in runs]
         row = {"method": method, "rate_bits": rate, "seeds": len(runs),
-               "final_val_mean_iou": statistics.mean(ious),
-               "final_val_mean_iou_spread": max(ious) - min(ious),
+               workload.final_key: statistics.mean(finals),
+               f"{workload.final_key}_spread": max(finals) - min(finals),
                "final_loss": statistics.mean(r["final_loss"] for r in runs),
                "seconds_per_step": statistics.median(r["seconds_per_step"] for r in runs),
                "bytes_per_step": statistics.median(r["bytes_per_step"] or 0 for r in runs),
                "timing_disturbed": any(r.get("timing_disturbed") for r in runs)}
-        for t in TARGETS:
+        for t in workload.targets:
             times = [r[f"seconds_to_{t}"] for r in runs]
             reached = [s for s in times if s is not None]
             row[f"reached_{t}"] = len(reached)
@@ -149,8 +161,8 @@ def summary(rows):
     return out
 
 
-def quality(rows):
-    """{method: (mean final mean IoU, spread, mean final loss, seeds)}: per seed the mean
+def quality(rows, workload=UNET):
+    """{method: (mean final metric, spread, mean final loss, seeds)}: per seed the mean
     over its links (the link changes the time, not the arithmetic, except for auto, whose
     choice follows the link), then the mean over seeds, so each seed weighs the same."""
     per_seed = {}
@@ -158,7 +170,7 @@ def quality(rows):
         per_seed.setdefault(r["method"], {}).setdefault(r["seed"], []).append(r)
     out = {}
     for method, seeds in per_seed.items():
-        ious = [statistics.mean(r["final_val_mean_iou"] for r in rs) for rs in seeds.values()]
+        ious = [statistics.mean(r[workload.final_key] for r in rs) for rs in seeds.values()]
         losses = [statistics.mean(r["final_loss"] for r in rs) for rs in seeds.values()]
         out[method] = (statistics.mean(ious), max(ious) - min(ious), statistics.mean(losses),
                        len(seeds))
@@ -168,23 +180,25 @@ def quality(rows):
 def markdown(results):
     """One row per method: quality at convergence (every run), then per link the median
     training seconds to each target and the seconds per step."""
-    rows = summary(results["runs"])
+    workload = workload_of(results)
+    rows = summary(results["runs"], workload)
     rates = sorted({r["rate_bits"] for r in rows}, reverse=True)
     cell = {(r["method"], r["rate_bits"]): r for r in rows}
-    scores = quality(results["runs"])
+    scores = quality(results["runs"], workload)
     methods = sorted(scores, key=lambda m: (m != "none", ALL_METHODS.index(m)
                                             if m in ALL_METHODS else len(ALL_METHODS), m))
-    header = ["method", "final mIoU (spread, seeds)", "vs none", "loss vs none", "kB/step"]
+    label = "mIoU" if workload is UNET else workload.label
+    header = ["method", f"final {label} (spread, seeds)", "vs none", "loss vs none", "kB/step"]
+    first, second = workload.targets
     for rate in rates:
-        header += [f"{rate / MBIT:.0f} Mbit/s: s to {TARGETS[0]}", f"s to {TARGETS[1]}",
-                   "s/step"]
+        header += [f"{rate / MBIT:.0f} Mbit/s: s to {first}", f"s to {second}", "s/step"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     iou0, _, loss0, _ = scores.get("none", (None, None, None, None))
     for m in methods:
         iou, spread, loss, n = scores[m]
         kb = statistics.median(cell[m, r]["bytes_per_step"] for r in rates if (m, r) in cell)
         cells = [m, f"{iou:.3f} ({spread:.3f}, {n})",
-                 "" if m == "none" or iou0 is None else f"{100 * (iou - iou0):+.1f} pts",
+                 "" if m == "none" or iou0 is None else workload.versus(iou, iou0),
                  "" if m == "none" or loss0 is None else f"{loss / loss0 - 1:+.0%}",
                  f"{kb / 1e3:.0f}"]
         for rate in rates:
@@ -193,7 +207,7 @@ def markdown(results):
                 cells += ["not run", "", ""]
                 continue
             mark = " *" if r["timing_disturbed"] else ""
-            for t in TARGETS:
+            for t in workload.targets:
                 s = r[f"seconds_to_{t}"]
                 cells.append(f"{s:.0f}{mark}" if s is not None
                              else f"{r[f'reached_{t}']}/{r['seeds']} seeds")
@@ -202,7 +216,8 @@ def markdown(results):
     if any(r["timing_disturbed"] for r in rows):
         lines += ["", "\\* timed while another benchmark shared the 2 cores: the quality "
                   "stands (the arithmetic does not depend on timing), the times are upper bounds."]
-    return "\n".join(lines + diloco_markdown(results["runs"])) + "\n"
+    diloco = diloco_markdown(results["runs"]) if workload is UNET else []
+    return "\n".join(lines + diloco) + "\n"
 
 
 DILOCO = ("local SGD 32, warm-up 80", "DiLoCo 32", "Streaming DiLoCo 32")
@@ -297,17 +312,19 @@ def plot(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = summary(results["runs"])
+    workload = workload_of(results)
+    rows = summary(results["runs"], workload)
+    first = f"seconds_to_{workload.target}"
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for method in dict.fromkeys(r["method"] for r in rows):
-        points = sorted((r["rate_bits"] / MBIT, r["seconds_to_0.85"]) for r in rows
-                        if r["method"] == method and r["seconds_to_0.85"] is not None)
+        points = sorted((r["rate_bits"] / MBIT, r[first]) for r in rows
+                        if r["method"] == method and r[first] is not None)
         if points:
             ax.plot(*zip(*points), marker="o", label=method)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("link speed, Mbit/s (2 hosts, tc tbf)")
-    ax.set_ylabel("training seconds to validation mean IoU 0.85")
+    ax.set_ylabel(f"training seconds to validation {workload.label} {workload.target}")
     ax.set_title("Time to accuracy against link speed (median of seeds)")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -320,7 +337,9 @@ def measure(plan, workdir, methods=None, partial=None, done=()):
     saved to `partial` as they come. Seed by seed, so that a run cut short still holds
     every method on every link. A run of `done` marked `timing_disturbed` (timed while
     something else shared the CPU) is run again and replaced."""
-    results = {"plan": {k: v for k, v in plan.items() if k != "methods"}, "runs": list(done)}
+    results = {"plan": {k: v for k, v in plan.items() if k != "methods"}, "runs": list(done),
+               "workload": plan.get("workload", "unet")}
+    workload = workload_of(results)
     key = lambda r: (r["method"], r["rate_bits"], r["seed"])  # noqa: E731
     finished = {key(r) for r in done if not r.get("timing_disturbed")}
     for seed in plan["seeds"]:
@@ -331,17 +350,24 @@ def measure(plan, workdir, methods=None, partial=None, done=()):
                 r = run_one(method, rate, seed, plan, workdir)
                 results["runs"] = [o for o in results["runs"] if key(o) != key(r)] + [r]
                 print(f"{rate / MBIT:6.0f} Mbit/s {method:14s} seed {seed}: "
-                      f"{r['seconds_per_step']:.3f} s/step, to 0.85: {r['seconds_to_0.85']}, "
-                      f"final mIoU {r['final_val_mean_iou']:.3f}", flush=True)
+                      f"{r['seconds_per_step']:.3f} s/step, to {workload.target}: "
+                      f"{r[f'seconds_to_{workload.target}']}, final {workload.label} "
+                      f"{r[workload.final_key]:.3f}", flush=True)
                 if partial:
                     partial.write_text(json.dumps(results))
     return results
 
 
-def saved():
+def stem(workload="unet"):
+    """The results' file name, without suffix, of `workload`'s runs."""
+    return "time_to_accuracy" + ("" if workload == "unet" else f"_{workload}")
+
+
+def saved(workload="unet"):
     """The last full run's results (time_to_accuracy.json, else the partial file of a run
     cut short, marked `partial`), or None."""
-    for name, partial in (("time_to_accuracy.json", False), ("time_to_accuracy-partial.json", True)):
+    for name, partial in ((f"{stem(workload)}.json", False),
+                          (f"{stem(workload)}-partial.json", True)):
         if (RESULTS / name).exists():
             return {**json.loads((RESULTS / name).read_text()), "partial": partial}
     return None
@@ -354,33 +380,36 @@ def main():
     parser.add_argument("--rates", nargs="+", type=int, help="link speeds in Mbit/s")
     parser.add_argument("--seeds", nargs="+", type=int, help="a subset of the plan's seeds")
     parser.add_argument("--resume", action="store_true", help="keep the runs already saved")
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="unet",
+                        help="the UNet (every link) or the language model (100 Mbit/s)")
     parser.add_argument("--from-results", action="store_true",
                         help="only rewrite the .md and .png from the saved .json")
     args = parser.parse_args()
     if args.from_results:
-        return write_report(json.loads((RESULTS / "time_to_accuracy.json").read_text()))
-    mode = "quick" if args.quick else "full"
+        return write_report(json.loads((RESULTS / f"{stem(args.workload)}.json").read_text()))
+    mode = "lm" if args.workload == "lm" else "quick" if args.quick else "full"
     plan = dict(PLANS[mode], **{k: v for k, v in (
         ("rates", args.rates and tuple(r * MBIT for r in args.rates)),
         ("seeds", args.seeds and tuple(args.seeds))) if v})
     workdir, started = tempfile.mkdtemp(prefix="tfdist-tta-"), time.monotonic()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    partial = RESULTS / "time_to_accuracy-partial.json"
-    done = (saved() or {"runs": []})["runs"] if args.resume else []
+    partial = RESULTS / f"{stem(args.workload)}-partial.json"
+    done = (saved(args.workload) or {"runs": []})["runs"] if args.resume else []
     try:
         results = measure(plan, workdir, args.methods, partial, done)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results["mode"], results["minutes"] = mode, round((time.monotonic() - started) / 60, 1)
-    (RESULTS / "time_to_accuracy.json").write_text(json.dumps(results, indent=1))
-    (RESULTS / "time_to_accuracy-partial.json").unlink(missing_ok=True)
+    (RESULTS / f"{stem(args.workload)}.json").write_text(json.dumps(results, indent=1))
+    partial.unlink(missing_ok=True)
     write_report(results)
 
 
 def write_report(results):
-    """time_to_accuracy.md and .png from `results`; prints the table."""
-    (RESULTS / "time_to_accuracy.md").write_text(markdown(results))
-    plot(results, RESULTS / "time_to_accuracy.png")
+    """time_to_accuracy[_lm].md and .png from `results`; prints the table."""
+    name = stem(results.get("workload", "unet"))
+    (RESULTS / f"{name}.md").write_text(markdown(results))
+    plot(results, RESULTS / f"{name}.png")
     print(markdown(results))
 
 

@@ -52,6 +52,17 @@ def tta_run(method, seed, ious, seconds_per_epoch, rate=10**8, loss=0.1):
                for t in time_to_accuracy.TARGETS}}
 
 
+def lm_run(method, perplexities, seconds_per_epoch=10.0):
+    """A language-model run: perplexity, lower is better."""
+    lm = time_to_accuracy.WORKLOADS["lm"]
+    epochs = [{"train_seconds": seconds_per_epoch * (i + 1), "wall_seconds": 0,
+               "val_perplexity": p, "loss": 1.0} for i, p in enumerate(perplexities)]
+    return {"method": method, "rate_bits": 10**8, "seed": 0, "epochs": epochs,
+            "seconds_per_step": seconds_per_epoch / 10, "bytes_per_step": 1000.0,
+            "final_val_perplexity": perplexities[-1], "final_loss": 1.0,
+            **{f"seconds_to_{t}": time_to_accuracy.time_to(epochs, t, lm) for t in lm.targets}}
+
+
 def test_time_to_accuracy_is_the_first_validation_at_the_target_median_over_seeds():
     runs = [tta_run("none", 0, [0.5, 0.86, 0.91], 20.0), tta_run("none", 1, [0.5, 0.8, 0.87], 22.0),
             tta_run("none", 2, [0.6, 0.9, 0.92], 21.0),
@@ -72,6 +83,16 @@ def test_time_to_accuracy_is_the_first_validation_at_the_target_median_over_seed
     assert none_line.endswith("| 42 | 2/3 seeds | 2.100 | 120 | 180 | 6.000 |")
     assert "| -1.0 pts |" in topk_line  # 0.89 against none's 0.900
     assert topk_line.endswith("| 4 | 1/2 seeds | 0.250 | not run |  |  |")  # 3.5 s
+    lm = time_to_accuracy.WORKLOADS["lm"]
+    text = time_to_accuracy.markdown({"runs": [lm_run("none", [30.0, 10.5, 9.0]),
+                                                lm_run("topk+EF", [30.0, 12.0, 10.8])],
+                                      "workload": "lm"})
+    header, _, none_line, topk_line = text.splitlines()
+    assert "final perplexity" in header and f"s to {lm.targets[0]}" in header
+    # perplexity falls: none reaches 11 at its second validation (20 s) and 10 at its third;
+    # top-k reaches 11 at its third (30 s), never 10
+    assert none_line.endswith("| 20 | 30 | 1.000 |")
+    assert "| +20.0% |" in topk_line and topk_line.endswith("| 30 | 0/1 seeds | 1.000 |")
     runs.pop()
     speedups = {r["method"]: r["speedup"] for r in report.slow_rows(
         {"time_to_accuracy": {"runs": runs}})}
