@@ -384,6 +384,28 @@ def time_to_accuracy_section(results):
             "![time to accuracy](../benchmarks/results/report_time_to_accuracy.png)"]
 
 
+def language_model_section():
+    """Every method of the table on the language model (time_to_accuracy.py --workload lm),
+    where run."""
+    results = time_to_accuracy.saved("lm")
+    if results is None:
+        return []
+    plan, runs = results["plan"], results["runs"]
+    cut = (" (cut short: `--resume` goes on; a method missing below is not measured yet)"
+           if results.get("partial") else "")
+    return ["", "### Every method on the language model", "",
+            f"`benchmarks/time_to_accuracy.py --workload lm`{cut}: the byte-level decoder of "
+            f"examples/char_lm on the same 2 hosts at "
+            f"{', '.join(f'{r / 1e6:g}' for r in plan['rates'])} Mbit/s, "
+            f"{plan['epochs'] * plan['steps']} steps of 32 sequences, validation every "
+            f"{plan['steps']} steps on {plan['validation_steps']} batches, seeds "
+            f"{sorted({r['seed'] for r in runs})}. Time = training seconds until validation "
+            "perplexity first falls to the target; \"vs none\" is the final perplexity's "
+            "change (lower is better).", "",
+            time_to_accuracy.markdown(results).rstrip(), "",
+            "![time to perplexity](../benchmarks/results/time_to_accuracy_lm.png)"]
+
+
 def diloco_periods_section():
     """DiLoCo against plain local SGD by period (diloco_periods.py), when it was run."""
     path = RESULTS / "diloco_periods.md"
@@ -396,14 +418,25 @@ def diloco_periods_section():
             "![DiLoCo by period](../benchmarks/results/diloco_periods.png)"]
 
 
-def islands_section():
-    """DiLoCo across islands on the language model and the UNet (islands.py), where run."""
+#: Benchmarks whose own report (results/<name>.md, titled, and .png) the report includes
+#: where they were run: (name, title, the script).
+SAVED_SECTIONS = (
+    ("islands", "DiLoCo across islands: the language model", "islands.py"),
+    ("islands_unet", "DiLoCo across islands: the UNet", "islands.py --workload unet"),
+    ("shipped_configs", "Whole-run bytes of the shipped DiLoCo configs", "shipped_configs.py"),
+    ("buckets", "Gradient buckets: does the exchange overlap the backward pass?", "buckets.py"),
+)
+
+
+def saved_sections():
+    """The sections of `SAVED_SECTIONS` that were run, each from its own report."""
     lines = []
-    for name, title in (("islands", "the language model"), ("islands_unet", "the UNet")):
+    for name, title, script in SAVED_SECTIONS:
         path = RESULTS / f"{name}.md"
         if path.exists():
-            body = path.read_text().split("\n", 2)[2].strip()  # without its own title
-            lines += ["", f"### DiLoCo across islands: {title}", "", body, "",
+            text = path.read_text().strip()
+            body = text.split("\n", 2)[2].strip() if text.startswith("# ") else text
+            lines += ["", f"### {title}", "", f"`benchmarks/{script}`.", "", body, "",
                       f"![{name}](../benchmarks/results/{name}.png)"]
     return lines
 
@@ -418,8 +451,9 @@ def markdown(results):
            + (f", {env['minutes']:.0f} minutes" if env.get("minutes") else "") + ". The UNet example "
            "(32×32 synthetic shapes, 4 classes, 0.54 M parameters, global batch 32).", "",
            "Raw results: `benchmarks/results/report.json`, `report.csv`.", "",
-           *time_to_accuracy_section(results), *diloco_periods_section(),
-           *islands_section(), "",
+           *time_to_accuracy_section(results), *language_model_section(),
+           *diloco_periods_section(),
+           *saved_sections(), "",
            "## Targets", "", "| target | measured | met | note |", "|---|---|---|---|"]
     for name, got, met, note in targets(results):
         out.append(f"| {name} | {got} | {'yes' if met else '**MISSED**'} | {note if not met else ''} |")
