@@ -483,10 +483,10 @@ def test_mixed_float16_under_parameter_servers_is_refused_in_one_line(write_conf
 
 
 @pytest.mark.parametrize("loop, training, signal", [
-    ("fit", (), "1,1,2"), ("trainer", (), "1,1,2"), ("fit", (), "1,2,2"),
+    ("trainer", (), "1,1,2"), ("fit", (), "1,2,2"),
     ("fit", ("--local_sgd", "3", "--diloco", "1,0", "--islands", "2"), "1,1,2"),
     ("fit", ("--local_sgd", "3", "--diloco", "2,1", "--islands", "2"), "1,1,2")],
-    ids=["fit", "trainer", "fit-last-step-of-an-epoch", "fit-diloco-2-islands",
+    ids=["trainer", "fit-last-step-of-an-epoch", "fit-diloco-2-islands",
          "fit-streaming-diloco-2-islands"])
 def test_sigterm_to_one_of_four_workers_loses_no_step(write_config, tmp_path, loop, training,
                                                        signal):
@@ -501,7 +501,8 @@ def test_sigterm_to_one_of_four_workers_loses_no_step(write_config, tmp_path, lo
     synchronisation), and with Streaming DiLoCo's overlapped fragments (the signal carried
     by an exchange in flight). A signal agreed on an epoch's last step lets the epoch end
     first: the backup is of the epoch's end, and the resumed run starts the next epoch (not
-    an empty one whose logs a user's callback would miss)."""
+    an empty one whose logs a user's callback would miss). (`fit` with the signal inside
+    an epoch: test_fault_grid.py's compressed-step cell, the same checks.)"""
     cluster = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
     out, backup = tmp_path / "out", tmp_path / "backup"
     common = ("--loop", loop, "--model", "plain", "--epochs", "3", *training)
