@@ -240,3 +240,25 @@ def test_diloco_periods_table_compares_each_period_on_the_same_seeds():
     rows = [line for line in diloco_periods.markdown(runs).splitlines() if line.startswith("| 16 ")]
     assert rows == ["| 16 | 25 | 0.910 | 0.940 (0.930, 0.950) | +3.0 pts | 0.0400 | 0.0300 | -25% |"]
     assert "| 64 " not in diloco_periods.markdown(runs)
+
+
+def test_shipped_configs_compare_whole_runs_with_synchronous_training_and_pick_the_fewest_bytes():
+    import shipped_configs as shipped
+
+    def run(config, warmup, seed, megabytes, iou):
+        return {"config": config, "warmup": warmup, "seed": seed, "bytes": megabytes * 1e6,
+                "final_val_mean_iou": iou, "final_loss": 0.1}
+
+    diloco = shipped.DILOCO[0]
+    rows = [run(shipped.SYNCHRONOUS, "none", 0, 2000, 0.93), run(shipped.SYNCHRONOUS, "none", 1, 2200, 0.91),
+            run(diloco, "none", 0, 400, 0.925), run(diloco, "none", 1, 420, 0.915),
+            run(diloco, "topk+EF", 0, 90, 0.92), run(diloco, "topk+EF", 1, 110, 0.91),
+            run(diloco, "sign+EF", 0, 60, 0.90), run(diloco, "sign+EF", 1, 60, 0.89)]
+    got = {r["warmup"]: r for r in shipped.summary(rows) if r["config"] == diloco}
+    assert got["none"]["fewer"] == pytest.approx(2100 / 410)
+    assert got["topk+EF"]["fewer"] == pytest.approx(21.0) and got["topk+EF"]["met"]
+    assert got["topk+EF"]["points"] == pytest.approx(-0.5)  # 0.915 against 0.920
+    # sign+EF sends fewer bytes, but 2.5 points below synchronous: not the one to ship
+    assert got["sign+EF"]["points"] == pytest.approx(-2.5) and not got["sign+EF"]["met"]
+    assert shipped.best(rows, diloco) == "topk+EF"
+    assert shipped.best(rows[:2], diloco) is None  # nothing of it measured
