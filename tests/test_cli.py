@@ -16,6 +16,17 @@ def test_validate_ok_summarises(write_config, capsys):
     assert out.startswith(f"{path}: OK")
     for fragment in ("multi_worker_mirrored", "worker×2", "compression topk", "every 4 steps"):
         assert fragment in out
+    assert "synchronous steps" not in out  # no warm-up
+
+
+def test_validate_summarises_a_compressed_warm_up(write_config, capsys):
+    path = write_config("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\nlocal_sgd:\n"
+                        "  period: 32\n  warmup_steps: 80\n  outer: nesterov\n"
+                        "  warmup_compression: {name: sign, error_feedback: true}\n")
+    assert main(["validate", path]) == 0
+    out = capsys.readouterr().out
+    assert "DiLoCo (outer nesterov) every 32 steps, after 80 synchronous steps exchanging " \
+           "sign" in out
 
 
 def test_validate_bad_config_exits_2_with_one_line(write_config, capsys):

@@ -203,7 +203,9 @@ def describe(config):
         parts.append(f"{kind} every {local.period} steps" + (
             f", {local.fragments} fragments" if local.fragments > 1 else "") + (
             f", overlapped {local.overlap_steps} steps" if local.overlap_steps else "") + (
-            f", {local.compression.name}" if local.compression else ""))
+            f", {local.compression.name}" if local.compression else "") + (
+            f", after {local.warmup_steps} synchronous steps" if local.warmup_steps else "") + (
+            f" exchanging {local.warmup_compression.name}" if local.warmup_compression else ""))
     return "; ".join(parts)
 
 
