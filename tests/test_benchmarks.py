@@ -262,3 +262,25 @@ def test_shipped_configs_compare_whole_runs_with_synchronous_training_and_pick_t
     assert got["sign+EF"]["points"] == pytest.approx(-2.5) and not got["sign+EF"]["met"]
     assert shipped.best(rows, diloco) == "topk+EF"
     assert shipped.best(rows[:2], diloco) is None  # nothing of it measured
+
+
+def test_the_limits_are_the_best_times_the_shipped_configs_pass_through_and_auto(monkeypatch):
+    """Issue 33's targets: the slow link's best time against the fast link's best (any
+    method), `auto` within 5% on each link, pass-through inside ±1% (95% interval)."""
+    fast, slow = 10**9, 2 * 10**7
+    runs = [tta_run("none", 0, [0.5, 0.9], 10.0, rate=fast),   # 0.85 at 20 s
+            tta_run("fp16", 0, [0.86, 0.9], 11.0, rate=fast),  # 11 s: the fast link's best
+            tta_run("topk+EF", 0, [0.5, 0.86], 7.0, rate=slow),  # 14 s: the slow link's
+            tta_run("auto", 0, [0.86, 0.9], 11.5, rate=fast),  # 11.5 s: within 5% of 11
+            tta_run("auto", 0, [0.5, 0.5, 0.86], 7.0, rate=slow)]  # 21 s against 14
+    monkeypatch.setattr(report, "RESULTS", pathlib.Path("/nonexistent"))  # no shipped runs
+    blocks = {"tfdist": [1.004, 1.006, 1.005, 1.005], "plain tf.distribute": [1.0] * 4}
+    rows = {name: (got, met) for name, got, met, _ in report.limit_targets(
+        {"time_to_accuracy": {"runs": runs}, "overhead": {"block_median_seconds": blocks}})}
+    assert rows["time to mean IoU 0.85 at 20 Mbit/s ≤ 1.25× the best at 1000 Mbit/s"] == (
+        "14 s (topk+EF) against 11 s (fp16): 1.27×", False)
+    auto = "within 5% of the best fixed method's time to mean IoU 0.85"
+    assert rows[f"auto at 1000 Mbit/s {auto}"] == ("12 s against fp16's 11 s", True)
+    assert rows[f"auto at 20 Mbit/s {auto}"][1] is False
+    passing = [v for k, v in rows.items() if k.startswith("tfdist pass-through within 1%")]
+    assert passing[0][0].startswith("+0.5% (") and passing[0][1] is True
