@@ -134,6 +134,21 @@ def _compression(name):
     return getattr(importlib.import_module("tfdist.compression"), name)
 
 
+def _built(shapes):
+    """A top-k exchange built for tensors of `shapes` (how islands use it), or build's error."""
+    import tensorflow as tf
+
+    exchange = _compression("GradientCompression")(_compression("TopK")())
+    exchange.build(tf.distribute.get_strategy(), [], shapes=shapes)
+    return exchange
+
+
+def _zeros(*shape):
+    import tensorflow as tf
+
+    return tf.zeros(shape)
+
+
 NAN, HUGE = float("nan"), 2**80
 #: "module.name" -> [(a call with hostile values, what the message must name)]
 PY_CASES = {
@@ -167,7 +182,8 @@ PY_CASES = {
         (lambda: _compression("AutoCompression")(seed=HUGE), "seed")],
     "tfdist.compression.Cast": [(lambda: _compression("Cast")("int8"), "dtype")],
     "tfdist.compression.Communicator": [
-        (lambda: _compression("Communicator")(bucket_bytes=-1), "bucket_bytes")],
+        (lambda: _compression("Communicator")(bucket_bytes=-1), "bucket_bytes"),
+        (lambda: _compression("Communicator")(context=object()), "context")],
     "tfdist.compression.DelayedStart": [
         (lambda: _compression("DelayedStart")(_compression("TopK")(), 2.5), "start_step")],
     "tfdist.compression.MinSize": [
@@ -179,7 +195,13 @@ PY_CASES = {
         (lambda: _compression("GradientCompression")(_compression("TopK")(),
                                                       error_feedback="yes"), "error_feedback"),
         (lambda: _compression("GradientCompression")(_compression("TopK")(),
-                                                      freeze_variance=1), "freeze_variance")],
+                                                      freeze_variance=1), "freeze_variance"),
+        (lambda: _built("8"), "shapes"), (lambda: _built([]), "shapes"),
+        (lambda: _built([(4, -1)]), "shapes"), (lambda: _built([(4, None)]), "shapes"),
+        (lambda: _built([(True,)]), "shapes"), (lambda: _built([8]), "shapes"),
+        (lambda: _built([(8,)]).exchange_dense([_zeros(4)], 0), "exchange_dense"),
+        (lambda: _built([(8,)]).exchange_dense([_zeros(8), _zeros(8)], 0), "exchange_dense"),
+        (lambda: _built([(8,)]).exchange_dense([_zeros(8)], 0, context="islands"), "context")],
     "tfdist.compression.PowerSGD": [(lambda: _compression("PowerSGD")(rank=0), "rank"),
                                     (lambda: _compression("PowerSGD")(rank=HUGE), "rank")],
     "tfdist.compression.QSGD": [(lambda: _compression("QSGD")(levels=128), "levels")],

@@ -7,6 +7,10 @@ from tfdist.core import transaction, wire
 from tfdist.core.buckets import all_reduce_in_buckets, checked_bucket_bytes
 
 
+#: What a replica context offers the exchange (a sub-group's, e.g. islands', too).
+CONTEXT = ("num_replicas_in_sync", "replica_id_in_sync_group", "all_reduce", "all_gather")
+
+
 class Communicator:
     """All-reduce and all-gather across the replicas in sync (PyTorch's comm hooks get a
     process group; a compressor gets this). Made per step, in replica context.
@@ -17,6 +21,10 @@ class Communicator:
     """
 
     def __init__(self, context=None, bucket_bytes=None):
+        if context is not None and not all(hasattr(context, a) for a in CONTEXT):
+            raise TypeError(f"context must be a replica context (tf.distribute.get_replica_"
+                            f"context(), or any object with {', '.join(CONTEXT)}). Received: "
+                            f"context={context!r:.80}")
         self.context = context or tf.distribute.get_replica_context()
         self.bucket_bytes = checked_bucket_bytes(bucket_bytes, "Communicator")
         self.num_replicas = self.context.num_replicas_in_sync

@@ -14,6 +14,8 @@ crosses between replicas: the casts and int8 compress each gradient *push* inste
 (`PushCodec`, used by the optimizer seam in `tfdist.core.optimizer`).
 """
 
+import numbers
+
 import tensorflow as tf
 
 from tfdist.compression.buffers import Layout, pack, unpack
@@ -248,7 +250,8 @@ class GradientCompression(TrainingHook):
         self.push_codec = (PushCodec(self.compressor)
                            if self.push and self.compressor.compresses else None)
         self.slots = {id(underlying(v)): i for i, v in enumerate(variables)}
-        self.shapes = [tuple(s) for s in (shapes or [v.shape for v in variables])]
+        self.shapes = (_checked_shapes(shapes) if shapes is not None
+                       else [tuple(v.shape) for v in variables])
         small, large, self.large_layout = self.transform.split(self.shapes)
         self.small_size = Layout(tuple(self.shapes[i] for i in small)).size
         local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
@@ -274,6 +277,11 @@ class GradientCompression(TrainingHook):
     def exchange_dense(self, dense, step, context=None):
         """(replica context) The sums of `dense` (tensors of the shapes built, in their
         order) over `context`'s replicas (None: every replica in sync)."""
+        shapes = [tuple(getattr(t, "shape", ())) for t in dense]
+        if len(shapes) != len(self.shapes) or any(
+                not tf.TensorShape(s).is_compatible_with(b) for s, b in zip(shapes, self.shapes)):
+            raise ValueError(f"exchange_dense takes one tensor of each shape built, in order "
+                             f"({self.shapes!s:.80}). Received: shapes {shapes!s:.80}")
         comm = Communicator(context, bucket_bytes=self.bucket_bytes)
         transform = self.transforms[self.stage].for_phase(self.compressing)
         state = {k: v.read_value() for k, v in self.state.items()}
@@ -301,6 +309,24 @@ class GradientCompression(TrainingHook):
         gather = self.compressing and self.compressor.collective == "gather"
         return {"payload": 4 * self.small_size + large, "dense": dense,
                 "gathered": large if gather else 0}
+
+
+def _checked_shapes(shapes):
+    """`build`'s `shapes` as tuples of non-negative integers, or a one-line ValueError."""
+    problem = (isinstance(shapes, (str, bytes)) or not isinstance(shapes, (list, tuple))
+               or not shapes)
+    checked = []
+    for shape in [] if problem else shapes:
+        dims = list(shape) if isinstance(shape, (list, tuple, tf.TensorShape)) else None
+        if dims is None or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool)
+                                   and d >= 0 for d in dims):
+            problem = True
+            break
+        checked.append(tuple(int(d) for d in dims))
+    if problem:
+        raise ValueError(f"shapes must be a non-empty list of fully defined tensor shapes "
+                         f"(non-negative integers). Received: shapes={shapes!r:.80}")
+    return checked
 
 
 def _with_ratio(compressor, ratio):
