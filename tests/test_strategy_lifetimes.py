@@ -112,6 +112,35 @@ def test_each_instance_has_its_own_keys_and_tf_is_untouched(two_cpus):
     assert tf.distribute.MirroredStrategy._collective_key_base == 0
 
 
+def test_the_broadcast_seam_and_which_optimizer_slots_skip_it(two_cpus):
+    """TF still broadcasts initial values in the method tfdist's MWMS replaces per
+    instance; Keras' own optimizers' slots (zeros, constants) skip the broadcast, a
+    subclass of yours (slots maybe random) keeps it; no region outlives its block."""
+    import contextlib
+    import inspect
+
+    import keras
+
+    import tfdist
+    from tfdist.core.optimizer import slots_context
+    from tfdist.strategies import initial_values
+
+    for cls in (initial_values.BROADCASTING, initial_values.LOCAL):
+        assert initial_values.SEAM in vars(cls), (cls, "the upstream seam moved")
+    assert "broadcast_send" in inspect.getsource(
+        getattr(initial_values.BROADCASTING, initial_values.SEAM))
+
+    class Yours(keras.optimizers.Adam):
+        pass
+
+    routed = [tfdist.keras.DistributedOptimizer(o) for o in (keras.optimizers.Adam(), Yours())]
+    assert not initial_values.in_region()
+    with slots_context(routed[0]):
+        assert initial_values.in_region()
+    assert isinstance(slots_context(routed[1]), contextlib.nullcontext)
+    assert not initial_values.in_region()
+
+
 def test_canary_tf_mirrored_strategy_still_reuses_collective_keys():
     """When this fails, TF gives each MirroredStrategy its own collective keys and
     tfdist.strategies.MirroredStrategy (and the key half of tfdist's MWMS) can go."""
@@ -180,6 +209,10 @@ def test_two_workers_build_a_new_strategy_per_run(write_config, tmp_path, single
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     results = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
     assert set(results) == {"worker-0", "worker-1"}
+    # a variable is the chief's (broadcast) unless created in identical_initial_values()
+    initial = {name: r.pop("initial") for name, r in results.items()}
+    assert initial == {"worker-0": {"broadcast": 0.0, "identical": 0.0},
+                       "worker-1": {"broadcast": 0.0, "identical": 1.0}}, initial
     assert results["worker-0"] == results["worker-1"]
     for losses in results["worker-0"]["losses"]:
         assert losses[-1] < 0.8 * losses[0], results
@@ -196,6 +229,7 @@ def worker(out, compression):
     import tfdist
 
     task = json.loads(os.environ["TF_CONFIG"])["task"]
+    initial = initial_values(tfdist.get_strategy("multi_worker_mirrored"), task["index"])
     losses, checksums = [], []
     for width in (*WIDTHS, WIDTHS[0]):
         weights, history = train(tfdist.get_strategy("multi_worker_mirrored"), width,
@@ -204,7 +238,22 @@ def worker(out, compression):
         checksums.append(checksum_of(weights))
     assert checksums[0] == checksums[2], checksums
     path = pathlib.Path(out) / f"{task['type']}-{task['index']}.json"
-    path.write_text(json.dumps({"losses": losses, "checksums": checksums}))
+    path.write_text(json.dumps({"losses": losses, "checksums": checksums,
+                                "initial": initial}))
+
+
+def initial_values(strategy, index):
+    """Two variables each worker creates with its own index: the first is broadcast
+    (every worker gets the chief's), the second, in `identical_initial_values()`, not."""
+    import tensorflow as tf
+
+    from tfdist.strategies.initial_values import identical_initial_values
+
+    with strategy.scope():
+        broadcast = tf.Variable(float(index))
+        with identical_initial_values():
+            identical = tf.Variable(float(index))
+    return {"broadcast": float(broadcast.numpy()), "identical": float(identical.numpy())}
 
 
 def checksum_of(weights):

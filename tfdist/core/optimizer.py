@@ -42,6 +42,7 @@ from tfdist.core.preemption import preemption
 from tfdist.core.replica_state import SyncReplicaState
 from tfdist.core.variables import underlying
 from tfdist.errors import UnsupportedError
+from tfdist.strategies.initial_values import identical_initial_values
 from tfdist.strategies.kind import capabilities_of
 from tfdist.versions import KERAS_CHECKED, KERAS_FIX, UnsupportedVersionError
 
@@ -137,7 +138,7 @@ def with_hook(optimizer, hook, strategy):
         pipeline.hooks = [h for h in pipeline.hooks if type(h) is not type(hook)]
         pipeline.add(hook)
         if optimizer.built:
-            with strategy.scope():
+            with strategy.scope(), identical_initial_values():
                 hook.wire_meter = pipeline.meter
                 hook.build(strategy, list(optimizer._trainable_variables))
             keep_hook_state(optimizer)
@@ -351,6 +352,14 @@ def _accumulating(self):
     return hook.current_phase
 
 
+def slots_context(optimizer):
+    """`identical_initial_values()` for the slots of Keras' own optimizer classes (zeros
+    and constants); any other class's build keeps the broadcast (its slots might be
+    random)."""
+    keras_own = _base(optimizer).__module__.startswith("keras.")
+    return identical_initial_values() if keras_own else contextlib.nullcontext()
+
+
 def _base(optimizer):
     """The Keras class a routed optimizer's class derives from."""
     return type(optimizer).__mro__[1]
@@ -433,10 +442,13 @@ def _update_ema(self):
 
 
 def _build(self, variables):
-    """Keras' build, then the pipeline's hooks get the same variables (same scope)."""
+    """Keras' build, then the pipeline's hooks get the same variables (same scope). Their
+    state starts alike on every worker: not broadcast (`identical_initial_values`)."""
     check_update_rule(self, self._tfdist_pipeline.hooks)
-    _base(self).build(self, variables)
-    self._tfdist_pipeline.build(tf.distribute.get_strategy(), variables)
+    with slots_context(self):
+        _base(self).build(self, variables)
+    with identical_initial_values():
+        self._tfdist_pipeline.build(tf.distribute.get_strategy(), variables)
     keep_hook_state(self)
     _BUILT[next(_NUMBERS)] = self
 

@@ -6,6 +6,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context  # the coordination-service barrier
 
 from tfdist.strategies.collective_keys import next_key_base
+from tfdist.strategies.initial_values import skip_broadcast_of_identical
 from tfdist.strategies.input_pipelines import StallFreeInput
 
 BARRIER_SECONDS = 3600
@@ -43,12 +44,14 @@ class MultiWorkerMirroredStrategy(StallFreeInput, tf.distribute.MultiWorkerMirro
       service once each has built the strategy (then 26 of 26 jobs passed, 10 of them
       with TF's keys: the barrier alone fixes this case).
 
-    Its datasets' iterators end without a pause (`StallFreeInput`).
+    Its datasets' iterators end without a pause (`StallFreeInput`), and variables created
+    in `identical_initial_values()` (optimizer slots, tfdist's state) are not broadcast.
     """
 
     def __init__(self, *args, **kwargs):
         self._collective_key_base = next_key_base("multi_worker_mirrored")
         super().__init__(*args, **kwargs)
+        skip_broadcast_of_identical(self.extended)
         self.keras_fixes = collections.Counter()
         _wait_for_peers(self)
 
