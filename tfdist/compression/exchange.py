@@ -31,6 +31,7 @@ from tfdist.config.load import EXCHANGE_OPTIONS, check_arguments
 from tfdist.core import transaction
 from tfdist.core.buckets import DEFAULT_BUCKET_BYTES
 from tfdist.core.hooks import TrainingHook
+from tfdist.core.tracing import do_not_convert
 from tfdist.core.variables import underlying
 from tfdist.errors import UnsupportedError
 from tfdist.strategies.kind import capabilities_of
@@ -263,6 +264,7 @@ class GradientCompression(TrainingHook):
 
     # --- the exchange ---------------------------------------------------------------
 
+    @do_not_convert
     def exchange(self, grads, variables, step):
         if self.push:  # nothing crosses between replicas; the push is compressed instead
             return list(grads)
@@ -274,6 +276,7 @@ class GradientCompression(TrainingHook):
         return [tf.cast(summed[self.slots[id(underlying(v))]], g.dtype)
                 for g, v in zip(grads, variables)]
 
+    @do_not_convert
     def exchange_dense(self, dense, step, context=None):
         """(replica context) The sums of `dense` (tensors of the shapes built, in their
         order) over `context`'s replicas (None: every replica in sync)."""

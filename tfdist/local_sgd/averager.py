@@ -46,6 +46,7 @@ from tfdist.core import transaction, wire
 from tfdist.core.hooks import TrainingHook, all_reduce_sum
 from tfdist.core.overlap import Background
 from tfdist.core.preemption import preemption
+from tfdist.core.tracing import do_not_convert, plain_function
 from tfdist.core.variables import optimizer_slots, per_replica_state, underlying
 from tfdist.errors import UnsupportedError
 from tfdist.local_sgd import fragments as fragmenting
@@ -315,9 +316,10 @@ class ModelAverager(TrainingHook):
             for anchor, weight in zip(self.anchors, self.weights):
                 anchor.assign(tf.cast(weight.read_value(), tf.float32))
 
-        tf.function(lambda: self.strategy.run(copy))()
+        plain_function(lambda: self.strategy.run(copy))()
         self.anchored = True
 
+    @do_not_convert
     def exchange(self, grads, variables, step):
         synchronous = self.phase(0) if self.current_phase is None else self.current_phase
         if synchronous:  # the warm-up
@@ -489,7 +491,7 @@ class ModelAverager(TrainingHook):
                     self._carried.assign(tf.zeros([2]))
                 return carried[0], carried[1]
 
-            @tf.function
+            @plain_function
             def take():
                 refused, flags = strategy.run(replica)
                 if watching:
@@ -513,7 +515,7 @@ class ModelAverager(TrainingHook):
                 self._refused.assign(0.0)
             return summed
 
-        @tf.function
+        @plain_function
         def agree():
             summed = wire.run_counted(strategy, self.wire_meter, replica)
             if watching:
@@ -548,10 +550,12 @@ class ModelAverager(TrainingHook):
             self._differ.discard(fragment)
 
     def _run(self, model, kind, fragments, state=False, last=False, mix=0.0):
-        function = self._compiled(model, kind, fragments, state, last, mix)
+        function = self._compiled(model, kind, fragments, state, last)
         if kind == "sync":
             function(tf.constant(self.averages, tf.int64))
             self.averages += 1
+        elif kind == "apply":  # the mix is an argument: one trace serves 0 and overlap_mix
+            function(tf.constant(mix, tf.float32))
         else:
             function()
 
@@ -565,12 +569,12 @@ class ModelAverager(TrainingHook):
             state += optimizer_slots(model.optimizer)
         return weights, state
 
-    def _compiled(self, model, kind, fragments, state=False, last=False, mix=0.0):
+    def _compiled(self, model, kind, fragments, state=False, last=False):
         """The compiled function of one `kind` of work (sync, send, exchange, apply) on
         some fragments, traced once per model and arguments."""
         weights, extra = self.variables_of(model)
         watching = preemption().rider() is not None  # an exchange carries the flag then
-        key = (tuple(id(v) for v in weights + extra), kind, tuple(fragments), state, last, mix,
+        key = (tuple(id(v) for v in weights + extra), kind, tuple(fragments), state, last,
                watching)
         if key not in self._functions:
             if self.anchors is not None and len(weights) != len(self.anchors):
@@ -578,7 +582,7 @@ class ModelAverager(TrainingHook):
                                  f"averager was built for {len(self.anchors)}; use one "
                                  "averager per model")
             ids = [i for f in fragments for i in self.groups[f]]
-            plan = _Plan(self, weights, extra if state else [], ids, fragments, last, mix)
+            plan = _Plan(self, weights, extra if state else [], ids, fragments, last)
             self._functions[key] = plan.function(kind)
         return self._functions[key]
 
@@ -586,20 +590,21 @@ class ModelAverager(TrainingHook):
 class _Plan:
     """The replica-context work of synchronising some fragments of one model."""
 
-    def __init__(self, averager, weights, state, ids, fragments, last, mix):
+    def __init__(self, averager, weights, state, ids, fragments, last):
         self.averager, self.weights, self.state = averager, weights, state
-        self.ids, self.fragments, self.last, self.mix = ids, fragments, last, mix
+        self.ids, self.fragments, self.last = ids, fragments, last
 
     def function(self, kind):
         strategy = self.averager.strategy
         if strategy.num_replicas_in_sync < 2:
-            return (lambda step: None) if kind in ("sync", "exchange") else (lambda: None)
+            return lambda *arguments: None
         if kind in ("sync", "exchange"):
             body = self.sync if kind == "sync" else self.exchange
             meter = self.averager.wire_meter  # the model average's bytes count as sent
-            return tf.function(lambda step: wire.run_counted(strategy, meter, body, (step,)))
-        body = self.send if kind == "send" else self.apply
-        return tf.function(lambda: strategy.run(body))
+            return plain_function(lambda step: wire.run_counted(strategy, meter, body, (step,)))
+        if kind == "send":
+            return plain_function(lambda: strategy.run(self.send))
+        return plain_function(lambda mix: strategy.run(lambda: self.apply(mix=mix)))
 
     def sync(self, step):
         """send, exchange and apply at once (no overlap)."""
@@ -663,9 +668,10 @@ class _Plan:
             summed = a.exchanges[fragment].exchange_dense([shard], step, context=a.across)
         return a.island_reduce.assemble(summed[0], values)
 
-    def apply(self, means=None):
+    def apply(self, means=None, mix=None):
         """Anchors (if any) := the anchors moved by the mean change (outer optimizer or
-        plain sum); weights := the anchors — or the mean — mixed with the local weights."""
+        plain sum); weights := the anchors — or the mean —, or `mix` (a scalar tensor) x
+        the local weights + (1 - `mix`) x those."""
         a = self.averager
         if means is None:
             means = [a.received[i].read_value() for i in self.ids]
@@ -686,8 +692,11 @@ class _Plan:
         for i, target in zip(self.ids, targets):
             weight = self.weights[i]
             target = tf.cast(target, weight.dtype)
-            weight.assign(target if self.mix == 0 else
-                          self.mix * weight.read_value() + (1 - self.mix) * target)
+            if mix is not None:
+                local = weight.read_value()
+                share = tf.cast(mix, weight.dtype)
+                target = tf.where(share > 0, share * local + (1 - share) * target, target)
+            weight.assign(target)
 
 
 def _checked_arguments(**arguments):
