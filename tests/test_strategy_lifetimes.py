@@ -141,6 +141,15 @@ def test_the_broadcast_seam_and_which_optimizer_slots_skip_it(two_cpus):
     assert not initial_values.in_region()
 
 
+def test_a_tensorflow_without_the_seam_is_refused_with_the_install_line(monkeypatch):
+    from tfdist.strategies import initial_values
+
+    monkeypatch.setattr(initial_values, "BROADCASTING", type("Moved", (), {}))
+    with pytest.raises(TypeError, match=r"Moved has no _get_variable_creator_initial_value.*"
+                                        r"pip install \"tensorflow>="):
+        initial_values.skip_broadcast_of_identical(object())
+
+
 def test_canary_tf_mirrored_strategy_still_reuses_collective_keys():
     """When this fails, TF gives each MirroredStrategy its own collective keys and
     tfdist.strategies.MirroredStrategy (and the key half of tfdist's MWMS) can go."""

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from tfdist.core import wire
 from tfdist.core.preemption import preemption
+from tfdist.regions import ThreadRegion
 
 REFUSED = ("tfdist: a NaN or Inf gradient on some replica; the step was refused on every "
            "replica and worker (weights, optimizer state, error-feedback residuals and step "
@@ -181,19 +182,17 @@ def fail_if_refused(decision, hint=""):
         return tf.debugging.Assert(decision.committed, [REFUSED + hint, decision.refusals])
 
 
-@contextlib.contextmanager
+_skipping = ThreadRegion()
+
+
 def skipping():
     """Steps traced inside (on this thread: the replica's) are skipped when refused instead
     of failing (dynamic loss scaling)."""
-    _state.skipping = getattr(_state, "skipping", 0) + 1
-    try:
-        yield
-    finally:
-        _state.skipping -= 1
+    return _skipping()
 
 
 def skipping_refused():
-    return getattr(_state, "skipping", 0) > 0
+    return _skipping.active()
 
 
 def _stack():

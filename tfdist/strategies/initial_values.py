@@ -13,34 +13,29 @@ them locally (MirroredStrategy's rule: the first local replica's value, copied t
 others). Outside the region, and under any other strategy, nothing changes.
 """
 
-import contextlib
-import threading
-
 from tensorflow.python.distribute import collective_all_reduce_strategy, mirrored_strategy
+
+from tfdist.regions import ThreadRegion
+from tfdist.versions import TENSORFLOW_FIX
 
 #: The TF method that broadcasts, and the one without the broadcast tfdist calls instead.
 BROADCASTING = collective_all_reduce_strategy.CollectiveAllReduceExtended
 LOCAL = mirrored_strategy.MirroredExtended
 SEAM = "_get_variable_creator_initial_value"
 
-_region = threading.local()
+_region = ThreadRegion()
 
 
-@contextlib.contextmanager
 def identical_initial_values():
     """Variables created inside start from the same value on every worker (zeros,
     constants, a seed all workers share): no broadcast of their initial values. Every
     worker must enter it around the same variable creations."""
-    _region.depth = getattr(_region, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _region.depth -= 1
+    return _region()
 
 
 def in_region():
     """Whether variables created now skip the broadcast."""
-    return getattr(_region, "depth", 0) > 0
+    return _region.active()
 
 
 def skip_broadcast_of_identical(extended):
@@ -52,8 +47,8 @@ def skip_broadcast_of_identical(extended):
     """
     for cls in (BROADCASTING, LOCAL):
         if SEAM not in vars(cls):
-            raise TypeError(f"tfdist: TensorFlow's {cls.__name__} has no {SEAM}; "
-                            "tfdist's broadcast-free initial values need it")
+            raise TypeError(f"tfdist: TensorFlow's {cls.__name__} has no {SEAM}, which "
+                            f"tfdist's MultiWorkerMirroredStrategy needs: {TENSORFLOW_FIX}")
     broadcast = getattr(extended, SEAM)
 
     def initial_value(replica_id, device, primary_var, **kwargs):
