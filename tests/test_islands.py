@@ -216,12 +216,38 @@ def test_a_slower_island_trains_fewer_local_steps_and_weighs_less(tmp_path, loop
         assert len(logs) == 4 and all(log == logs[0] for log in logs), logs
 
 
+@pytest.mark.multiprocess
+def test_measured_island_steps_let_a_slowed_island_train_fewer_calls(tmp_path):
+    """`island_steps: auto` with the second island's workers 50 ms slower per step: from
+    the second period on, the islands' agreed times give the fast island every call of a
+    period and the slow one fewer — the same counts on every worker — and every replica
+    trains as NumPy says with those counts, each island weighed by its samples."""
+    schedule = dict(period=6, warmup=2, steps=26, lr=0.05)
+    replicas = run_job(tmp_path, "--islands", "2", "--island-steps", "auto",
+                       "--slow-workers", "2,3", "--slow-seconds", "0.05",
+                       *schedule_args(**schedule), launch=FOUR_WORKERS)
+    histories = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob(
+        "*.pace.json"))]
+    assert len(histories) == 4 and all(h == histories[0] for h in histories), histories
+    history = histories[0]
+    assert history[0] == [0, [6, 6]] and len(history) >= 2, history  # measured, then used
+    assert history[1][0] == 1 and all(fast == 6 and 1 <= slow < 6
+                                      for _, (fast, slow) in history[1:]), history
+    expected = reference(4, [[0, 1], [2, 3]], island_steps=history, **schedule)
+    for r in range(4):
+        np.testing.assert_allclose(replicas[r]["kernel"], expected[r][0], atol=1e-6)
+        np.testing.assert_allclose(replicas[r]["bias"], expected[r][1], atol=1e-6)
+    equal = reference(4, [[0, 1], [2, 3]], **schedule)
+    assert np.abs(expected[0][0] - equal[0][0]).max() > 1e-3  # the counts made a difference
+
+
 @pytest.mark.parametrize("section, message", [
     ({"period": 3, "island_steps": [3, 1]}, "island_steps needs islands"),
     ({"period": 3, "islands": 2, "island_steps": [3]}, "islands gives 2, island_steps lists 1"),
     ({"period": 3, "islands": [[0], [1]], "island_steps": [3, 4]}, "between 1 and 3"),
     ({"period": 3, "islands": 2, "island_steps": [3, 0]}, "between 1 and 3"),
     ({"period": 3, "islands": 2, "island_steps": 3}, "a list of local steps per island"),
+    ({"period": 3, "islands": 2, "island_steps": "measured"}, "expected auto or a list"),
     ({"period": 3, "islands": 2, "island_steps": [3, True]}, "island_steps"),
     ({"period": 3, "islands": 2, "island_steps": []}, "a list of local steps per island")])
 def test_bad_island_steps_are_located_errors_in_the_config_and_the_constructor(section, message):

@@ -8,7 +8,9 @@ the test compares each one with `reference`, a NumPy simulation of the same trai
     --replicas N        logical CPUs (MirroredStrategy); omit under tfdist launch
     --islands SPEC      a count, "host", or JSON lists of worker indices
     --period H --warmup W --steps S --lr LR --loop trainer|fit|own --policy NAME
-    --island-steps N,M  local steps each island trains per period (heterogeneous islands)
+    --island-steps N,M  local steps each island trains per period (heterogeneous islands),
+                        or auto (measured); the counts used go to <out>/<task>.pace.json
+    --slow-workers I,J --slow-seconds S   those workers' steps take S seconds longer
     --compression NAME  the synchronisation's compression (min_size 0)
     --warmup-compression NAME   the warm-up's (min_size 0)
     --fragments F --overlap K   Streaming DiLoCo's fragments and overlapped steps
@@ -84,14 +86,24 @@ def reference(replicas, groups, period, warmup, steps, lr, skip=None, island_ste
         error = x @ kernel + bias - y
         return 2 * x.T @ error / len(x), 2 * error.mean(0)
 
-    counts = island_steps or [period] * len(groups)
-    weight = np.array([counts[island_of[r]] for r in range(replicas)], np.float64)
-    weight /= weight.sum()
+    def counts_of(index):  # island_steps: counts, or [(first period, counts), ...]
+        if not island_steps:
+            return [period] * len(groups)
+        if not isinstance(island_steps[0], (list, tuple)):
+            return island_steps
+        return [c for first, c in island_steps if first <= index][-1]
+
+    def trained(r, call):  # local call `call` (may be < 0: the first period's counts)
+        within, count = call % period, counts_of(max(call, 0) // period)[island_of[r]]
+        return (within + 1) * count // period > within * count // period
 
     def trains(r, t):
-        call = (t - warmup) % period
-        count = counts[island_of[r]]
-        return t < warmup or (call + 1) * count // period > call * count // period
+        return t < warmup or trained(r, t - warmup)
+
+    def weights(local):  # each replica's by its island's trained calls in the last period
+        weight = np.array([sum(trained(r, c) for c in range(local - period, local))
+                           for r in range(replicas)], np.float64)
+        return weight / weight.sum()
 
     read = [0] * replicas  # batches each replica has read (a call training nothing reads none)
     for t in range(steps):
@@ -115,6 +127,7 @@ def reference(replicas, groups, period, warmup, steps, lr, skip=None, island_ste
         if t == warmup - 1 or (t == 0 and warmup == 0):
             anchor = flat(w[0] if warmup else initial_weights())  # where local steps start
         if t >= warmup and (local % period == 0 or t == steps - 1):
+            weight = weights(local)
             mean = [sum(weight[r] * w[r][i] for r in range(replicas)).astype(np.float32)
                     for i in (0, 1)]
             if compression == "int8":
@@ -123,6 +136,19 @@ def reference(replicas, groups, period, warmup, steps, lr, skip=None, island_ste
                 mean = [anchor[:FEATURES].reshape(FEATURES, 1), anchor[FEATURES:]]
             w = [list(mean) for _ in range(replicas)]
     return w
+
+
+def slowed(seconds):
+    """A step that takes `seconds` longer (nothing else changes)."""
+    import time
+
+    import tensorflow as tf
+
+    def pause():
+        time.sleep(seconds)
+        return np.float32(0)
+
+    return lambda x: x + tf.ensure_shape(tf.numpy_function(pause, [], tf.float32, stateful=True), [])
 
 
 def flat(weights):
@@ -147,6 +173,8 @@ def main():
     parser.add_argument("--warmup-compression", default=None)
     parser.add_argument("--fragments", type=int, default=1)
     parser.add_argument("--overlap", type=int, default=0)
+    parser.add_argument("--slow-workers", default="")
+    parser.add_argument("--slow-seconds", type=float, default=0.0)
     args = parser.parse_args()
     spoil = None
     if args.spoil:
@@ -189,11 +217,15 @@ def main():
     with strategy.scope():
         inputs = keras.Input((FEATURES,))
         layer = keras.layers.Dense(1, dtype=args.policy or "float32")
-        model = keras.Model(inputs, layer(inputs))
+        features = inputs
+        if task.startswith("worker-") and task[7:] in args.slow_workers.split(","):
+            features = keras.layers.Lambda(slowed(args.slow_seconds),
+                                           output_shape=(FEATURES,))(inputs)
+        model = keras.Model(inputs, layer(features))
         kernel, bias = initial_weights()
         layer.kernel.assign(kernel)
         layer.bias.assign(bias)
-        island_steps = (None if args.island_steps is None
+        island_steps = (args.island_steps if args.island_steps in (None, "auto")
                         else [int(n) for n in args.island_steps.split(",")])
         compression, warmup_compression = (
             name and {"name": name, "min_size": 0}
@@ -235,6 +267,9 @@ def main():
     arrays = {f"replica_{first + i}_{name}": np.asarray(values[i])
               for name, values in zip(("kernel", "bias"), per_replica) for i in range(local)}
     np.savez(os.path.join(args.out, f"{task}.npz"), **arrays)
+    if averager.pace is not None and args.loop != "fit":  # the counts of trained calls used
+        with open(os.path.join(args.out, f"{task}.pace.json"), "w") as f:
+            json.dump(averager.pace.history, f)
     if args.loop == "trainer":  # what this worker's replica sent, by kind
         with open(os.path.join(args.out, f"{task}.json"), "w") as f:
             json.dump(averager.wire_meter.totals(), f)

@@ -349,14 +349,17 @@ def _local_sgd(source, path, value):
 
 def _island_steps(source, path, value, fields):
     """Local steps each island trains per period (heterogeneous islands): one count per
-    island, each between 1 and the period."""
+    island, each between 1 and the period, or "auto" (measured from each island's speed)."""
     where = path + ("island_steps",)
     steps = value["island_steps"]
     if "islands" not in fields:
         raise source.error(where, "island_steps needs islands: (one count of local steps per "
-                                  "island)")
+                                  "island, or auto)")
+    if steps == "auto":
+        return steps
     if not isinstance(steps, (list, tuple)) or not steps:
-        raise checks.type_error(source, where, "a list of local steps per island", steps)
+        raise checks.type_error(source, where, "auto or a list of local steps per island",
+                                steps)
     if len(steps) > limits.MAX_TASKS:
         raise source.error(where, f"at most {limits.MAX_TASKS} islands; got {len(steps)}")
     counts = tuple(checks.integer(source, where + (i,), n, minimum=1, maximum=fields["period"])

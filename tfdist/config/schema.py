@@ -128,7 +128,7 @@ class LocalSGDConfig:
     compression: CompressionConfig | None = None
     islands: Any = None  # a count, "host" or a tuple of tuples of worker indices
     warmup_compression: CompressionConfig | None = None  # the warm-up's gradient exchange
-    island_steps: tuple[int, ...] | None = None  # local steps each island trains per period
+    island_steps: tuple[int, ...] | str | None = None  # per island per period, or "auto"
 
 
 @dataclasses.dataclass(frozen=True)

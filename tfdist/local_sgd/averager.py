@@ -51,8 +51,10 @@ from tfdist.core.variables import optimizer_slots, per_replica_state, underlying
 from tfdist.errors import UnsupportedError
 from tfdist.local_sgd import fragments as fragmenting
 from tfdist.local_sgd.islands import IslandReduce
+from tfdist.local_sgd.pace import IslandPace
 from tfdist.local_sgd.outer import is_plain_average, outer_optimizer
 from tfdist.strategies.kind import capabilities_of
+from tfdist.strategies.task import is_chief
 
 
 class ModelAverager(TrainingHook):
@@ -89,8 +91,11 @@ class ModelAverager(TrainingHook):
             on that many of the period's step calls, spread evenly, and on the others
             trains nothing (fit and the Trainer read no batch then; your own loop's is
             dropped), so it reaches each synchronisation when the faster ones do; the outer
-            mean weighs each island by the samples it trained on
-            (HeLoCo-style; configured counts, not measured ones). Islands of workers only.
+            mean weighs each island by the samples it trained on in the last period
+            (HeLoCo-style). "auto": measured — each island times its step calls, the
+            islands agree on the times at their synchronisations, and from the next period
+            the fastest trains every call and each other one as many as fit in the fastest
+            one's period (`tfdist.local_sgd.pace`). Islands of workers only.
     """
 
     replaces_exchange = True
@@ -122,7 +127,7 @@ class ModelAverager(TrainingHook):
         self.overlap_mix = checked.overlap_mix
         self.islands, self.island_reduce = checked.islands, None
         self.island_steps = checked.island_steps
-        self.own_steps, self.outgoing_scale = self.period, 1.0
+        self.pace = None  # heterogeneous islands' counts of trained calls (IslandPace)
         self.phased = self.warmup_steps > 0
         self._differ = set()  # the fragments whose replicas may hold different weights
         self.averages = 0    # synchronisations done (the step counter of a compressed one)
@@ -168,9 +173,15 @@ class ModelAverager(TrainingHook):
         if self.island_verdict:
             local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
             self._refused = tf.Variable(0.0, name="tfdist_island_refused", **local)
-            # (refused, preempted) for an overlapped exchange to carry, and what it carried
-            self._staged = tf.Variable(tf.zeros([2]), name="tfdist_island_staged", **local)
-            self._carried = tf.Variable(tf.zeros([2]), name="tfdist_island_carried", **local)
+            # this island's measured times (IslandPace.timing), to agree on
+            timed = 2 * len(self.island_reduce.groups) if self.island_steps == "auto" else 0
+            self._timing = tf.Variable(tf.zeros([timed]), name="tfdist_island_timing", **local)
+            # (refused, preempted, times) for an overlapped exchange to carry, and what it
+            # carried
+            self._staged = tf.Variable(tf.zeros([2 + timed]), name="tfdist_island_staged",
+                                       **local)
+            self._carried = tf.Variable(tf.zeros([2 + timed]), name="tfdist_island_carried",
+                                        **local)
             self._attempts = tf.Variable(0, dtype=tf.int64, name="tfdist_local_attempts",
                                          **local)
         sizes = [int(v.shape.num_elements()) for v in variables]
@@ -209,38 +220,39 @@ class ModelAverager(TrainingHook):
         return [(self.island_reduce.shard_size([(n,) for n in sizes]),)]
 
     def _weigh_islands(self, strategy):
-        """This worker's island's local steps per period, and the factor its replicas'
-        contributions take so that the outer mean weighs every island by its samples."""
+        """The islands' pace (`IslandPace`: the calls each island trains per period), and
+        the factor this island's replicas' changes take so that the outer mean weighs every
+        island by its samples."""
         islands = self.island_reduce.groups if self.island_reduce is not None else None
         if not self.island_verdict:
             raise UnsupportedError(
                 "island_steps needs islands of workers (a multi-worker job): a machine's "
                 "replicas share one loop and train at one pace. Received: "
-                f"island_steps={list(self.island_steps)} on {type(strategy).__name__}")
-        if len(islands) != len(self.island_steps):
+                f"island_steps={self.island_steps!r} on {type(strategy).__name__}")
+        if self.island_steps != "auto" and len(islands) != len(self.island_steps):
             raise UnsupportedError(
                 f"island_steps: one count per island; the job's islands are {islands}, "
                 f"island_steps lists {len(self.island_steps)}: {list(self.island_steps)}")
-        sizes = self.island_reduce.sizes()
-        self.own_steps = self.island_steps[self.island_reduce.own]
-        trained = sum(n * steps for n, steps in zip(sizes, self.island_steps))
-        self.outgoing_scale = strategy.num_replicas_in_sync * self.own_steps / trained
+        self.pace = IslandPace(self.island_steps, self.period, self.island_reduce.sizes(),
+                               self.island_reduce.own)
+        self._outgoing_scale = tf.Variable(1.0, trainable=False, name="tfdist_island_weight",
+                                           aggregation=tf.VariableAggregation.NONE)
 
     def couples_workers(self):
         return not (self.island_verdict and self.current_phase is False)
 
     def trains_next(self):
         """Whether this worker trains on its next step call: a local step of an island
-        that trains `own_steps` of each period's calls (evenly spread) trains nothing on
-        the others (`skipped`)."""
-        if self.own_steps == self.period or self.current_phase is not False:
+        that trains some of each period's calls (evenly spread, `IslandPace`) trains
+        nothing on the others (`skipped`)."""
+        if self.pace is None or self.current_phase is not False:
             return True
-        call = int(self._attempts.numpy()) % self.period  # its place in the period
-        return (call + 1) * self.own_steps // self.period > call * self.own_steps // self.period
+        return self.pace.trains_next(int(self._attempts.numpy()))
 
     def skipped(self):
         """A step call that trained nothing still counts in the schedule."""
         self._attempts.assign_add(1)
+        self.pace.skipping()
 
     def saveables(self):
         """The outer optimizer (its momentum and step): `BackupAndRestore` resumes it. The
@@ -273,6 +285,8 @@ class ModelAverager(TrainingHook):
                  "in_flight": sorted([f, at] for f, at in self._in_flight.items())}
         if self.island_verdict:
             state["attempts"] = int(self._attempts.numpy())
+        if self.pace is not None:
+            state["pace"] = self.pace.state()
         return state
 
     def restore_checkpoint_state(self, state):
@@ -283,7 +297,8 @@ class ModelAverager(TrainingHook):
             return type(value) is int and value in fragments
 
         keys = {"averages", "anchored", "differ", "in_flight"} | (
-            {"attempts"} if self.island_verdict else set())
+            {"attempts"} if self.island_verdict else set()) | (
+            {"pace"} if self.pace is not None else set())
         valid = (isinstance(state, dict) and set(state) == keys
                  and all(type(state.get(k, 0)) is int and state.get(k, 0) >= 0
                          for k in ("averages", "attempts"))
@@ -291,7 +306,8 @@ class ModelAverager(TrainingHook):
                  and isinstance(state["differ"], list) and all(map(fragment, state["differ"]))
                  and isinstance(state["in_flight"], list) and all(
                      isinstance(p, list) and len(p) == 2 and fragment(p[0])
-                     and type(p[1]) is int and p[1] >= 0 for p in state["in_flight"]))
+                     and type(p[1]) is int and p[1] >= 0 for p in state["in_flight"])
+                 and (self.pace is None or self.pace.valid(state["pace"])))
         if not valid:
             raise CheckpointError(f"the backup's local SGD schedule cannot be used with "
                                   f"{len(self.groups)} fragment(s): {str(state)[:200]}")
@@ -300,6 +316,8 @@ class ModelAverager(TrainingHook):
         self._in_flight = {f: at for f, at in state["in_flight"]}
         if self.island_verdict:
             self._attempts.assign(state["attempts"])
+        if self.pace is not None:
+            self.pace.restore(state["pace"])
 
     def phase(self, step):
         """Synchronous (True) during the warm-up."""
@@ -400,6 +418,25 @@ class ModelAverager(TrainingHook):
         if steps_done <= self.warmup_steps:
             return  # the steps so far were synchronous
         local = steps_done - self.warmup_steps
+        if self.pace is None:
+            self._synchronise_due(model, local)
+            return
+        self.pace.call_ended(local)
+        self._synchronise_due(model, local)
+        if local % self.period == 0 and self.pace.begin_period(local // self.period):
+            self._say_pace(local)
+        self.pace.resume()
+
+    def _say_pace(self, local):
+        """One line on the chief's standard output when measured counts change."""
+        if is_chief(self.strategy):
+            seconds = ", ".join(f"{s:.3f}" for s in self.pace.agreed[0])
+            print(f"tfdist local_sgd island_steps from local step {local}: "
+                  f"{self.pace.counts(local // self.period)} of {self.period} (seconds per "
+                  f"step by island: {seconds})", flush=True)
+
+    def _synchronise_due(self, model, local):
+        """The synchronisations due after local step `local`."""
         self._differ = set(range(len(self.groups)))  # a local step changed every fragment
         finishing = [f for f, apply_at in self._in_flight.items() if local == apply_at]
         due = fragmenting.due(local, len(self.groups), self.period)
@@ -446,7 +483,20 @@ class ModelAverager(TrainingHook):
         watching = preemption().rider() is not None
         if watching not in self._agree_functions:
             self._agree_functions[watching] = self._agreement(watching)
-        refused = round(float(self._agree_functions[watching]()))
+        self._stage_timing()
+        refused, timing = self._agree_functions[watching]()
+        self._take_agreed(refused, timing, where)
+
+    def _stage_timing(self):
+        if self.pace is not None and self.pace.measured:
+            self._timing.assign(self.pace.timing())
+
+    def _take_agreed(self, refused, timing, where):
+        """Acts on an agreement, the same on every worker: its refused steps fail here;
+        measured times go to the pace."""
+        if self.pace is not None:
+            self.pace.take_agreed([float(t) for t in timing.numpy()])
+        refused = round(float(refused))
         if refused:
             raise self._refusal(refused, where)
 
@@ -463,8 +513,15 @@ class ModelAverager(TrainingHook):
         for the exchange to carry."""
         flag = preemption().rider()
         refused = self._refused.read_value()
-        self._staged.assign_add(tf.stack([refused, tf.zeros([]) if flag is None else flag]))
+        self._staged.assign_add(tf.concat([
+            tf.stack([refused, tf.zeros([]) if flag is None else flag]), self._timing_share()],
+            0))
         self._refused.assign_sub(refused)
+
+    def _timing_share(self):
+        """(replica context) This replica's share of its island's measured times: summed
+        over every replica, each island's mean."""
+        return self._timing.read_value() / self.island_reduce.replica_island_size()
 
     def carry_agreement(self):
         """(replica context, inside an overlapped exchange) The staged agreement summed over
@@ -488,27 +545,28 @@ class ModelAverager(TrainingHook):
             def replica():
                 carried = self._carried.read_value()
                 with tf.control_dependencies([carried]):
-                    self._carried.assign(tf.zeros([2]))
-                return carried[0], carried[1]
+                    self._carried.assign(tf.zeros_like(carried))
+                return carried[0], carried[1], carried[2:]
 
             @plain_function
             def take():
-                refused, flags = strategy.run(replica)
+                refused, flags, timing = strategy.run(replica)
                 if watching:
                     preemption().record(strategy, flags)
-                return strategy.experimental_local_results(refused)[0]
+                first = strategy.experimental_local_results
+                return first(refused)[0], first(timing)[0]
 
             self._agree_functions[key] = take
-        refused = round(float(self._agree_functions[key]()))
-        if refused:
-            raise self._refusal(refused, where)
+        self._take_agreed(*self._agree_functions[key](), where)
 
     def _agreement(self, watching):
         strategy = self.strategy
 
         def replica():
             flag = preemption().rider() if watching else None
-            values = [self._refused.read_value()] + ([flag] if watching else [])
+            timing = self._timing_share()
+            values = [tf.concat([tf.stack([self._refused.read_value()]), timing], 0)] + (
+                [flag] if watching else [])
             summed = wire.all_reduce(tf.distribute.get_replica_context(),
                                      tf.distribute.ReduceOp.SUM, values)
             with tf.control_dependencies(summed):
@@ -520,7 +578,8 @@ class ModelAverager(TrainingHook):
             summed = wire.run_counted(strategy, self.wire_meter, replica)
             if watching:
                 preemption().record(strategy, summed[1])
-            return strategy.experimental_local_results(summed[0])[0]
+            agreed = strategy.experimental_local_results(summed[0])[0]
+            return agreed[0], agreed[1:]
 
         return agree
 
@@ -551,6 +610,11 @@ class ModelAverager(TrainingHook):
 
     def _run(self, model, kind, fragments, state=False, last=False, mix=0.0):
         function = self._compiled(model, kind, fragments, state, last)
+        if self.pace is not None and kind in ("sync", "send"):  # what the change weighs
+            local = int(self._attempts.numpy())
+            self._outgoing_scale.assign(self.pace.scale(local - self.period, local))
+            if kind == "send":
+                self._stage_timing()
         if kind == "sync":
             function(tf.constant(self.averages, tf.int64))
             self.averages += 1
@@ -632,9 +696,10 @@ class _Plan:
         else:
             values = [tf.cast(self.weights[i].read_value(), tf.float32) - a.anchors[i]
                       for i in self.ids]
-        if a.outgoing_scale == 1.0:
+        if a.pace is None:
             return values
-        return [v * tf.cast(a.outgoing_scale, v.dtype) for v in values]  # samples-weighted
+        scale = a._outgoing_scale.read_value()  # samples-weighted (IslandPace.scale)
+        return [v * tf.cast(scale, v.dtype) for v in values]
 
     def reduce(self, values, step):
         """The mean over replicas and workers of `values`, and of the state (plain)."""
