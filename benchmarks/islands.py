@@ -9,9 +9,9 @@ slow link per training step (the veth counters of both namespaces). Needs root.
 
 A slowed island: the same job with each island's workers in a cgroup of one CPU, then
 with the second island's cut to half a CPU (`--slowed`), first with equal local steps,
-then with `island_steps` giving the slowed island half of each period's: the first
-island's step rate in its local steps once every function is traced (epochs 3 to 6),
-against the unslowed run's.
+then with `island_steps` giving the slowed island half of each period's, then with
+`island_steps: auto` (measured): the first island's step rate in its local steps once
+every function is traced (epochs 3 to 6), against the unslowed run's.
 
     python benchmarks/islands.py [--rates 20000000] [--seeds 0 1] [--out benchmarks/results]
 """
@@ -21,6 +21,7 @@ import contextlib
 import json
 import math
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -144,9 +145,9 @@ def run(method, rate, seed, workdir, timeout=3600, cgroups=None, schedule=SCHEDU
             for t in tasks:
                 t.kill()
         crossed = slow_link_bytes() - before
+    chief_log = (workdir / f"log-{slug}-0").read_text()
     if any(codes):
-        raise RuntimeError(f"{method} at {rate} bit/s failed ({codes}):\n"
-                           + (workdir / f"log-{slug}-0").read_text()[-3000:])
+        raise RuntimeError(f"{method} at {rate} bit/s failed ({codes}):\n" + chief_log[-3000:])
     metrics = json.loads((out / "metrics.json").read_text())
     epochs = metrics["epochs"]
     steps = schedule["epochs"] * schedule["steps_per_epoch"]
@@ -156,10 +157,17 @@ def run(method, rate, seed, workdir, timeout=3600, cgroups=None, schedule=SCHEDU
             "seconds_to_target": reached, workload.final_key: epochs[-1][workload.metric],
             "train_seconds": epochs[-1]["train_seconds"],
             "seconds_per_step": metrics["seconds_per_step"],
+            "measured_island_steps": measured_island_steps(chief_log),
             "slow_link_bytes_per_step": crossed / steps,
             "local_seconds_per_step": local_seconds_per_step(
                 epochs, schedule, SLOWED_SKIP if schedule is SLOWED_SCHEDULE else 1),
             workload.by_epoch_key: [(e["train_seconds"], e[workload.metric]) for e in epochs]}
+
+
+def measured_island_steps(log):
+    """[[local step, counts], ...] that `island_steps: auto` decided (the chief's lines)."""
+    found = re.findall(r"island_steps from local step (\d+): (\[[\d, ]+\])", log)
+    return [[int(step), json.loads(counts)] for step, counts in found]
 
 
 def local_seconds_per_step(epochs, schedule, skip=1):
@@ -173,12 +181,12 @@ def local_seconds_per_step(epochs, schedule, skip=1):
 def slowed(rate, seed, workdir, slow_steps, previous=()):
     """The first island's local step rate with the second at one CPU, then at half (equal
     local steps), then at half training `slow_steps` of each period's calls
-    (`island_steps`). The equal-steps rows of `previous` (same link and seed) are kept,
-    and its rows of other counts follow."""
+    (`island_steps`), then at half with `island_steps: auto`. The equal-steps rows of
+    `previous` (same link and seed) are kept, and its rows of other counts follow."""
     rows = []
     period = METHODS[SLOWED]["local_sgd"]["period"]
     for cores, steps in (((1.0, 1.0), None), ((1.0, 0.5), None),
-                         ((1.0, 0.5), [period, slow_steps])):
+                         ((1.0, 0.5), [period, slow_steps]), ((1.0, 0.5), "auto")):
         kept = [r for r in previous if r["island_cpus"] == list(cores) and steps is None
                 and r.get("island_steps") is None and (r["rate_bits"], r["seed"]) == (rate, seed)]
         if kept:
@@ -186,12 +194,13 @@ def slowed(rate, seed, workdir, slow_steps, previous=()):
             continue
         with cpu_limits(cores) as cgroups:
             row = run(SLOWED, rate, seed, workdir, cgroups=cgroups, schedule=SLOWED_SCHEDULE,
-                      tag=f"-cpus{cores[1]}-{'heterogeneous' if steps else 'equal'}",
+                      tag=f"-cpus{cores[1]}-{steps if steps == 'auto' else 'heterogeneous' if steps else 'equal'}",
                       island_steps=steps)
         rows.append({**row, "island_cpus": list(cores), "island_steps": steps})
         print(f"    island CPUs {cores}, island_steps {steps}: "
               f"{row['local_seconds_per_step']:.3f} s/step on the first island", flush=True)
-    return rows + [r for r in previous if r.get("island_steps") not in (None, [period, slow_steps])]
+    return rows + [r for r in previous
+                   if r.get("island_steps") not in (None, [period, slow_steps], "auto")]
 
 
 def main():
@@ -340,6 +349,15 @@ def unet_report(rows, workload):
     return "\n".join(lines + [""] + notes)
 
 
+def measured_text(decided):
+    """`island_steps: auto`'s decisions, in a few words."""
+    if not decided:
+        return ""
+    (step, counts), rest = decided[0], decided[1:]
+    later = f"; {len(rest)} change(s) later, the last {rest[-1][1]}" if rest else ""
+    return f", measured: {counts} from local step {step}{later}"
+
+
 def report(rows, slowed_rows=()):
     """The markdown table and the issue's targets, met or MISSED."""
     mean = _mean(rows)
@@ -380,16 +398,20 @@ def report(rows, slowed_rows=()):
                        f"(target >= 100x): {'met' if ratio >= 100 else 'MISSED'}")
     if len(slowed_rows) >= 3:
         half = [DILOCO["period"], DILOCO["period"] // 2]  # the slowed island's speed's share
-        main = next((r for r in slowed_rows[2:] if r["island_steps"] == half), slowed_rows[2])
+        main = next((r for r in slowed_rows[2:] if r["island_steps"] == "auto"),
+                    next((r for r in slowed_rows[2:] if r["island_steps"] == half),
+                         slowed_rows[2]))
         base, equal, heterogeneous = (r["local_seconds_per_step"]
                                       for r in (*slowed_rows[:2], main))
         cost = 1 - base / heterogeneous
         steps = main["island_steps"]
         others = "".join(f"; `{r['island_steps']}`: {1 - base / r['local_seconds_per_step']:.0%}"
                          for r in slowed_rows[2:] if r is not main)
+        how = ", its speed's share" if steps == half else measured_text(
+            main.get("measured_island_steps") or [])
         targets.append(f"- A slowed island (half a CPU against one, {SLOWED} at "
                        f"{slowed_rows[0]['rate_bits'] / 1e6:g} Mbit/s, `island_steps: "
-                       f"{steps}`{', its speed' + chr(39) + 's share' if steps == half else ''})"
+                       f"{steps}`{how})"
                        f" costs the other {cost:.0%} of its local "
                        f"step rate ({base:.3f} -> {heterogeneous:.3f} s/step; with equal local "
                        f"steps {equal:.3f}, {1 - base / equal:.0%}{others}; target <= 10%): "
