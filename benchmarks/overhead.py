@@ -68,8 +68,9 @@ def main():
             models.append(unet(32, 4, 16, 3, 0.1))
             optimizers.append(keras.optimizers.Adam(0.003))
         if len(optimizers) == 2:  # tfdist's, routed through its exchange with these buckets
+            buckets = {} if args.bucket_bytes is None else {"bucket_bytes": args.bucket_bytes}
             optimizers[1] = tfdist.keras.DistributedOptimizer(
-                optimizers[1], "none", strategy=strategy, bucket_bytes=args.bucket_bytes)
+                optimizers[1], "none", strategy=strategy, **buckets)
     plain_step, iterator = plain.train_step(strategy, models[0], optimizers[0], loss_fn, train)
     trainer = tfdist.Trainer(models[1], optimizers[1], loss_fn, strategy=strategy,
                              metrics=metrics.segmentation_metrics(4))
