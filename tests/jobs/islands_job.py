@@ -148,7 +148,11 @@ def slowed(seconds):
         time.sleep(seconds)
         return np.float32(0)
 
-    return lambda x: x + tf.ensure_shape(tf.numpy_function(pause, [], tf.float32, stateful=True), [])
+    def slow(x):
+        done = tf.ensure_shape(tf.numpy_function(pause, [], tf.float32, stateful=True), [])
+        return x + tf.cast(done, x.dtype)
+
+    return slow
 
 
 def flat(weights):
