@@ -27,7 +27,8 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
     --preempt_signal KILL            SIGKILL instead (no warning: the backup's step is lost)
     --preempt_signal EXTERNAL        no signal of its own: worker:I writes <out>/ready and
                                      waits (120 s at most) for <out>/signalled, which a test
-                                     writes once it has had the job signalled from outside
+                                     writes once it has had the job signalled from outside,
+                                     and for the signal itself to arrive
     --shard_bytes N                  parameter_server: split variables over the ps tasks
                                      (max_shards 2, min_shard_bytes N); records the shards
     --await_worker1 EPOCH            parameter_server: each training step prints "training step"
@@ -177,8 +178,14 @@ class PreemptOnce(keras.callbacks.Callback):
             if self.signal is not None:
                 os.kill(os.getpid(), self.signal)
                 return
+            from tfdist.core.preemption import preemption
+
             signalled, deadline = os.path.join(self.out, "signalled"), time.monotonic() + 120
             while not os.path.exists(signalled) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            # the signal may still be on its way (SLURM: batch shell, srun, the task): the
+            # step that tells the other workers is the next one only once it has arrived
+            while not preemption().requested and time.monotonic() < deadline:
                 time.sleep(0.1)
 
 
