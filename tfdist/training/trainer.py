@@ -143,13 +143,13 @@ class Trainer:
         return self._compile(step_fn)
 
     def _take_back_if_refused(self, committed, variables, values):
-        """Sets `variables` back to `values` if the step was refused (replica context):
-        only then, so that a committed step writes nothing more (and, under parameter
-        servers, other workers' writes meanwhile stay)."""
-        if not variables:
+        """Sets `variables` back to `values` if the step was refused (replica context)."""
+        if self.coordinator is None:  # synchronous: every replica writes its own copy
+            for variable, value in zip(variables, values):
+                variable.assign(tf.where(committed, variable.read_value(), value))
             return
 
-        def take_back():
+        def take_back():  # parameter servers: other workers write meanwhile, so only then
             for variable, value in zip(variables, values):
                 variable.assign(value)
             return tf.constant(False)
