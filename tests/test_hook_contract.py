@@ -166,10 +166,20 @@ def own_loop(strategy, model, optimizer, train, val, callbacks):
     callbacks.on_train_end()
 
 
+_trained = {}
+
+
+def trained(loop, strategy, tmp_path_factory):
+    """`run(loop)` once per session: both tests below read the same three runs."""
+    if loop not in _trained:
+        _trained[loop] = run(loop, strategy, tmp_path_factory.mktemp(loop))
+    return _trained[loop]
+
+
 @pytest.mark.parametrize("loop", LOOPS)
-def test_every_hook_method_is_called_the_same_in_every_loop(strategies, tmp_path, loop):
+def test_every_hook_method_is_called_the_same_in_every_loop(strategies, tmp_path_factory, loop):
     strategy = strategies("mirrored")
-    recorder, model = run(loop, strategy, tmp_path)
+    recorder, model = trained(loop, strategy, tmp_path_factory)
     assert recorder.events == expected_events(len(model.trainable_variables))
     steps = EPOCHS * STEPS
     replicas = strategy.num_replicas_in_sync
@@ -183,10 +193,10 @@ def test_every_hook_method_is_called_the_same_in_every_loop(strategies, tmp_path
             np.testing.assert_allclose(copy.numpy(), copies[0].numpy(), rtol=1e-6)
 
 
-def test_the_three_loops_train_the_same_model(strategies, tmp_path):
+def test_the_three_loops_train_the_same_model(strategies, tmp_path_factory):
     """The same hooks, the same data, the same weights: nothing differs but the loop."""
     strategy = strategies("mirrored")
-    weights = {loop: [w.numpy() for w in run(loop, strategy, tmp_path / loop)[1].weights]
+    weights = {loop: [w.numpy() for w in trained(loop, strategy, tmp_path_factory)[1].weights]
                for loop in LOOPS}
     for loop in LOOPS[1:]:
         for a, b in zip(weights["fit"], weights[loop]):
