@@ -19,7 +19,7 @@ import re
 import numpy as np
 import pytest
 
-from test_multiworker_training import JOB, launch, weights
+from test_multiworker_training import launch, weights
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("jobs_path")]
 
