@@ -472,6 +472,15 @@ def test_after_a_sigkilled_launcher_the_next_launch_cleans_up(tmp_path, write_co
     (stale,) = os.listdir(launch_env["TMPDIR"])
     assert stale.startswith(f"tfdist-launch-{proc.pid}-")
 
+    # a launch that is refused changes nothing and says one line (CI saw the cleanup's
+    # line before a refusal)
+    refused = subprocess.run(cli(config, "--task", "worker:0", command=[PY, "-c", "pass"]),
+                             env=launch_env, cwd=tmp_path, capture_output=True, text=True,
+                             timeout=TIMEOUT)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "--task" in refused.stderr and alive(grandchild), refused.stderr
+    assert os.listdir(launch_env["TMPDIR"]) == [stale]
+
     result = subprocess.run(cli(config, command=[PY, "-c", "pass"]), env=launch_env,
                             cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)
 

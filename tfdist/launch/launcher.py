@@ -152,6 +152,8 @@ class Launcher:
         handlers, subreaper, nofile, not_adopted, code = {}, None, None, set(), None
         self._setting_up = True
         try:
+            # refused before anything is changed (a stale launcher's cleanup included)
+            selected = self._selected_tasks(self.only_task)
             handlers = self._install_signal_handlers()
             # our children from before the run are the host's (when used in-process)
             not_adopted = reaper.children() | {None}
@@ -161,7 +163,7 @@ class Launcher:
                                        reaper.dir_name(secrets.token_hex(6)))
             os.mkdir(self.tmpdir, 0o700)
             nofile = self._ensure_open_files_limit()
-            self.tasks = self._make_tasks(self.only_task)
+            self.tasks = self._make_tasks(selected)
             self._setting_up = False
             self._check_signal()
             for task in self.tasks:
@@ -248,15 +250,16 @@ class Launcher:
         _set_open_files_limit((need, hard))
         return soft, hard
 
-    def _make_tasks(self, only_task):
-        strategy = self.config.strategy.name if self.config.strategy else None
-        base_env = dict(os.environ, PYTHONUNBUFFERED="1")
-        base_env.pop("TF_CONFIG", None)
-        base_env[reaper.ENV_TAG] = self.tmpdir
+    def _selected_tasks(self, only_task):
+        """The (job, index) tasks to start, [] for a job without a cluster.
+
+        Raises:
+            LaunchError, ClusterError: a task not on this machine, ports not fixed for
+                `only_task`, a host that does not resolve, a port in use.
+        """
         cluster = self.config.cluster
         if cluster is None:
-            return [TaskProcess("main", self.command, self._private_tmp(base_env, "main"),
-                                self._out_sink)]
+            return []
         selected = [only_task] if only_task else cluster.tasks()
         if only_task is None:
             _check_all_local(cluster)
@@ -268,7 +271,18 @@ class Launcher:
                 "itself; list \"host:port\" addresses for every task")
         check_resolvable(cluster)
         check_local_ports_free(cluster, selected)
-        addresses = cluster_dict(cluster, pick_free_ports=only_task is None)
+        return selected
+
+    def _make_tasks(self, selected):
+        strategy = self.config.strategy.name if self.config.strategy else None
+        base_env = dict(os.environ, PYTHONUNBUFFERED="1")
+        base_env.pop("TF_CONFIG", None)
+        base_env[reaper.ENV_TAG] = self.tmpdir
+        cluster = self.config.cluster
+        if cluster is None:
+            return [TaskProcess("main", self.command, self._private_tmp(base_env, "main"),
+                                self._out_sink)]
+        addresses = cluster_dict(cluster, pick_free_ports=self.only_task is None)
         tasks = []
         for job, index in selected:
             env = dict(self._private_tmp(base_env, f"{job}-{index}"),
