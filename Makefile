@@ -23,13 +23,16 @@ demo: venv
 		--output_dir $(OUTPUT)
 	@echo "Done. Images and metrics: $(OUTPUT)/predictions.png $(OUTPUT)/curves.png $(OUTPUT)/metrics.json"
 
-## The whole test suite, multi-process tests included.
+## The whole test suite, multi-process tests included: two test processes, a file each at a
+## time (module fixtures stay shared within a file).
+PYTEST_PARALLEL ?= -n 2 --dist loadfile
+
 test: venv
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 ## Everything but the multi-process tests (a quick local loop).
 test-fast: venv
-	$(BIN)/python -m pytest -m "not multiprocess"
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not multiprocess"
 
 ## Every other TensorFlow of the supported range, with the lowest and the newest Keras,
 ## each pair in its own virtual environment under .venv-matrix/ (.ci/matrix.py).

@@ -193,15 +193,14 @@ def test_trainer_refuses_a_nan_and_restores_batchnorm_statistics(strategies, com
         assert_no_trace(final, clean)
 
 
-@pytest.mark.parametrize("loop", [pytest.param("fit", marks=pytest.mark.matrix), "trainer"])
+@pytest.mark.parametrize("loop", ["fit", "trainer"])
 def test_local_sgd_with_a_compressed_average_keeps_its_anchors(strategies, loop):
     final, clean = refused_then_continued(strategies("mirrored"), loop, "int8", False, 1,
                                           local_sgd=2)
     assert_no_trace(final, clean)
 
 
-@pytest.mark.matrix
-@pytest.mark.parametrize("loop", ["fit", "trainer"])
+@pytest.mark.parametrize("loop", [pytest.param("fit", marks=pytest.mark.matrix), "trainer"])
 def test_gradient_accumulation_keeps_its_accumulators(strategies, loop):
     final, clean = refused_then_continued(strategies("mirrored"), loop, "none", False, 0,
                                           accumulate=2)

@@ -87,33 +87,75 @@ def run(command, cwd=ROOT, timeout=420):
 # under a real SLURM in tests/test_slurm.py
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml")
                  if not p.name.startswith("own_loop") and "slurm" not in p.name)
+UNET_RUNS = ROOT / "tests" / "jobs" / "unet_runs.py"
+
+
+def few_steps(name, out):
+    """(the example's script, its flags) for a few steps of configs/`name` into `out`."""
+    import tfdist
+
+    config = tfdist.load_config(ROOT / "configs" / name)
+    if not name.startswith("unet_"):
+        return QUICKSTART, ["--config", f"configs/{name}", "--output_dir", str(out),
+                            "--epochs", "1"]
+    flags = ["--config", f"configs/{name}", "--output_dir", str(out), "--epochs", "1",
+             "--steps_per_epoch", "3", "--validation_steps", "1", "--image_size", "16",
+             "--batch_size", "8"]
+    if config.compression:  # compress from the first step
+        flags += ["--start_step", "0"]
+    if config.local_sgd:  # local from the second step
+        flags += ["--warmup_steps", "1"]
+    return TRAIN, flags
+
+
+def on_two_workers(name):
+    """A UNet config for 2 multi_worker_mirrored workers (all but the cluster-shape ones)."""
+    import tfdist
+
+    config = tfdist.load_config(ROOT / "configs" / name)
+    return (name.startswith("unet_") and config.strategy.name == "multi_worker_mirrored"
+            and {job: len(a) for job, a in config.cluster.jobs().items()} == {"worker": 2})
+
+
+@pytest.fixture(scope="module")
+def two_worker_runs(request, tmp_path_factory):
+    """The selected 2-worker UNet configs, run by one `tfdist launch` (the demo's config):
+    each task runs the example on each config in turn (tests/jobs/unet_runs.py), which
+    spares a launch and two TensorFlow imports per config. -> ({name: out}, stdout)."""
+    selected = sorted({item.callspec.params["name"] for item in request.session.items
+                       if item.originalname == "test_every_config_runs_a_few_steps"
+                       and on_two_workers(item.callspec.params["name"])})
+    root = tmp_path_factory.mktemp("two_worker_runs")
+    outs = {name: root / name for name in selected}
+    result = run([sys.executable, "-m", "tfdist", "launch", "configs/unet_multi_worker_mirrored.yaml",
+                  "--", sys.executable, str(UNET_RUNS),
+                  *(json.dumps(few_steps(name, outs[name])[1]) for name in selected)],
+                 timeout=180 + 60 * len(selected))
+    return outs, result.stdout
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.matrix] * (
     name == "unet_compression_topk.yaml")) for name in CONFIGS])  # top-k + EF on every pair
-def test_every_config_runs_a_few_steps(tmp_path, name):
+def test_every_config_runs_a_few_steps(request, tmp_path, name):
     import tfdist
 
     config = tfdist.load_config(ROOT / "configs" / name)
-    out = tmp_path / "out"
-    if name.startswith("unet_"):
-        script = [sys.executable, str(TRAIN), "--config", f"configs/{name}", "--output_dir", str(out),
-                  "--epochs", "1", "--steps_per_epoch", "3", "--validation_steps", "1",
-                  "--image_size", "16", "--batch_size", "8"]
-        if config.compression:  # compress from the first step
-            script += ["--start_step", "0"]
-        if config.local_sgd:  # local from the second step
-            script += ["--warmup_steps", "1"]
+    if on_two_workers(name):
+        outs, stdout = request.getfixturevalue("two_worker_runs")
+        out = outs[name]
+        assert stdout.count("wrote predictions.png") == len(outs), stdout[-3000:]
     else:
-        script = [sys.executable, str(QUICKSTART), "--config", f"configs/{name}",
-                  "--output_dir", str(out), "--epochs", "1"]
-    command = ([sys.executable, "-m", "tfdist", "launch", f"configs/{name}", "--", *script]
-               if config.cluster else script)
-    result = run(command)
+        out = tmp_path / "out"
+        path, flags = few_steps(name, out)
+        script = [sys.executable, str(path), *flags]
+        result = run([sys.executable, "-m", "tfdist", "launch", f"configs/{name}", "--", *script]
+                     if config.cluster else script)
+        assert not name.startswith("unet_") or "wrote predictions.png" in result.stdout
     metrics = json.loads((out / "metrics.json").read_text())
     if name.startswith("unet_"):
         assert metrics["steps"] == 3 and metrics["strategy"] == config.strategy.name
+        assert metrics["policy"] == config.section("train").get("policy", "float32")
         ratio = metrics["bytes_exchanged"]["compression_ratio"]
         if config.compression and config.compression.name == "auto":
             # still measuring: uncompressed for the first 20 steps (the NaN guard's verdict,
@@ -130,7 +172,6 @@ def test_every_config_runs_a_few_steps(tmp_path, name):
             assert ratio == pytest.approx(1.0, rel=1e-4)
         assert set(metrics["final"]) >= {"loss", "mean_iou", "pixel_accuracy", "val_mean_iou"}
         assert (out / "predictions.png").stat().st_size > 0 and (out / "curves.png").exists()
-        assert "wrote predictions.png" in result.stdout
     else:
         assert len(metrics["loss"]) == 1
 
