@@ -414,27 +414,30 @@ def test_grandchildren_that_call_setsid_are_killed(tmp_path, write_config, launc
     assert_nothing_left(launch_env, token)
 
 
+@pytest.mark.parametrize("stage, made", [("check_resolvable", False), ("cluster_dict", True)],
+                         ids=["resolving-hosts", "picking-ports"])
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)],
                          ids=["SIGTERM", "SIGINT"])
 def test_a_signal_during_setup_removes_everything(tmp_path, write_config, launch_env, token,
-                                                  sig, code):
-    """The signal arrives while the launcher resolves hosts (after its directory exists)."""
+                                                  sig, code, stage, made):
+    """The signal arrives while the launcher resolves hosts (one of the checks that can
+    refuse the job: nothing is made yet) or picks the tasks' ports (its directory exists)."""
     config = write_config(TWO_WORKERS)
     marker = tmp_path / "in-setup"
     pause = f"""
         import os, pathlib, time
         import tfdist.launch.launcher as launcher
-        def slow_resolve(cluster):
+        def slow(cluster, **kwargs):
             pathlib.Path({str(marker)!r}).write_text(" ".join(os.listdir(os.environ["TMPDIR"])))
             time.sleep(60)
-        launcher.check_resolvable = slow_resolve
+        launcher.{stage} = slow
     """
     proc = subprocess.Popen(wrapped(pause, "launch", config, "--", *task("pass", tmp_path)),
                             env=launch_env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: marker.exists() or proc.poll() is not None, 30, "setup")
-        assert marker.read_text().startswith("tfdist-launch-"), marker.read_text()
+        assert marker.read_text().startswith("tfdist-launch-") == made, marker.read_text()
         sent = time.monotonic()
         proc.send_signal(sig)
         returncode = wait_exit(proc, 15)

@@ -152,9 +152,9 @@ class Launcher:
         handlers, subreaper, nofile, not_adopted, code = {}, None, None, set(), None
         self._setting_up = True
         try:
-            # refused before anything is changed (a stale launcher's cleanup included)
-            selected = self._selected_tasks(self.only_task)
             handlers = self._install_signal_handlers()
+            # refused before anything is changed (a killed launcher's leftovers included)
+            selected = self._selected_tasks(self.only_task)
             # our children from before the run are the host's (when used in-process)
             not_adopted = reaper.children() | {None}
             subreaper = reaper.enable_subreaper()
