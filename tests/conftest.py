@@ -72,15 +72,3 @@ def jobs_path():
         sys.path.insert(0, path)
     return path
 
-
-#: The files that take longest (minutes each on 2 cores), longest first: run first, so that
-#: `make test`'s two processes (pytest-xdist, a file each) end together with the short ones.
-LONG_FILES = ("test_multiworker_training.py", "test_unet_training.py", "test_islands.py",
-              "test_fault_grid.py", "test_transaction.py", "test_preemption.py",
-              "test_strategy_lifetimes.py", "test_char_lm.py", "test_saving.py",
-              "test_resume.py", "test_mixed_precision.py", "test_slurm.py")
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONG_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable
