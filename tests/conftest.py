@@ -71,4 +71,3 @@ def jobs_path():
     if path not in sys.path:
         sys.path.insert(0, path)
     return path
-

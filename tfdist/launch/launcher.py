@@ -155,6 +155,7 @@ class Launcher:
             handlers = self._install_signal_handlers()
             # refused before anything is changed (a killed launcher's leftovers included)
             selected = self._selected_tasks(self.only_task)
+            nofile = self._ensure_open_files_limit()
             # our children from before the run are the host's (when used in-process)
             not_adopted = reaper.children() | {None}
             subreaper = reaper.enable_subreaper()
@@ -162,7 +163,6 @@ class Launcher:
             self.tmpdir = os.path.join(tempfile.gettempdir(),
                                        reaper.dir_name(secrets.token_hex(6)))
             os.mkdir(self.tmpdir, 0o700)
-            nofile = self._ensure_open_files_limit()
             self.tasks = self._make_tasks(selected)
             self._setting_up = False
             self._check_signal()
