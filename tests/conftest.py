@@ -20,9 +20,12 @@ def write_config(tmp_path):
     return write
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def two_cpus():
-    """Two logical CPU devices in this process (set before TensorFlow initialises)."""
+    """Two logical CPU devices in this process, set before any test runs: `make test`'s
+    processes take files in no fixed order (pytest-xdist), and a test that touches
+    TensorFlow without asking for them would otherwise fix the process at one CPU for
+    every file after it."""
     from tfdist.strategies import ensure_logical_cpus
 
     return ensure_logical_cpus(2)
