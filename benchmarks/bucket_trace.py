@@ -6,7 +6,6 @@ ends and when each bucket's all-reduce runs (run by `buckets.py --trace` on 2 ho
 The chief writes OUT/trace.json: times in ms from the backward pass's first op.
 """
 
-import glob
 import json
 import os
 import sys
@@ -19,11 +18,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from absl import app, flags  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
 import tfdist  # noqa: E402
 import data  # noqa: E402
 from model import unet  # noqa: E402
+from op_profile import events  # noqa: E402
 from train_config import train_config  # noqa: E402
 
 flags.DEFINE_string("config", None, "job config", required=True)
@@ -31,24 +30,6 @@ flags.DEFINE_string("output_dir", None, "where the chief writes trace.json", req
 flags.DEFINE_integer("bucket_bytes", 0, "0: one fused buffer")
 flags.DEFINE_integer("warm_steps", 20, "steps before the traced one")
 FLAGS = flags.FLAGS
-
-
-def events(logdir):
-    """[(name, start ms, end ms)] of the host's TF op events in the profile."""
-    path = sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True))[-1]
-    space = xplane_pb2.XSpace()
-    with open(path, "rb") as f:
-        space.ParseFromString(f.read())
-    out = []
-    for plane in space.planes:
-        if plane.name != "/host:CPU":
-            continue
-        names = {k: v.name for k, v in plane.event_metadata.items()}
-        for line in plane.lines:
-            for e in line.events:
-                start = (line.timestamp_ns * 1000 + e.offset_ps) / 1e9
-                out.append((names.get(e.metadata_id, ""), start, start + e.duration_ps / 1e9))
-    return out
 
 
 def summary(evs, scope):

@@ -10,7 +10,9 @@ between single runs) cancel. Run under a launcher that sets TF_CONFIG:
 
     tfdist launch job.yaml -- python benchmarks/overhead.py --output_dir out
 
-The first worker writes metrics.json: the median step time of each block, per loop.
+The first worker writes metrics.json: the median step time of each block, per loop;
+with --profile, also one more block of each traced by TF's profiler (op_profile.py): wall
+and op milliseconds per step, ops run per step, op milliseconds by type.
 """
 
 import argparse
@@ -23,6 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import op_profile
 import plain_tf_distribute as plain  # noqa: F401  (puts the example on sys.path)
 import data
 import metrics
@@ -53,6 +56,13 @@ def main():
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--bucket_bytes", type=int, default=None,
                         help="tfdist's all-reduce buckets (default: tfdist's default; 0: one)")
+    parser.add_argument("--tfdist_loop", choices=["trainer", "own"], default="trainer",
+                        help="tfdist's side: tfdist.Trainer.fit per block, or the tutorial's "
+                        "own step under tfdist.function on one iterator (as plain's)")
+    parser.add_argument("--fresh_input", action="store_true",
+                        help="plain's blocks start a new input iterator each (as a fit call does)")
+    parser.add_argument("--profile", action="store_true",
+                        help="trace one more block of each loop with TF's profiler")
     args = parser.parse_args()
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
@@ -75,15 +85,26 @@ def main():
     trainer = tfdist.Trainer(models[1], optimizers[1], loss_fn, strategy=strategy,
                              metrics=metrics.segmentation_metrics(4))
 
-    def plain_block():
+    own_step, own_iterator = plain.train_step(
+        strategy, models[1], optimizers[1], loss_fn, train,
+        function=lambda step: tfdist.function(step, model=models[1]))
+
+    def steps(step, batches):
         seconds = []
         for _ in range(args.block):
             began = time.perf_counter()
-            float(plain_step(next(iterator)))
+            float(step(next(batches)))
             seconds.append(time.perf_counter() - began)
         return seconds
 
+    def plain_block():
+        batches = iterator if not args.fresh_input else iter(
+            strategy.distribute_datasets_from_function(data.dataset_fn(train, "train")))
+        return steps(plain_step, batches)
+
     def tfdist_block():
+        if args.tfdist_loop == "own":
+            return steps(own_step, own_iterator)
         timer = StepTimer()
         trainer.fit(data.dataset_fn(train, "train"), epochs=1, steps_per_epoch=args.block,
                     callbacks=[timer], verbose=0)
@@ -94,10 +115,15 @@ def main():
     for _ in range(args.pairs):
         blocks["plain tf.distribute"].append(float(np.median(plain_block())))
         blocks["tfdist"].append(float(np.median(tfdist_block())))
+    result = {"block_steps": args.block, "block_median_seconds": blocks,
+              "tfdist_loop": args.tfdist_loop, "fresh_input": args.fresh_input}
+    if args.profile:  # every worker traces (they meet in each step's collectives)
+        result["profile"] = {"plain tf.distribute": op_profile.profile(plain_block, args.block),
+                             "tfdist": op_profile.profile(tfdist_block, args.block)}
     if (strategy.cluster_resolver.task_id if strategy.cluster_resolver else 0) == 0:
         os.makedirs(args.output_dir, exist_ok=True)
         with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:
-            json.dump({"block_steps": args.block, "block_median_seconds": blocks}, f)
+            json.dump(result, f)
 
 
 if __name__ == "__main__":

@@ -40,14 +40,14 @@ def loopback_bytes():
         return None
 
 
-def train_step(strategy, model, optimizer, loss_fn, train):
+def train_step(strategy, model, optimizer, loss_fn, train, function=tf.function):
     """(step, iterator): the tutorial's custom training step with the example's metrics
-    (returns the loss summed over replicas), and an iterator over `train`'s batches."""
+    (returns the loss summed over replicas) compiled by `function`, and an iterator over
+    `train`'s batches."""
     with strategy.scope():
         tracked = [keras.metrics.Mean(name="loss"), *metrics.segmentation_metrics(4)]
     iterator = iter(strategy.distribute_datasets_from_function(data.dataset_fn(train, "train")))
 
-    @tf.function
     def step(batch):
         def replica_step(images, masks):
             with tf.GradientTape() as tape:
@@ -62,7 +62,7 @@ def train_step(strategy, model, optimizer, loss_fn, train):
 
         return strategy.reduce("SUM", strategy.run(replica_step, args=batch), axis=None)
 
-    return step, iterator
+    return function(step), iterator
 
 
 def main():

@@ -47,13 +47,78 @@ def weights(out, task):
         return [z[f"arr_{i}"] for i in range(len(z.files))]
 
 
+RUNS = pathlib.Path(__file__).parent / "jobs" / "runs.py"
+PLAIN = ("--model", "plain", "--epochs", "2")
+#: The 2-worker jobs that end well, run by one launch (`two_worker_runs`): a test's name ->
+#: the job's flags for its parameters.
+ONE_LAUNCH = {
+    "test_two_workers_match_single_device_training": lambda loop: ("--loop", loop, *PLAIN),
+    "test_compressed_exchange_across_processes_matches_single_device":
+        lambda compression: (*PLAIN, "--compression", compression,
+                             *(("--ratio", "1.0") if compression == "topk" else ("--rank", "64"))),
+    "test_local_sgd_workers_diverge_between_averages_and_end_identical":
+        lambda loop: ("--loop", loop, *PLAIN, "--local_sgd", "3", "--warmup", "1"),
+    "test_streaming_diloco_workers_end_identical_and_learn":
+        lambda loop: ("--loop", loop, *PLAIN, "--local_sgd", "4", "--warmup", "1",
+                      "--diloco", "2,1"),
+    "test_accumulation_on_two_workers_equals_one_device_on_the_whole_batch":
+        lambda: (*PLAIN, "--accumulate", "2"),
+    "test_batchnorm_dropout_and_dict_models_learn_on_two_workers":
+        lambda loop, model: ("--loop", loop, "--model", model, "--epochs", "4"),
+    "test_compression_auto_decides_alike_on_every_worker":
+        lambda: ("--loop", "trainer", "--model", "plain", "--epochs", "4", "--auto", "20"),
+    # the uninterrupted run the killed one is compared with (no dropout: the same weights
+    # in a process that ran other jobs before)
+    "test_killed_worker_resumes_diloco_with_its_outer_momentum":
+        lambda: ("--loop", "fit", "--model", "plain", "--epochs", "4", "--local_sgd", "4",
+                 "--diloco", "1,0"),
+}
+
+
+def one_launch_flags(item):
+    make = ONE_LAUNCH[item.originalname]
+    params = getattr(item, "callspec", None)
+    names = make.__code__.co_varnames[:make.__code__.co_argcount]
+    return make(*(params.params[name] for name in names))
+
+
+@pytest.fixture(scope="module")
+def two_worker_runs(request, tmp_path_factory):
+    """The selected tests of ONE_LAUNCH, run by one `tfdist launch` of 2 workers: each task
+    runs tests/jobs/train_job.py once per test, each on a new strategy (tests/jobs/runs.py),
+    which spares a launch and two TensorFlow imports per test. -> ({flags: out}, stdout)."""
+    selected = sorted({one_launch_flags(item) for item in request.session.items
+                       if item.module is request.module and item.originalname in ONE_LAUNCH})
+    root = tmp_path_factory.mktemp("two_worker_runs")
+    outs = {flags: root / f"run-{i}" for i, flags in enumerate(selected)}
+    runs = [json.dumps(["--out", str(outs[flags]), *flags]) for flags in selected]
+    for out in outs.values():
+        out.mkdir()
+    config = root / "cluster.yaml"
+    config.write_text(MWMS)
+    run = subprocess.run([sys.executable, "-m", "tfdist", "launch", str(config), "--",
+                          sys.executable, str(RUNS), str(JOB), *runs],
+                         capture_output=True, text=True, timeout=240 + 90 * len(runs),
+                         env=dict(os.environ, TMPDIR=str(root)))
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-3000:]
+    return outs, run.stdout
+
+
+def one_launch(request):
+    """(the test's {task: result}, its output folder, the launch's stdout) from
+    `two_worker_runs`."""
+    outs, stdout = request.getfixturevalue("two_worker_runs")
+    out = outs[one_launch_flags(request.node)]
+    results = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    return results, out, stdout
+
+
 @pytest.mark.parametrize("loop", ["fit", "trainer"])
-def test_two_workers_match_single_device_training(write_config, tmp_path, loop):
+def test_two_workers_match_single_device_training(request, loop):
     import tensorflow as tf
     from test_strategies import fit_weights
 
-    out = tmp_path / "out"
-    results, _ = launch(write_config, out, MWMS, "--loop", loop, "--model", "plain", "--epochs", "2")
+    results, out, _ = one_launch(request)
     reference, reference_history = fit_weights(tf.distribute.get_strategy(), loop)
     assert set(results) == {"worker-0", "worker-1"}
     for task in results:
@@ -70,17 +135,14 @@ def test_two_workers_match_single_device_training(write_config, tmp_path, loop):
 
 
 @pytest.mark.parametrize("compression,tolerance", [("topk", 2e-6), ("powersgd", 1e-4)])
-def test_compressed_exchange_across_processes_matches_single_device(write_config, tmp_path,
-                                                                    compression, tolerance):
+def test_compressed_exchange_across_processes_matches_single_device(request, compression,
+                                                                    tolerance):
     """topk keeping everything and full-rank PowerSGD send the payloads across processes
     (all-gather; two all-reduces) and must reproduce uncompressed training."""
     import tensorflow as tf
     from test_strategies import fit_weights
 
-    out = tmp_path / "out"
-    extra = ("--ratio", "1.0") if compression == "topk" else ("--rank", "64")
-    results, _ = launch(write_config, out, MWMS, "--model", "plain", "--epochs", "2",
-                        "--compression", compression, *extra)
+    results, out, _ = one_launch(request)
     reference, _ = fit_weights(tf.distribute.get_strategy(), "fit")
     for task in results:
         for w, r in zip(weights(out, task), reference):
@@ -88,11 +150,8 @@ def test_compressed_exchange_across_processes_matches_single_device(write_config
 
 
 @pytest.mark.parametrize("loop", ["fit", "trainer"])
-def test_local_sgd_workers_diverge_between_averages_and_end_identical(write_config, tmp_path,
-                                                                      loop):
-    out = tmp_path / "out"
-    results, _ = launch(write_config, out, MWMS, "--loop", loop, "--model", "plain",
-                        "--epochs", "2", "--local_sgd", "3", "--warmup", "1")
+def test_local_sgd_workers_diverge_between_averages_and_end_identical(request, loop):
+    results, out, _ = one_launch(request)
     a, b = (results[t]["checksums"] for t in ("worker-0", "worker-1"))
     assert len(a) == len(b) == 8  # 2 epochs of 4 steps
     same = [x == y for x, y in zip(a, b)]
@@ -105,13 +164,10 @@ def test_local_sgd_workers_diverge_between_averages_and_end_identical(write_conf
 
 
 @pytest.mark.parametrize("loop", ["fit", "trainer"])
-def test_streaming_diloco_workers_end_identical_and_learn(write_config, tmp_path, loop):
+def test_streaming_diloco_workers_end_identical_and_learn(request, loop):
     """Outer Nesterov, 2 fragments, int4 exchanges overlapped with one step: the workers
     differ between synchronisations and end with identical weights."""
-    out = tmp_path / "out"
-    results, _ = launch(write_config, out, MWMS, "--loop", loop, "--model", "plain",
-                        "--epochs", "2", "--local_sgd", "4", "--warmup", "1",
-                        "--diloco", "2,1")
+    results, out, _ = one_launch(request)
     a, b = (results[t]["checksums"] for t in ("worker-0", "worker-1"))
     assert len(a) == len(b) == 8 and a[0] == b[0] and a[1:] != b[1:]
     for x, y in zip(weights(out, "worker-0"), weights(out, "worker-1")):
@@ -120,30 +176,26 @@ def test_streaming_diloco_workers_end_identical_and_learn(write_config, tmp_path
     assert losses[-1] < losses[0]
 
 
-def test_killed_worker_resumes_diloco_with_its_outer_momentum(write_config, tmp_path):
+def test_killed_worker_resumes_diloco_with_its_outer_momentum(request, write_config, tmp_path):
     """DiLoCo's outer optimizer state is in the backup: a job whose worker:1 is SIGKILLed
     mid-epoch 2 and restarted ends with the weights of an uninterrupted job."""
-    diloco = ("--loop", "fit", "--model", "plain", "--epochs", "4", "--local_sgd", "4",
-              "--diloco", "1,0")
+    diloco = one_launch_flags(request.node)
     out, backup = tmp_path / "out", tmp_path / "backup"
     launch(write_config, out, MWMS, *diloco, "--backup", str(backup), "--kill", "2",
            launcher_args=("--max-restarts", "1"))
     assert (out / "killed").exists()
-    clean = tmp_path / "clean"
-    launch(write_config, clean, MWMS, *diloco)
+    _, clean, _ = one_launch(request)
     for task in ("worker-0", "worker-1"):
         for resumed, uninterrupted in zip(weights(out, task), weights(clean, "worker-0")):
             np.testing.assert_allclose(resumed, uninterrupted, rtol=1e-4, atol=1e-6)
 
 
-def test_accumulation_on_two_workers_equals_one_device_on_the_whole_batch(write_config,
-                                                                          tmp_path):
+def test_accumulation_on_two_workers_equals_one_device_on_the_whole_batch(request):
     """2 workers x 2 micro-batches of 16 = one step on a batch of 64, exchanged once."""
     import keras
     from models import conv_model, dataset, loss
 
-    out = tmp_path / "out"
-    launch(write_config, out, MWMS, "--model", "plain", "--epochs", "2", "--accumulate", "2")
+    _, out, _ = one_launch(request)
     model = conv_model(seed=3, batchnorm=False, dropout=0)
     model.compile(keras.optimizers.SGD(0.05), loss())
     model.fit(dataset(128, 64), epochs=2, verbose=0)
@@ -154,9 +206,8 @@ def test_accumulation_on_two_workers_equals_one_device_on_the_whole_batch(write_
 
 @pytest.mark.parametrize("loop,model", [("fit", "conv"), ("fit", "dict"),
                                         ("trainer", "conv"), ("trainer", "dict")])
-def test_batchnorm_dropout_and_dict_models_learn_on_two_workers(write_config, tmp_path, loop, model):
-    out = tmp_path / "out"
-    results, _ = launch(write_config, out, MWMS, "--loop", loop, "--model", model, "--epochs", "4")
+def test_batchnorm_dropout_and_dict_models_learn_on_two_workers(request, loop, model):
+    results, out, _ = one_launch(request)
     for task, result in results.items():
         loss = result["history"]["loss"]
         assert loss[-1] < 0.6 * loss[0], (task, loss)
@@ -417,20 +468,18 @@ def test_parameter_server_killed_stops_the_job_clearly_and_a_relaunch_resumes(wr
     assert not backup.exists()
 
 
-def test_compression_auto_decides_alike_on_every_worker(write_config, tmp_path):
+def test_compression_auto_decides_alike_on_every_worker(request):
     """Each worker times its own steps and all-reduces; averaged over the workers first,
     the numbers, and so the choices, are the same on both (a different choice would pair
     different collectives and hang)."""
-    out = tmp_path / "out"
-    results, run = launch(write_config, out, MWMS, "--loop", "trainer", "--model", "plain",
-                          "--epochs", "4", "--auto", "20")
+    results, out, stdout = one_launch(request)
     decisions = [[{k: v for k, v in d.items() if k != "link_seconds"}  # each worker's clock
                   for d in results[task]["auto"]] for task in ("worker-0", "worker-1")]
     # a probe shortened to 6 steps (the length agreed from averaged timings), 6 more to
     # time a compressing choice
     assert decisions[0] == decisions[1] and decisions[0][0]["step"] == 6
-    assert run.stdout.count("tfdist compression auto at step 6:") == 1  # the chief says it
-    assert f"chose {decisions[0][0]['choice']}" in run.stdout
+    assert stdout.count("tfdist compression auto at step 6:") == 1  # the chief says it
+    assert f"chose {decisions[0][0]['choice']}" in stdout
     assert decisions[0][0]["measured"] > 0
     for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
         np.testing.assert_array_equal(a, b)

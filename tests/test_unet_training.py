@@ -87,7 +87,7 @@ def run(command, cwd=ROOT, timeout=420):
 # under a real SLURM in tests/test_slurm.py
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml")
                  if not p.name.startswith("own_loop") and "slurm" not in p.name)
-UNET_RUNS = ROOT / "tests" / "jobs" / "unet_runs.py"
+RUNS = ROOT / "tests" / "jobs" / "runs.py"
 
 
 def few_steps(name, out):
@@ -120,7 +120,7 @@ def on_two_workers(name):
 @pytest.fixture(scope="module")
 def two_worker_runs(request, tmp_path_factory):
     """The selected 2-worker UNet configs, run by one `tfdist launch` (the demo's config):
-    each task runs the example on each config in turn (tests/jobs/unet_runs.py), which
+    each task runs the example on each config in turn (tests/jobs/runs.py), which
     spares a launch and two TensorFlow imports per config. -> ({name: out}, stdout)."""
     selected = sorted({item.callspec.params["name"] for item in request.session.items
                        if item.originalname == "test_every_config_runs_a_few_steps"
@@ -128,7 +128,7 @@ def two_worker_runs(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("two_worker_runs")
     outs = {name: root / name for name in selected}
     result = run([sys.executable, "-m", "tfdist", "launch", "configs/unet_multi_worker_mirrored.yaml",
-                  "--", sys.executable, str(UNET_RUNS),
+                  "--", sys.executable, str(RUNS), str(TRAIN),
                   *(json.dumps(few_steps(name, outs[name])[1]) for name in selected)],
                  timeout=180 + 60 * len(selected))
     return outs, result.stdout
