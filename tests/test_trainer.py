@@ -275,3 +275,44 @@ def test_metrics_made_outside_the_scope_count_every_replica_and_logs_read_at_onc
     with pytest.raises(ValueError, match="created outside the strategy's scope and cannot be "
                                          "re-created from its config"):
         tfdist.Trainer(model, "sgd", loss, strategy=strategy, metrics=[unbuildable])
+
+
+def _collectives(graph_def):
+    """{name: (dtype, names of every op it depends on)} of the all-reduces in a step's graph
+    (control and data inputs, through the function's own graph)."""
+    nodes = {n.name: n for n in graph_def.node}
+
+    def ancestors(name, seen):
+        for source in nodes[name].input:
+            source = source.lstrip("^").split(":")[0]
+            if source in nodes and source not in seen:
+                seen.add(source)
+                ancestors(source, seen)
+        return seen
+
+    return {n.name: (n.attr["T"].type, ancestors(n.name, set())) for n in graph_def.node
+            if n.op == "CollectiveReduceV2"}
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_a_steps_logs_are_read_beside_the_backward_pass(strategies, policy):
+    """The metrics' all-reduce (float64) does not wait for the gradients' (issue 33: after
+    them, its latency added to every step); under dynamic loss scaling it does (a skipped
+    step counts in no metric, which the gradients' verdict decides)."""
+    from models import dataset
+
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        trainer = make_trainer(strategies("mirrored"), optimizer=keras.optimizers.Adam(0.01))
+        trainer.fit(dataset(64, 32), epochs=1, steps_per_epoch=1, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    function = trainer.driver.function(trainer._make_train_function).function
+    batch = next(iter(trainer.strategy.experimental_distribute_dataset(dataset(64, 32))))
+    graph = function.get_concrete_function(batch).graph.as_graph_def()
+    collectives = _collectives(graph)
+    logs = {n: a for n, (dtype, a) in collectives.items() if dtype == tf.float64.as_datatype_enum}
+    grads = {n for n, (dtype, _) in collectives.items() if dtype != tf.float64.as_datatype_enum}
+    assert logs and grads, collectives.keys()  # one read per replica, the gradients'
+    waits = [grads & ancestors for ancestors in logs.values()]
+    assert all(waits) if policy == "mixed_float16" else not any(waits), waits
