@@ -316,3 +316,31 @@ def test_a_steps_logs_are_read_beside_the_backward_pass(strategies, policy):
     assert logs and grads, collectives.keys()  # one read per replica, the gradients'
     waits = [grads & ancestors for ancestors in logs.values()]
     assert all(waits) if policy == "mixed_float16" else not any(waits), waits
+
+
+class CountedUpdates(keras.metrics.Metric):
+    """Counts its updates in a variable read_at_once cannot sum (only the first replica's)."""
+
+    def __init__(self, name="updates", dtype=None):
+        super().__init__(name=name, dtype=dtype)
+        self.updates = self.add_variable(shape=(), initializer="zeros", name="updates",
+                                         aggregation="only_first_replica")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.updates.assign_add(1.0)
+
+    def result(self):
+        return tf.identity(self.updates)
+
+    def reset_state(self):
+        self.updates.assign(0.0)
+
+
+def test_a_metric_read_on_its_own_is_updated_once_a_step(strategies):
+    """Where the step's logs cannot be read at once, each metric is read afterwards — and
+    updated once, not again after the update the step made beside the backward pass."""
+    from models import dataset
+
+    trainer = make_trainer(strategies("mirrored"), metrics=[CountedUpdates()])
+    history = trainer.fit(dataset(128, 32), epochs=1, verbose=0)
+    assert history.history["updates"] == [4.0]

@@ -127,8 +127,8 @@ class Trainer:
                 scaled = self._scaled_loss(y, y_pred, sample_weight)
                 if is_loss_scale(self.optimizer):  # dynamic loss scaling (mixed_float16)
                     scaled_up = self.optimizer.scale_loss(scaled)
-            logs = None
-            if self._logs_before_backward():  # the logs' all-reduce runs beside the backward
+            early = self._logs_before_backward()
+            if early:  # the logs' all-reduce runs beside the backward
                 self._update_metrics(scaled * strategy.num_replicas_in_sync, y, y_pred,
                                      sample_weight)  # pass, not after the step (issue 33)
                 logs = self._replica_results(training=True)
@@ -136,7 +136,7 @@ class Trainer:
                                   self.variables)
             committed = self.optimizer.apply(grads, self.variables)
             self._take_back_if_refused(committed, state, before)
-            if logs is not None:
+            if early:  # (None: each metric is read on its own afterwards)
                 return logs
             keep, weight = None, sample_weight
             if is_loss_scale(self.optimizer):  # a skipped step counts in no metric
