@@ -332,16 +332,18 @@ def plot(results, path):
     plt.close(fig)
 
 
-def measure(plan, workdir, methods=None, partial=None, done=()):
+def measure(plan, workdir, methods=None, partial=None, done=(), again=False):
     """Every (link, method, seed) run of `plan` not in `done` (runs of an earlier call);
     saved to `partial` as they come. Seed by seed, so that a run cut short still holds
     every method on every link. A run of `done` marked `timing_disturbed` (timed while
-    something else shared the CPU) is run again and replaced."""
+    something else shared the CPU), or of `methods` if `again`, is run again and
+    replaced."""
     results = {"plan": {k: v for k, v in plan.items() if k != "methods"}, "runs": list(done),
                "workload": plan.get("workload", "unet")}
     workload = workload_of(results)
     key = lambda r: (r["method"], r["rate_bits"], r["seed"])  # noqa: E731
-    finished = {key(r) for r in done if not r.get("timing_disturbed")}
+    finished = {key(r) for r in done if not r.get("timing_disturbed")
+                and not (again and r["method"] in (methods or ()))}
     for seed in plan["seeds"]:
         for rate in plan["rates"]:
             for method in methods or plan["methods"]:
@@ -380,11 +382,17 @@ def main():
     parser.add_argument("--rates", nargs="+", type=int, help="link speeds in Mbit/s")
     parser.add_argument("--seeds", nargs="+", type=int, help="a subset of the plan's seeds")
     parser.add_argument("--resume", action="store_true", help="keep the runs already saved")
+    parser.add_argument("--again", action="store_true",
+                        help="with --resume: run --methods again (after a change to them), "
+                             "keeping every other run")
     parser.add_argument("--workload", choices=list(WORKLOADS), default="unet",
                         help="the UNet (every link) or the language model (100 Mbit/s)")
     parser.add_argument("--from-results", action="store_true",
                         help="only rewrite the .md and .png from the saved .json")
     args = parser.parse_args()
+    if args.again and not (args.resume and args.methods):
+        parser.error("--again runs --methods again among the saved runs: give --resume and "
+                     "--methods")
     if args.from_results:
         return write_report(json.loads((RESULTS / f"{stem(args.workload)}.json").read_text()))
     mode = "lm" if args.workload == "lm" else "quick" if args.quick else "full"
@@ -396,7 +404,7 @@ def main():
     partial = RESULTS / f"{stem(args.workload)}-partial.json"
     done = (saved(args.workload) or {"runs": []})["runs"] if args.resume else []
     try:
-        results = measure(plan, workdir, args.methods, partial, done)
+        results = measure(plan, workdir, args.methods, partial, done, args.again)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results["mode"], results["minutes"] = mode, round((time.monotonic() - started) / 60, 1)

@@ -19,7 +19,7 @@ import re
 import numpy as np
 import pytest
 
-from test_multiworker_training import launch, weights
+from test_multiworker_training import batched_runs, launch, one_launch, weights
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("jobs_path")]
 
@@ -39,7 +39,6 @@ PREEMPT_AT = {VALIDATION: "0,-1,1"}  # else after step 1 of epoch 1
 #: After a SIGTERM these end with the weights of a run never interrupted (the timed
 #: decisions of `auto` may differ).
 EXACT = [kind for kind in KINDS if kind != "compression: auto's probe"]
-_clean = {}
 
 
 def report(kind, signal, seconds, lost, saved):
@@ -53,20 +52,20 @@ def report(kind, signal, seconds, lost, saved):
                                 "save_seconds_after_signal": [float(s) for s in saved]}) + "\n")
 
 
-def clean_run(write_config, tmp_path_factory, kind):
-    """The same job never interrupted (once per kind of step; validating changes no weight
-    and no loss: the validation cell's is the compressed step's)."""
-    kind = "compressed step (top-k + EF)" if kind == VALIDATION else kind
-    if kind not in _clean:
-        out = tmp_path_factory.mktemp("clean")
-        results, _ = launch(write_config, out, CLUSTER, "--model", "plain", "--epochs", "3",
-                            *KINDS[kind])
-        _clean[kind] = (out, results)
-    return _clean[kind]
+#: The same job never interrupted, per kind of step (validating changes no weight and no
+#: loss: the validation cell's is the compressed step's), all run by one launch.
+CLEAN = {"test_a_fault_in_each_kind_of_step": lambda kind: (
+    "--model", "plain", "--epochs", "3",
+    *KINDS["compressed step (top-k + EF)" if kind == VALIDATION else kind])}
+
+
+@pytest.fixture(scope="module")
+def clean_runs(request, tmp_path_factory):
+    return batched_runs(request, tmp_path_factory, CLUSTER, CLEAN)
 
 
 @pytest.mark.parametrize("kind,signal", CELLS)
-def test_a_fault_in_each_kind_of_step(write_config, tmp_path, tmp_path_factory, kind, signal):
+def test_a_fault_in_each_kind_of_step(request, write_config, tmp_path, kind, signal):
     out, backup = tmp_path / "out", tmp_path / "backup"
     results, run = launch(write_config, out, CLUSTER, "--model", "plain", "--epochs", "3",
                           *KINDS[kind], "--backup", str(backup), "--preempt",
@@ -96,7 +95,7 @@ def test_a_fault_in_each_kind_of_step(write_config, tmp_path, tmp_path_factory, 
     for index in range(1, WORKERS):
         for a, b in zip(weights(out, "worker-0"), weights(out, f"worker-{index}")):
             assert (a == b).all()
-    clean_out, clean = clean_run(write_config, tmp_path_factory, kind)
+    clean, clean_out, _ = one_launch(request, "clean_runs", CLEAN)
     resumed, reference = (r["worker-0"]["evaluate"]["loss"] for r in (results, clean))
     assert abs(resumed - reference) <= 0.05 * reference + 0.01, (resumed, reference)
     if signal == "TERM" and kind in EXACT:  # every replica's residuals, or weights and

@@ -20,6 +20,7 @@ from tfdist.local_sgd.islands import island_groups
 JOBS = os.path.join(os.path.dirname(__file__), "jobs")
 sys.path.insert(0, JOBS)
 from islands_job import FEATURES, reference  # noqa: E402
+from test_multiworker_training import batched_runs, one_launch  # noqa: E402
 
 JOB = os.path.join(JOBS, "islands_job.py")
 TFDIST = [sys.executable, "-m", "tfdist"]
@@ -104,6 +105,11 @@ def run_job(tmp_path, *argv, launch=None, timeout=300):
     out = tmp_path / "out"
     result = launch_job(tmp_path, *argv, launch=launch, timeout=timeout)
     assert result.returncode == 0, result.stderr[-4000:] + result.stdout[-4000:]
+    return replicas_in(out)
+
+
+def replicas_in(out):
+    """{replica: {"kernel": ..., "bias": ...}} of every worker's saved weights in `out`."""
     replicas = {}
     for path in out.glob("*.npz"):
         saved = np.load(path)
@@ -111,6 +117,14 @@ def run_job(tmp_path, *argv, launch=None, timeout=300):
             _, replica, name = key.split("_")
             replicas.setdefault(int(replica), {})[name] = saved[key]
     return replicas
+
+
+def batched(request, on, run=0):
+    """(every replica's weights, the output folder) of the test's `run`-th job among those
+    batched `on` FOUR_WORKERS or ONE_MACHINE."""
+    fixture = "four_worker_runs" if on is ON_FOUR_WORKERS else "machine_runs"
+    _, out, _ = one_launch(request, fixture, on, run)
+    return replicas_in(out), out
 
 
 def assert_matches(replicas, groups, count, atol=1e-6, **schedule):
@@ -131,14 +145,63 @@ def schedule_args(period, warmup, steps, lr):
             "--lr", str(lr)]
 
 
+FOUR_WORKERS = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
+STREAMING = ("--fragments", "2", "--overlap", "1")
+SCHEDULE_ARGS = tuple(schedule_args(**SCHEDULE))
+SLOWED = dict(period=6, warmup=2, steps=26, lr=0.05)  # a slowed island's: measured paces
+#: The jobs that end well, batched: on FOUR_WORKERS by one launch (`four_worker_runs`),
+#: and on one machine's 4 logical CPUs in one process (`machine_runs`), each a new strategy
+#: (tests/jobs/runs.py): a test's name -> a function of its parameters giving its flags
+#: (several lists for several jobs; none: the case runs on its own).
+ON_FOUR_WORKERS = {
+    "test_workers_on_localhost_train_as_numpy_says": lambda workers, islands: (
+        ("--islands", islands, *SCHEDULE_ARGS) if workers == 4 else ()),
+    "test_islands_send_their_change_once_in_quantised_shards": lambda: (
+        "--islands", "2", "--compression", "int8", "--warmup-compression", "int8",
+        *SCHEDULE_ARGS),
+    "test_a_slower_island_trains_fewer_local_steps_and_weighs_less": lambda loop: (
+        "--islands", "2", "--island-steps", "3,1", "--loop", loop, *SCHEDULE_ARGS),
+    "test_measured_island_steps_let_a_slowed_island_train_fewer_calls": lambda policy: (
+        "--islands", "2", "--island-steps", "auto", "--slow-workers", "2,3", "--slow-seconds",
+        "0.05", *(["--policy", policy] if policy else []), *schedule_args(**SLOWED)),
+    "test_overlapped_fragments_between_islands_of_workers_train_as_on_one_machine": lambda: (
+        "--islands", "2", *STREAMING, *SCHEDULE_ARGS),
+    "test_a_loss_scale_skip_is_one_islands_own": lambda: (
+        "--islands", "2", "--spoil", "4:2:huge", "--policy", "mixed_float16", *SCHEDULE_ARGS),
+    "test_keras_fit_and_your_own_loop_train_as_numpy_says": lambda loop, policy, launch: (
+        ("--islands", "2", "--loop", loop, *SCHEDULE_ARGS) if launch else ()),
+}
+ON_ONE_MACHINE = {
+    "test_four_logical_cpus_train_as_numpy_says": lambda islands: (
+        "--replicas", "4", "--islands", islands, *SCHEDULE_ARGS),
+    "test_overlapped_fragments_between_islands_of_workers_train_as_on_one_machine": lambda: [
+        ("--replicas", "4", "--islands", "2", *STREAMING, *SCHEDULE_ARGS),
+        ("--replicas", "4", *STREAMING, *SCHEDULE_ARGS)],
+    "test_keras_fit_and_your_own_loop_train_as_numpy_says": lambda loop, policy, launch: (
+        () if launch else ("--replicas", "4", "--islands", "2", "--loop", loop,
+                           *(["--policy", policy] if policy else []), *SCHEDULE_ARGS)),
+    "test_islands_under_mixed_float16": lambda: (
+        "--replicas", "4", "--islands", "2", "--policy", "mixed_float16", *SCHEDULE_ARGS),
+}
+
+
+@pytest.fixture(scope="module")
+def four_worker_runs(request, tmp_path_factory):
+    return batched_runs(request, tmp_path_factory, FOUR_WORKERS, ON_FOUR_WORKERS, job=JOB)
+
+
+@pytest.fixture(scope="module")
+def machine_runs(request, tmp_path_factory):
+    return batched_runs(request, tmp_path_factory, None, ON_ONE_MACHINE, job=JOB)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("islands, groups", [("2", [[0, 1], [2, 3]]),
                                              ("[[0, 3], [1, 2]]", [[0, 3], [1, 2]]),
                                              ("[[0], [1, 2, 3]]", [[0], [1, 2, 3]])],
                          ids=["two-equal", "explicit", "unequal"])
-def test_four_logical_cpus_train_as_numpy_says(tmp_path, islands, groups):
-    replicas = run_job(tmp_path, "--replicas", "4", "--islands", islands,
-                       *schedule_args(**SCHEDULE))
+def test_four_logical_cpus_train_as_numpy_says(request, islands, groups):
+    replicas, _ = batched(request, ON_ONE_MACHINE)
     assert_matches(replicas, groups, 4, **SCHEDULE)
 
 
@@ -146,12 +209,16 @@ def test_four_logical_cpus_train_as_numpy_says(tmp_path, islands, groups):
 @pytest.mark.parametrize("workers, islands, groups", [
     (4, "2", [[0, 1], [2, 3]]), (3, "[[0], [1, 2]]", [[0], [1, 2]]),
     (4, "host", [[0, 1, 2, 3]])], ids=["4-workers-2-islands", "3-workers-unequal", "host"])
-def test_workers_on_localhost_train_as_numpy_says(tmp_path, workers, islands, groups):
+def test_workers_on_localhost_train_as_numpy_says(request, tmp_path, workers, islands, groups):
     """Real workers under tfdist launch: sub-group collectives inside each island on
     TensorFlow's own collective runtime."""
-    replicas = run_job(tmp_path, "--islands", islands, *schedule_args(**SCHEDULE),
-                       launch=f"cluster: {{worker: {workers}}}\n"
-                              "strategy: multi_worker_mirrored\n")
+    if workers == 4:
+        replicas, out = batched(request, ON_FOUR_WORKERS)
+    else:
+        out = tmp_path / "out"
+        replicas = run_job(tmp_path, "--islands", islands, *SCHEDULE_ARGS,
+                           launch=f"cluster: {{worker: {workers}}}\n"
+                                  "strategy: multi_worker_mirrored\n")
     if islands == "host":  # one host: one island, i.e. synchronous training
         expected = reference(4, groups, **SCHEDULE)
         for r in range(4):
@@ -159,7 +226,7 @@ def test_workers_on_localhost_train_as_numpy_says(tmp_path, workers, islands, gr
         return
     assert_matches(replicas, groups, workers, **SCHEDULE)
     if islands == "2":  # between synchronisations nothing crosses between the islands
-        sent = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*.json")]
+        sent = [json.loads(p.read_text()) for p in out.glob("*.json")]
         assert len(sent) == workers
         model, verdict = 4 * (FEATURES + 1), 4  # float32 kernel and bias; one flag
         shard = 4 * -(-(FEATURES + 1) // 2)  # each worker's half of its island's change
@@ -173,19 +240,16 @@ def test_workers_on_localhost_train_as_numpy_says(tmp_path, workers, islands, gr
                                         + (warmup + synchronisations) * 2 * shard)
 
 
-FOUR_WORKERS = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
 
 
 @pytest.mark.multiprocess
-def test_islands_send_their_change_once_in_quantised_shards(tmp_path):
+def test_islands_send_their_change_once_in_quantised_shards(request):
     """Between islands of equal size the change goes hierarchically: each of an island's
     two workers quantises (int8) and sends its half of the island's change — in the
     warm-up, of the island's gradient sum —, the island puts the halves back together:
     NumPy with exactly those quantisations, and not the flat exchange's (each replica's
     whole change quantised)."""
-    replicas = run_job(tmp_path, "--islands", "2", "--compression", "int8",
-                       "--warmup-compression", "int8", *schedule_args(**SCHEDULE),
-                       launch=FOUR_WORKERS)
+    replicas, _ = batched(request, ON_FOUR_WORKERS)
     groups = [[0, 1], [2, 3]]
     assert_matches(replicas, groups, 4, atol=1e-5, compression="int8",
                    warmup_compression="int8", **SCHEDULE)
@@ -196,15 +260,14 @@ def test_islands_send_their_change_once_in_quantised_shards(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("loop", ["trainer", "fit", "own"])
-def test_a_slower_island_trains_fewer_local_steps_and_weighs_less(tmp_path, loop):
+def test_a_slower_island_trains_fewer_local_steps_and_weighs_less(request, loop):
     """Heterogeneous islands (`island_steps: [3, 1]`, period 3): the second island trains
     on one call of each period (the third) — reading no batch on the others in fit and
     the Trainer; your own loop's batch is dropped — and still synchronises with the first
     at every period; the averages weigh the islands 3:1 by the samples they trained on.
     Every replica of the 4 workers as NumPy says."""
     schedule = dict(SCHEDULE, island_steps=[3, 1], loop_reads=loop == "own")
-    replicas = run_job(tmp_path, "--islands", "2", "--island-steps", "3,1", "--loop", loop,
-                       *schedule_args(**SCHEDULE), launch=FOUR_WORKERS)
+    replicas, out = batched(request, ON_FOUR_WORKERS)
     expected = reference(4, [[0, 1], [2, 3]], **schedule)
     for r in range(4):
         np.testing.assert_allclose(replicas[r]["kernel"], expected[r][0], atol=1e-6)
@@ -212,25 +275,21 @@ def test_a_slower_island_trains_fewer_local_steps_and_weighs_less(tmp_path, loop
     equal = reference(4, [[0, 1], [2, 3]], **SCHEDULE)
     assert np.abs(expected[0][0] - equal[0][0]).max() > 1e-3  # the counts made a difference
     if loop == "fit":  # the steps' logs were each worker's own; the epoch's are every worker's
-        logs = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("*.logs"))]
+        logs = [json.loads(p.read_text()) for p in sorted(out.glob("*.logs"))]
         assert len(logs) == 4 and all(log == logs[0] for log in logs), logs
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("policy", [None, "mixed_float16"])
-def test_measured_island_steps_let_a_slowed_island_train_fewer_calls(tmp_path, policy):
+def test_measured_island_steps_let_a_slowed_island_train_fewer_calls(request, policy):
     """`island_steps: auto` with the second island's workers 50 ms slower per step: from
     the second period on, the islands' agreed times give the fast island every call of a
     period and the slow one fewer — the same counts on every worker — and every replica
     trains as NumPy says with those counts, each island weighed by its samples (under
     mixed_float16 too, within float16's rounding)."""
-    schedule = dict(period=6, warmup=2, steps=26, lr=0.05)
-    replicas = run_job(tmp_path, "--islands", "2", "--island-steps", "auto",
-                       "--slow-workers", "2,3", "--slow-seconds", "0.05",
-                       *(["--policy", policy] if policy else []),
-                       *schedule_args(**schedule), launch=FOUR_WORKERS)
-    histories = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob(
-        "*.pace.json"))]
+    schedule = SLOWED
+    replicas, out = batched(request, ON_FOUR_WORKERS)
+    histories = [json.loads(p.read_text()) for p in sorted(out.glob("*.pace.json"))]
     assert len(histories) == 4 and all(h == histories[0] for h in histories), histories
     history = histories[0]
     assert history[0] == [0, [6, 6]] and len(history) >= 2, history  # measured, then used
@@ -272,9 +331,6 @@ def test_island_steps_on_one_machines_replicas_are_refused(strategies):
             period=3, islands=2, island_steps=[3, 1])], steps=2)
 
 
-STREAMING = ("--fragments", "2", "--overlap", "1")
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("training, where", [
     ((), "at the synchronisation after local step 3"),
@@ -302,30 +358,27 @@ def test_a_nan_in_one_island_stops_every_worker_at_the_next_synchronisation(tmp_
 
 
 @pytest.mark.multiprocess
-def test_overlapped_fragments_between_islands_of_workers_train_as_on_one_machine(tmp_path):
+def test_overlapped_fragments_between_islands_of_workers_train_as_on_one_machine(request):
     """Streaming DiLoCo's overlapped fragments between 2 islands of 2 workers (the
     exchange hierarchical, the islands' agreement carried by each exchange) end with the
     weights of the same training on 4 logical CPUs of one machine (islands of replicas:
     the flat exchange, an agreement of no one), on every replica."""
-    workers = run_job(tmp_path / "workers", "--islands", "2", *STREAMING,
-                      *schedule_args(**SCHEDULE), launch=FOUR_WORKERS)
-    machine = run_job(tmp_path / "machine", "--replicas", "4", "--islands", "2", *STREAMING,
-                      *schedule_args(**SCHEDULE))
+    workers, _ = batched(request, ON_FOUR_WORKERS)
+    machine, _ = batched(request, ON_ONE_MACHINE, run=0)
     assert sorted(workers) == sorted(machine) == list(range(4))
     for r in range(4):
         for name in ("kernel", "bias"):
             np.testing.assert_allclose(workers[r][name], machine[r][name], atol=1e-6)
-    flat = run_job(tmp_path / "flat", "--replicas", "4", *STREAMING, *schedule_args(**SCHEDULE))
+    flat, _ = batched(request, ON_ONE_MACHINE, run=1)
     assert not np.allclose(flat[0]["kernel"], machine[0]["kernel"], atol=1e-4)
 
 
 @pytest.mark.multiprocess
-def test_a_loss_scale_skip_is_one_islands_own(tmp_path):
+def test_a_loss_scale_skip_is_one_islands_own(request):
     """mixed_float16: worker 2's float16 gradient overflows at step 4 (local); its island
     skips that step (and halves its scale), the other island does not, and the islands
     still synchronise at the same steps: every replica as the NumPy simulation says."""
-    replicas = run_job(tmp_path, "--islands", "2", "--spoil", "4:2:huge", "--policy",
-                       "mixed_float16", *schedule_args(**SCHEDULE), launch=FOUR_WORKERS)
+    replicas, _ = batched(request, ON_FOUR_WORKERS)
     skipped = reference(4, [[0, 1], [2, 3]], skip=(4, 2), **SCHEDULE)
     assert_matches(replicas, [[0, 1], [2, 3]], 4, atol=5e-3, skip=(4, 2), **SCHEDULE)
     everywhere = reference(4, [[0, 1], [2, 3]], skip=(4, None), **SCHEDULE)
@@ -338,24 +391,20 @@ def test_a_loss_scale_skip_is_one_islands_own(tmp_path):
     ("fit", None, None), ("own", None, None), ("own", "mixed_float16", None),
     ("fit", None, "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n")],
     ids=["fit", "own-loop", "own-loop-mixed-float16", "fit-4-workers"])
-def test_keras_fit_and_your_own_loop_train_as_numpy_says(tmp_path, loop, policy, launch):
+def test_keras_fit_and_your_own_loop_train_as_numpy_says(request, loop, policy, launch):
     """The same hook in `model.fit` (the LocalSGD callback) and in the tutorial's
     `tf.GradientTape` loop under `tfdist.function` (loss scaling by the optimizer's
     `scale_loss` under mixed_float16)."""
-    where = ["--replicas", "4"] if launch is None else []
-    replicas = run_job(tmp_path, *where, "--islands", "2", "--loop", loop,
-                       *(["--policy", policy] if policy else []), *schedule_args(**SCHEDULE),
-                       launch=launch)
+    replicas, _ = batched(request, ON_FOUR_WORKERS if launch else ON_ONE_MACHINE)
     assert_matches(replicas, [[0, 1], [2, 3]], 4, atol=5e-3 if policy else 1e-6, **SCHEDULE)
 
 
 @pytest.mark.multiprocess
-def test_islands_under_mixed_float16(tmp_path):
+def test_islands_under_mixed_float16(request):
     """float16 compute with dynamic loss scaling (an initial scale of 2: no step
     overflows, so the simulation's steps are the run's): the island mean of the unscaled
     gradients, within float16's precision of the float32 simulation."""
-    replicas = run_job(tmp_path, "--replicas", "4", "--islands", "2", "--policy",
-                       "mixed_float16", *schedule_args(**SCHEDULE))
+    replicas, _ = batched(request, ON_ONE_MACHINE)
     assert_matches(replicas, [[0, 1], [2, 3]], 4, atol=5e-3, **SCHEDULE)
 
 

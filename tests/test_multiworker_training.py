@@ -75,40 +75,70 @@ ONE_LAUNCH = {
 }
 
 
-def one_launch_flags(item):
-    make = ONE_LAUNCH[item.originalname]
+#: The 4-worker runs never interrupted that the SIGTERM tests compare with, run by one
+#: launch (`four_worker_runs`).
+FOUR_WORKERS = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
+FOUR_WORKER_CLEAN = {
+    "test_sigterm_to_one_of_four_workers_loses_no_step":
+        lambda loop, training: ("--loop", loop, "--model", "plain", "--epochs", "3", *training),
+}
+
+
+def batched_flags(registry, item):
+    """The job's flag lists for test `item`'s parameters, from `registry` (a test's name ->
+    a function of its parameters giving one flag list, a list of them, or none)."""
+    make = registry[item.originalname]
     params = getattr(item, "callspec", None)
     names = make.__code__.co_varnames[:make.__code__.co_argcount]
-    return make(*(params.params[name] for name in names))
+    made = make(*(params.params[name] for name in names))
+    if not made:  # a case the test runs on its own
+        return []
+    return [tuple(made)] if isinstance(made[0], str) else [tuple(m) for m in made]
 
 
-@pytest.fixture(scope="module")
-def two_worker_runs(request, tmp_path_factory):
-    """The selected tests of ONE_LAUNCH, run by one `tfdist launch` of 2 workers: each task
-    runs tests/jobs/train_job.py once per test, each on a new strategy (tests/jobs/runs.py),
-    which spares a launch and two TensorFlow imports per test. -> ({flags: out}, stdout)."""
-    selected = sorted({one_launch_flags(item) for item in request.session.items
-                       if item.module is request.module and item.originalname in ONE_LAUNCH})
-    root = tmp_path_factory.mktemp("two_worker_runs")
+def batched_runs(request, tmp_path_factory, cluster, registry, job=JOB):
+    """The selected tests of `registry` in the requesting module, run by one `tfdist launch`
+    of `cluster` (or one process, if `cluster` is None): each task runs `job` once per
+    distinct flag list, each on a new strategy (tests/jobs/runs.py), which spares a launch
+    and a TensorFlow import per task and run. -> ({flags: out}, stdout)."""
+    selected = sorted({flags for item in request.session.items
+                       if item.module is request.module and item.originalname in registry
+                       for flags in batched_flags(registry, item)})
+    root = tmp_path_factory.mktemp("batched_runs")
     outs = {flags: root / f"run-{i}" for i, flags in enumerate(selected)}
     runs = [json.dumps(["--out", str(outs[flags]), *flags]) for flags in selected]
     for out in outs.values():
         out.mkdir()
-    config = root / "cluster.yaml"
-    config.write_text(MWMS)
-    run = subprocess.run([sys.executable, "-m", "tfdist", "launch", str(config), "--",
-                          sys.executable, str(RUNS), str(JOB), *runs],
-                         capture_output=True, text=True, timeout=240 + 90 * len(runs),
-                         env=dict(os.environ, TMPDIR=str(root)))
+    command = [sys.executable, str(RUNS), str(job), *runs]
+    env = dict(os.environ, TMPDIR=str(root), TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    if cluster is not None:
+        config = root / "cluster.yaml"
+        config.write_text(cluster)
+        command = [sys.executable, "-m", "tfdist", "launch", str(config), "--", *command]
+    run = subprocess.run(command, capture_output=True, text=True,
+                         timeout=240 + 120 * len(runs), env=env)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-3000:]
     return outs, run.stdout
 
 
-def one_launch(request):
-    """(the test's {task: result}, its output folder, the launch's stdout) from
-    `two_worker_runs`."""
-    outs, stdout = request.getfixturevalue("two_worker_runs")
-    out = outs[one_launch_flags(request.node)]
+@pytest.fixture(scope="module")
+def two_worker_runs(request, tmp_path_factory):
+    """ONE_LAUNCH's tests, on 2 workers (`batched_runs`)."""
+    return batched_runs(request, tmp_path_factory, MWMS, ONE_LAUNCH)
+
+
+@pytest.fixture(scope="module")
+def four_worker_runs(request, tmp_path_factory):
+    """FOUR_WORKER_CLEAN's runs, on 4 workers (`batched_runs`)."""
+    return batched_runs(request, tmp_path_factory, FOUR_WORKERS, FOUR_WORKER_CLEAN)
+
+
+def one_launch(request, fixture="two_worker_runs", registry=ONE_LAUNCH, run=0):
+    """(the test's {task: result}, its output folder, the launch's stdout) from the batched
+    runs of `fixture` (its `run`-th flag list)."""
+    outs, stdout = request.getfixturevalue(fixture)
+    out = outs[batched_flags(registry, request.node)[run]]
     results = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
     return results, out, stdout
 
@@ -179,7 +209,7 @@ def test_streaming_diloco_workers_end_identical_and_learn(request, loop):
 def test_killed_worker_resumes_diloco_with_its_outer_momentum(request, write_config, tmp_path):
     """DiLoCo's outer optimizer state is in the backup: a job whose worker:1 is SIGKILLed
     mid-epoch 2 and restarted ends with the weights of an uninterrupted job."""
-    diloco = one_launch_flags(request.node)
+    diloco, = batched_flags(ONE_LAUNCH, request.node)
     out, backup = tmp_path / "out", tmp_path / "backup"
     launch(write_config, out, MWMS, *diloco, "--backup", str(backup), "--kill", "2",
            launcher_args=("--max-restarts", "1"))
@@ -479,7 +509,9 @@ def test_compression_auto_decides_alike_on_every_worker(request):
     # time a compressing choice
     assert decisions[0] == decisions[1] and decisions[0][0]["step"] == 6
     assert stdout.count("tfdist compression auto at step 6:") == 1  # the chief says it
-    assert f"chose {decisions[0][0]['choice']}" in stdout
+    first, chosen = decisions[0][0]["prior"], decisions[0][0]["choice"]
+    assert stdout.count("at step 0: link") == 1 and f"starting with {first}" in stdout
+    assert (f"keeping {first}" if chosen == first else f"trying {chosen}") in stdout
     assert decisions[0][0]["measured"] > 0
     for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
         np.testing.assert_array_equal(a, b)
@@ -537,8 +569,8 @@ def test_mixed_float16_under_parameter_servers_is_refused_in_one_line(write_conf
     ("fit", ("--local_sgd", "3", "--diloco", "2,1", "--islands", "2"), "1,1,2")],
     ids=["trainer", "fit-last-step-of-an-epoch", "fit-diloco-2-islands",
          "fit-streaming-diloco-2-islands"])
-def test_sigterm_to_one_of_four_workers_loses_no_step(write_config, tmp_path, loop, training,
-                                                       signal):
+def test_sigterm_to_one_of_four_workers_loses_no_step(request, write_config, tmp_path, loop,
+                                                       training, signal):
     """worker:2 gets SIGTERM (as from Kubernetes) after step 1 of epoch 1. The next step's
     all-reduce tells every worker; all save after that same step and exit with 143;
     `--max-restarts 1` relaunches the job, which resumes there: every step of every
@@ -552,10 +584,9 @@ def test_sigterm_to_one_of_four_workers_loses_no_step(write_config, tmp_path, lo
     first: the backup is of the epoch's end, and the resumed run starts the next epoch (not
     an empty one whose logs a user's callback would miss). (`fit` with the signal inside
     an epoch: test_fault_grid.py's compressed-step cell, the same checks.)"""
-    cluster = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
     out, backup = tmp_path / "out", tmp_path / "backup"
-    common = ("--loop", loop, "--model", "plain", "--epochs", "3", *training)
-    results, run = launch(write_config, out, cluster, *common, "--backup", str(backup),
+    common, = batched_flags(FOUR_WORKER_CLEAN, request.node)
+    results, run = launch(write_config, out, FOUR_WORKERS, *common, "--backup", str(backup),
                           "--preempt", signal, launcher_args=("--max-restarts", "1"),
                           timeout=420)
     assert (out / "preempted").exists()
@@ -574,9 +605,9 @@ def test_sigterm_to_one_of_four_workers_loses_no_step(write_config, tmp_path, lo
         trained = [tuple(int(v) for v in line.split()[:3]) for line in log]
         assert [(e, b) for e, b, _ in trained] == steps, (index, trained)  # each once
         assert [s for _, _, s in trained] == list(range(1, 13))
-    clean, _ = launch(write_config, tmp_path / "clean", cluster, *common, timeout=420)
+    _, clean, _ = one_launch(request, "four_worker_runs", FOUR_WORKER_CLEAN)
     for task in [f"worker-{i}" for i in range(4)]:
-        for mine, theirs in zip(weights(out, task), weights(tmp_path / "clean", task)):
+        for mine, theirs in zip(weights(out, task), weights(clean, task)):
             np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-7)
     for task in ("worker-1", "worker-2", "worker-3"):
         for a, b in zip(weights(out, "worker-0"), weights(out, task)):

@@ -1,33 +1,37 @@
-"""`compression: auto`: measure the link and the step, then exchange with the method the
-cost model predicts fastest among those that keep quality.
+"""`compression: auto`: measure the link, then exchange with the method the cost model
+predicts fastest to accuracy among those that keep quality — without paying for the
+measurement in uncompressed steps.
 
 Compression paid off in few of the setups GRACE (Xu et al. 2021, "GRACE: A Compressed
 Communication Framework for Distributed Machine Learning") and Agarwal et al. 2022 ("On
 the Utility of Gradient Compression in Distributed Training Systems") measured: the
 answer depends on the link, the model and the step time. So `AutoCompression`:
 
-1. exchanges uncompressed for `probe_steps` steps, or fewer where they would last over
-   `probe_seconds` (a slow link's uncompressed steps are what the user wants to avoid),
-   and times them (wall time per step, as the user sees it);
-2. times all-reduces of a few sizes on the strategy's own collectives and fits the link
-   (bandwidth and latency per message, `cost_model.fit_link`);
-3. predicts each eligible method's step: compute (the probe's step minus its predicted
-   exchange) + the method's compression cost + its exchange on the link; eligible are the
-   methods whose measured quality at convergence (`QUALITY`, with the conditions it was
-   measured under) is within `max_quality_loss` points of `none`;
-4. predicts each one's time to accuracy: its step times the steps it needed to reach the
-   target against `none` (`QUALITY["steps"]`: error feedback pays for its bytes with
-   slower early progress, 1.35x for PowerSGD, 1.5x for top-k);
-5. exchanges with the fastest to accuracy if it saves more than `min_gain` (else stays
-   uncompressed: the model's own error), with all-reduce buckets sized so each transfer
-   takes 20 times the fixed cost of one more all-reduce on this link
-   (`tfdist.core.buckets.bucket_bytes_for`), and says why in one line on the chief;
-6. times as many steps of its choice: unless they (times its steps to accuracy) are
-   `min_gain` faster than the uncompressed probe's, it goes back to uncompressed (a
-   prediction is checked, never trusted: the model knows neither the runtime's overlap
-   nor a loaded machine);
-7. every `check_every` steps compares the step time with the one it measured: off by
-   more than `drift`, it measures again.
+1. before the first step, times all-reduces of a few sizes on the strategy's own
+   collectives and fits the link (bandwidth and latency per message,
+   `cost_model.fit_link`): no training step is spent on it;
+2. starts with the *prior*: the eligible method whose time to accuracy is nearest the best
+   for every step compute time from 10 ms to 1 s (`prior`, minimax ratio: an uncompressed
+   step on a slow link costs far more than a compressed one on a fast link); eligible are
+   the methods whose measured quality at convergence (`QUALITY`, with the conditions it
+   was measured under) is within `max_quality_loss` points of `none`;
+3. times `probe_steps` ordinary steps of the prior (fewer where they would last over
+   `probe_seconds`): wall time per step, as the user sees it. Those steps train as the
+   prior does, and their time less the prior's predicted exchange is the compute time;
+4. predicts each method's step: compute + its compression cost + its exchange on the link,
+   and its time to accuracy: the step times the steps it needed to reach the target
+   against `none` (`QUALITY["steps"]`: error feedback pays for its bytes with slower
+   early progress, 1.35x for PowerSGD, 1.5x for top-k);
+5. keeps the prior unless another method is predicted `min_gain` faster to accuracy (the
+   cost model's own error); that one is traced, with all-reduce buckets sized so each
+   transfer takes 20 times the fixed cost of one more all-reduce on this link
+   (`tfdist.core.buckets.bucket_bytes_for`), and timed over as many steps: unless it
+   measures faster to accuracy than the prior did, the prior comes back (a prediction is
+   checked, never trusted: the model knows neither the runtime's overlap nor a loaded
+   machine). It says why in one line on the chief;
+6. every `check_every` steps compares the step time with the one it measured: off by
+   more than `drift`, it times the link again and decides again from the steps it just
+   ran (no step changes exchange to be measured).
 
 The workers average their measurements with one all-reduce before choosing, so every
 worker makes the same choice from the same numbers (a different choice would pair
@@ -94,6 +98,9 @@ ARGUMENTS = {
 }
 SHORTEST_WINDOW = 6  # steps: the first 3 (a new trace) are not timed
 PROBE_FLOATS = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)  # 4 kB .. 8 MB all-reduces
+#: Step compute times (seconds) the prior is chosen for: 10 ms (a step worth distributing)
+#: to 1 s, 4 a decade.
+PRIOR_COMPUTE = tuple(0.01 * 10 ** (k / 4) for k in range(9))
 
 
 def _hook(options, seed):
@@ -111,12 +118,32 @@ def eligible(max_quality_loss=1.0):
             if points >= -max_quality_loss and QUALITY["steps"][m] is not None]
 
 
-def choose(predicted, min_gain=0.05):
-    """The fastest method of `predicted` ({method: seconds}; ties go to the first), if it
-    beats `none` by more than `min_gain` (the cost model's own error); else `none`."""
-    best = min(predicted, key=lambda m: (predicted[m], list(predicted).index(m)))
-    none = predicted.get("none")
-    return best if none is None or predicted[best] < (1 - min_gain) * none else "none"
+def choose(to_target, min_gain=0.05, keep="none"):
+    """The fastest method of `to_target` ({method: seconds}; ties go to the first), if it
+    beats `keep`'s by more than `min_gain` (the cost model's own error); else `keep`."""
+    best = min(to_target, key=lambda m: (to_target[m], list(to_target).index(m)))
+    kept = to_target.get(keep)
+    return best if kept is None or to_target[best] < (1 - min_gain) * kept else keep
+
+
+def predict(compute, exchange):
+    """({method: seconds per step}, {method: seconds to accuracy against none}) for a step
+    computing for `compute` seconds, with `exchange` ({method: seconds on the link})."""
+    step = {m: compute * (1 + COST_SHARE.get(m, 0.0)) + x for m, x in exchange.items()}
+    return step, {m: seconds * QUALITY["steps"][m] for m, seconds in step.items()}
+
+
+def prior(exchange, computes=PRIOR_COMPUTE):
+    """The method to start with before any step is timed: the one whose time to accuracy
+    is at most the smallest factor over the best's, whatever the step's compute time among
+    `computes` (minimax ratio; ties go to the first of `exchange`)."""
+    worst = dict.fromkeys(exchange, 0.0)
+    for compute in computes:
+        _, to_target = predict(compute, exchange)
+        best = min(to_target.values())
+        for method, seconds in to_target.items():
+            worst[method] = max(worst[method], seconds / best)
+    return min(exchange, key=lambda m: (worst[m], list(exchange).index(m)))
 
 
 def _valid_state(state, hooks):
@@ -143,19 +170,22 @@ class AutoCompression(TrainingHook):
     """Chooses the gradient exchange from measurements (module docstring).
 
     Args:
-        probe_steps: uncompressed steps timed before choosing (and after a drift), and
-            steps of the choice timed before keeping it.
+        probe_steps: steps of the prior timed before choosing, and steps of another choice
+            timed before keeping it.
         probe_seconds: fewer steps (6 at least) where `probe_steps` would take longer.
-        check_every: steps between two checks of the step time against its prediction.
-        drift: relative difference of step time and prediction that triggers a new probe.
-        min_gain: predicted share of the step a method must save to replace `none`.
+        check_every: steps between two checks of the step time against its measurement.
+        drift: relative difference of step time and measurement that triggers a new
+            decision (the link timed again).
+        min_gain: predicted share of the time to accuracy a method must save to replace
+            the method measured.
         max_quality_loss: points of mean IoU a method may lose against `none` (`QUALITY`).
         seed: seed of the candidates' random choices.
 
     Attributes:
-        choice: the method in use ("probe" while measuring).
-        decisions: one dict per choice: step, link, compute seconds, predictions, choice,
-            the step time measured with it (and a choice `rejected` by its measurement).
+        choice: the method in use ("probe" before the link is timed, at the first step).
+        decisions: one dict per decision: step, link, the method measured (`prior`) and
+            its `prior_seconds` per step, compute seconds, predictions, choice, the step
+            time measured with it (and a choice `rejected` by its measurement).
     """
 
     replaces_exchange = True
@@ -175,7 +205,8 @@ class AutoCompression(TrainingHook):
         self.methods = eligible(a["max_quality_loss"])
         self.hooks = {m: _hook(METHODS[m], a["seed"]) for m in self.methods}
         self.choice, self.decisions, self.active = "probe", [], None
-        self._since, self._on_trial, self._times = None, False, []
+        self.link, self._link_seconds = None, None
+        self._since, self._stage, self._times = None, "prior", []
 
     def get_config(self):
         return None  # the choice is made again from fresh measurements
@@ -195,14 +226,16 @@ class AutoCompression(TrainingHook):
             hook.build(strategy, variables)
 
     def phase(self, step):
-        return "none" if self.choice == "probe" else self.choice  # the probe is uncompressed
+        if self.choice == "probe":  # every worker's first step: time the link, take the prior
+            self._start(step)
+        return self.choice
 
     def replica_state(self):
         return [v for method in self.methods for v in self.hooks[method].replica_state()]
 
     def checkpoint_state(self):
-        """A kept choice (not while probing or trying it: that is measured again)."""
-        if self.choice == "probe" or self._on_trial or not self.decisions:
+        """A kept choice (not while its prior or a trial is timed: that is measured again)."""
+        if self._stage != "kept" or not self.decisions:
             return None
         decision = self.decisions[-1]
         return {"choice": self.choice, "step": decision["step"],
@@ -215,9 +248,10 @@ class AutoCompression(TrainingHook):
         drifts from what it measured (`check_every`, `drift`)."""
         if not _valid_state(state, self.hooks):
             self._say(f"ignores a saved decision it cannot use ({str(state)[:200]}); "
-                      "probing again")
+                      "measuring again")
             return
-        self.choice = state["choice"]
+        self.choice, self._stage = state["choice"], "kept"
+        self.link = cost_model.Link(*state["link"])
         self.hooks[self.choice].bucket_bytes = state["bucket_bytes"]
         self.decisions.append({"step": state["step"], "link": cost_model.Link(*state["link"]),
                                "choice": self.choice, "measured": state["measured"],
@@ -240,20 +274,20 @@ class AutoCompression(TrainingHook):
         return (self.active or self.hooks["none"]).bytes_per_step()
 
     def after_step(self, model, steps_done):
-        if self._since is None:  # the probe starts at this process's first step (after a
+        if self._since is None:  # timing starts at this process's first step (after a
             self._since = steps_done - 1  # restart the step count comes from the backup)
         self._times = self._times[-self.check_every:] + [time.perf_counter()]
         ran = steps_done - self._since
-        measuring = self.choice == "probe" or self._on_trial
-        if measuring and ran == SHORTEST_WINDOW < self.probe_steps:  # every worker at once
+        if self._stage != "kept" and ran == SHORTEST_WINDOW < self.probe_steps:
             step = self._mean_over_workers(self._step_seconds(SHORTEST_WINDOW - 3))
-            self._window = min(self.probe_steps,
+            self._window = min(self.probe_steps,  # the same length on every worker
                                max(SHORTEST_WINDOW, math.ceil(self.probe_seconds / step)))
-        if self.choice == "probe" and ran >= self._window:
-            self._decide(steps_done)
-        elif self._on_trial and ran >= self._window:
+        if self._stage == "prior" and ran >= self._window:
+            measured = self._mean_over_workers(self._step_seconds(self._window - 3))
+            self._decide(steps_done, measured)
+        elif self._stage == "trial" and ran >= self._window:
             self._confirm(steps_done)
-        elif self.choice != "probe" and ran >= self.check_every and ran % self.check_every == 0:
+        elif self._stage == "kept" and ran >= self.check_every and ran % self.check_every == 0:
             self._check_drift(steps_done)
 
     # --- measuring and choosing ---------------------------------------------------------
@@ -263,71 +297,102 @@ class AutoCompression(TrainingHook):
         times = self._times[-(last + 1):]
         return statistics.median(b - a for a, b in zip(times, times[1:]))
 
-    def _decide(self, steps_done):
-        probe = self._mean_over_workers(self._step_seconds(self._window - 3))
-        began = time.perf_counter()
-        samples = self._time_all_reduces()
-        link_seconds = time.perf_counter() - began
-        try:
-            link = cost_model.fit_link(samples)
-        except ValueError as e:  # timings too noisy to fit: stay uncompressed, say so
-            self._say(f"at step {steps_done}: {e}; exchanging uncompressed")
-            link = cost_model.Link(float("inf"), 0.0)
-        exchange = {m: cost_model.exchange_seconds(
+    def _exchange_seconds(self, link):
+        """{method: seconds its exchange takes per step on `link`} (the cost model)."""
+        return {m: cost_model.exchange_seconds(
             cost_model.sent_bytes(self.hooks[m].bytes_per_step(), self.workers),
             cost_model.messages(self.hooks[m].bytes_per_step(), self.workers), link)
             for m in self.methods}
-        compute = max(probe - exchange["none"], 0.0)
-        predicted = {m: compute * (1 + COST_SHARE.get(m, 0.0)) + exchange[m] for m in self.methods}
-        to_target = {m: seconds * QUALITY["steps"][m] for m, seconds in predicted.items()}
-        self.choice = choose(to_target, self.min_gain)
-        bucket = bucket_bytes_for(link.bandwidth_bits, link.latency, 2 * (self.workers - 1))
-        if self.choice != "none":  # traced anew for its phase; none keeps the probe's step
-            self.hooks[self.choice].bucket_bytes = (max(bucket, 64 << 10)
-                                                    if math.isfinite(bucket) else 0)
-        self.decisions.append({"step": steps_done, "link": link, "compute_seconds": compute,
+
+    def _time_link(self):
+        """The link fitted to timed all-reduces (an infinitely fast one, said, if the
+        timings are too noisy to fit), and the seconds timing it took."""
+        began = time.perf_counter()
+        samples = self._time_all_reduces()
+        seconds = time.perf_counter() - began
+        try:
+            return cost_model.fit_link(samples), seconds
+        except ValueError as e:  # timings too noisy to fit: no exchange is predicted to pay
+            self._say(f"{e}; taking the link as free")
+            return cost_model.Link(float("inf"), 0.0), seconds
+
+    def _size_buckets(self, method):
+        """Before `method` is traced: its all-reduce buckets sized for the link (`none`
+        keeps its own)."""
+        if method != "none":
+            bucket = bucket_bytes_for(self.link.bandwidth_bits, self.link.latency,
+                                      2 * (self.workers - 1))
+            self.hooks[method].bucket_bytes = (max(bucket, 64 << 10)
+                                               if math.isfinite(bucket) else 0)
+
+    def _start(self, step):
+        """Before the first step: the link timed, the prior chosen for it."""
+        self.link, self._link_seconds = self._time_link()
+        self.choice = prior(self._exchange_seconds(self.link))
+        self._size_buckets(self.choice)
+        self._stage, self._window = "prior", self.probe_steps
+        self._say(f"at step {step}: link {self.link} (timed in {self._link_seconds:.1f} s); "
+                  f"starting with {self.choice}, timed over its first steps")
+
+    def _decide(self, steps_done, measured):
+        """From `measured` seconds per step of the method in use: the compute time, every
+        method's prediction, and the choice (a trial, if not the method in use)."""
+        current = self.choice
+        exchange = self._exchange_seconds(self.link)
+        compute = max(measured - exchange[current], 0.0) / (1 + COST_SHARE.get(current, 0.0))
+        predicted, to_target = predict(compute, exchange)
+        to_target[current] = measured * QUALITY["steps"][current]  # measured, not predicted
+        self.choice = choose(to_target, self.min_gain, keep=current)
+        if self.choice != current:
+            self._size_buckets(self.choice)
+        self.decisions.append({"step": steps_done, "link": self.link, "prior": current,
+                               "prior_seconds": measured, "compute_seconds": compute,
                                "bucket_bytes": self.hooks[self.choice].bucket_bytes,
-                               "probe_seconds": probe, "predicted": predicted,
-                               "to_target": to_target,
-                               "link_seconds": link_seconds,
-                               "choice": self.choice,
-                               "measured": probe if self.choice == "none" else None})
+                               "predicted": predicted, "to_target": to_target,
+                               "link_seconds": self._link_seconds, "choice": self.choice,
+                               "measured": measured if self.choice == current else None})
         shown = ", ".join(f"{m} {predicted[m]:.3f} x {QUALITY['steps'][m]:.2f}"
                           for m in sorted(to_target, key=to_target.get))
-        self._say(f"at step {steps_done}: link {link} (timed in {link_seconds:.1f} s), "
-                  f"compute {compute:.3f} s/step; predicted s/step x steps to accuracy "
-                  f"against none: {shown}; chose {self.choice} (all-reduce buckets of "
-                  f"{self.hooks[self.choice].bucket_bytes >> 10} KiB)")
-        self._times, self._since = self._times[-1:], steps_done
-        self._on_trial, self._window = self.choice != "none", self.probe_steps
+        verdict = (f"keeping {current}" if self.choice == current else
+                   f"trying {self.choice} (all-reduce buckets of "
+                   f"{self.hooks[self.choice].bucket_bytes >> 10} KiB)")
+        self._say(f"at step {steps_done}: {current} measured {measured:.3f} s/step, compute "
+                  f"{compute:.3f} s/step on link {self.link}; predicted s/step x steps to "
+                  f"accuracy against none: {shown}; {verdict}")
+        self._times, self._since, self._window = self._times[-1:], steps_done, self.probe_steps
+        self._stage = "kept" if self.choice == current else "trial"
 
     def _confirm(self, steps_done):
-        """Keeps the choice if its measured step, times its steps to accuracy, beats the
-        probe's by `min_gain`."""
+        """Keeps the trial if its measured step, times its steps to accuracy, beats what
+        the method before it measured; else that method comes back (its step is traced)."""
         decision = self.decisions[-1]
         measured = self._mean_over_workers(self._step_seconds(self._window - 3))
-        self._on_trial, self._since, self._window = False, steps_done, self.probe_steps
+        self._stage, self._since, self._window = "kept", steps_done, self.probe_steps
         to_target = measured * QUALITY["steps"][self.choice]
-        if to_target < (1 - self.min_gain) * decision["probe_seconds"]:
+        before = decision["prior"]
+        if to_target < decision["prior_seconds"] * QUALITY["steps"][before]:
             decision["measured"] = measured
             self._say(f"at step {steps_done}: {self.choice} measured {measured:.3f} s/step "
-                      f"against {decision['probe_seconds']:.3f} uncompressed; keeping it")
+                      f"against {decision['prior_seconds']:.3f} with {before}; keeping it")
             return
-        decision.update(measured=decision["probe_seconds"], rejected=self.choice,
+        decision.update(measured=decision["prior_seconds"], rejected=self.choice,
                         rejected_seconds=measured)
         self._say(f"at step {steps_done}: {self.choice} measured {measured:.3f} s/step (x "
-                  f"{QUALITY['steps'][self.choice]:.2f} steps to accuracy), not "
-                  f"{100 * self.min_gain:.0f}% under {decision['probe_seconds']:.3f} "
-                  "uncompressed; exchanging uncompressed")
-        self.choice, self._times = "none", self._times[-1:]
+                  f"{QUALITY['steps'][self.choice]:.2f} steps to accuracy), not under "
+                  f"{decision['prior_seconds']:.3f} with {before} (x "
+                  f"{QUALITY['steps'][before]:.2f}); back to {before}")
+        self.choice, self._times = before, self._times[-1:]
 
     def _check_drift(self, steps_done):
+        """The step time against what was measured: off by more than `drift`, the link is
+        timed again and the steps just run decide again."""
         measured = self._mean_over_workers(self._step_seconds(self.check_every // 2))
         expected = self.decisions[-1]["measured"]
         if abs(measured - expected) > self.drift * expected:
             self._say(f"at step {steps_done}: {measured:.3f} s/step against {expected:.3f} "
-                      "measured before; measuring again")
-            self.choice, self._since = "probe", steps_done
+                      "measured before; timing the link again")
+            self.link, self._link_seconds = self._time_link()
+            self._decide(steps_done, measured)
 
     def _time_all_reduces(self):
         """[(bytes sent per worker, messages, seconds)] of all-reduces of growing sizes,
