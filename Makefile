@@ -24,8 +24,9 @@ demo: venv
 	@echo "Done. Images and metrics: $(OUTPUT)/predictions.png $(OUTPUT)/curves.png $(OUTPUT)/metrics.json"
 
 ## The whole test suite, multi-process tests included: two test processes, a file each at a
-## time (module fixtures stay shared within a file).
-PYTEST_PARALLEL ?= -n 2 --dist loadfile
+## time (module fixtures stay shared within a file), the slowest files first
+## (tests/conftest.py's SLOWEST_FIRST, not xdist's order by test count).
+PYTEST_PARALLEL ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 test: venv
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
