@@ -36,7 +36,7 @@ test-fast: venv
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not multiprocess"
 
 ## Every other TensorFlow of the supported range, with the lowest and the newest Keras,
-## each pair in its own virtual environment under .venv-matrix/ (.ci/matrix.py).
+## one virtual environment per TensorFlow under .venv-matrix/ (.ci/matrix.py).
 matrix: venv
 	$(BIN)/python .ci/matrix.py
 

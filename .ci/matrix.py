@@ -1,26 +1,30 @@
 """The version matrix (`make matrix`): tfdist on every TensorFlow of its range.
 
-Each pair of `tfdist.versions.TESTED` other than the newest (whose `.venv` runs the whole
-suite) gets its own virtual environment under `.venv-matrix/`, where pip's own resolver
-installs the checkout beside `tensorflow-cpu` and Keras at those versions, and runs the
-tests marked `matrix` (seam canaries, hook contract, transactional step, compression and
-DiLoCo on 2 replicas; the UNet example with compression on 2 workers beside the oldest
-TensorFlow, where a seam is likeliest to have moved). Then:
+Each TensorFlow of `tfdist.versions.TESTED` other than the newest (whose `.venv` runs the
+whole suite) gets one virtual environment under `.venv-matrix/`, where pip's own resolver
+installs the checkout beside `tensorflow-cpu` and the first Keras paired with it; every
+other Keras of a pair is swapped in place (`--no-deps`, then `pip check` must pass). Each
+pair runs the tests marked `matrix` (seam canaries, hook contract, transactional step,
+compression and DiLoCo on 2 replicas; the UNet example with compression on 2 workers
+beside the oldest TensorFlow, where a seam is likeliest to have moved). Then, in those
+same environments (one install per TensorFlow: installs were a third of the matrix):
 
 - the Keras releases between the oldest and the newest (`KERAS_CHECKED`) each run the seam
-  canaries in one of those environments, Keras reinstalled in place;
+  canaries, Keras swapped in place;
 - a Keras below the floor is forced in (`--no-deps`) beside the TensorFlow that shipped
   it, and the quickstart must stop in one line naming the floor, with no traceback;
 - an image's TensorFlow with the old Keras it carries (NVIDIA's TF 2.17): `pip install` of
   the checkout beside it keeps that TensorFlow, brings a Keras tfdist is right on, and
   the quickstart trains on 2 workers.
 
-pip's cache keeps a second run cheap; an environment is reused while setup.cfg and the
-pair are unchanged. Usage: python .ci/matrix.py [--pairs 2.16.2/3.10.0 ...] [--list]
+Every swap is undone: an environment ends with the Keras it was installed with. pip's
+cache keeps a second run cheap; an environment is reused while setup.cfg and its pins
+are unchanged. Usage: python .ci/matrix.py [--pairs 2.16.2/3.10.0 ...] [--list]
 """
 
 import argparse
 import concurrent.futures
+import contextlib
 import hashlib
 import os
 import pathlib
@@ -50,30 +54,45 @@ def run(command, **kwargs):
     return subprocess.run(command, check=True, **kwargs)
 
 
-def environment(tensorflow, keras, extra=(), deps=True):
-    """The path of a venv holding tensorflow-cpu==tensorflow, keras==keras and the checkout
-    (installed by pip's resolver with those pins; forced with --no-deps when `deps` is
-    False; "image": installed afterwards, beside them, free to move Keras)."""
-    name = f"tf{tensorflow}-keras{keras}" + ("" if deps is True else f"-{deps or 'nodeps'}")
-    path = ENVS / name
+def environment(tensorflow, keras):
+    """The path of a venv holding tensorflow-cpu==tensorflow, keras==keras and the checkout,
+    installed by pip's resolver with those pins (one per TensorFlow: other Keras releases
+    are swapped in with `keras_installed`)."""
+    path = ENVS / f"tf{tensorflow}"
     python = path / "bin" / "python"
     stamp = path / ".installed"
-    wanted = hashlib.sha256((ROOT / "setup.cfg").read_bytes() + name.encode()).hexdigest()
+    wanted = hashlib.sha256((ROOT / "setup.cfg").read_bytes() + keras.encode()).hexdigest()
     if stamp.exists() and stamp.read_text() == wanted:
         return python
     shutil.rmtree(path, ignore_errors=True)
     run([sys.executable, "-m", "venv", str(path)])
-    pins = [f"tensorflow-cpu=={tensorflow}", f"keras=={keras}", *extra]
-    if deps == "image":
-        run([python, *PIP, *pins])
-        run([python, *PIP, "-e", str(ROOT)])
-    elif deps:
-        run([python, *PIP, *pins, "-e", f"{ROOT}[test]"])
-    else:
-        run([python, *PIP, *pins, "pyyaml>=6"])
-        run([python, *PIP, "--no-deps", "-e", str(ROOT)])
+    run([python, *PIP, f"tensorflow-cpu=={tensorflow}", f"keras=={keras}", "-e", f"{ROOT}[test]"])
     stamp.write_text(wanted)
     return python
+
+
+def versions(python):
+    """(TensorFlow, Keras) installed in `python`'s venv."""
+    found = subprocess.run([python, "-c", "import tensorflow as t, keras as k; "
+                            "print(t.__version__, k.__version__)"], capture_output=True,
+                           text=True, check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    return tuple(found.stdout.split())
+
+
+@contextlib.contextmanager
+def keras_installed(python, release, check=True):
+    """Keras `release` in `python`'s venv for the block (`--no-deps`; `pip check` must then
+    pass unless `check` is False), the Keras it had put back after it."""
+    before = versions(python)[1]
+    if release != before:
+        run([python, *PIP, "--no-deps", f"keras=={release}"])
+    try:
+        if check:
+            run([python, "-m", "pip", "check"])
+        yield
+    finally:
+        if versions(python)[1] != before:
+            run([python, *PIP, "--no-deps", f"keras=={before}"])
 
 
 def pytest(python, *selection):
@@ -88,10 +107,7 @@ def matrix_files():
 
 
 def check_pair(tensorflow, keras, python):
-    versions = subprocess.run([python, "-c", "import tensorflow as t, keras as k; "
-                               "print(t.__version__, k.__version__)"], capture_output=True,
-                              text=True, check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    assert versions.stdout.split() == [tensorflow, keras], versions.stdout
+    assert versions(python) == (tensorflow, keras), versions(python)
     # the UNet example (a 2-worker launch, the pair's slowest test) once, beside the
     # oldest TensorFlow and the newest Keras; .venv runs it on the newest pair
     example = ([] if (tensorflow, keras) == (TESTED[0][0], KERAS_CHECKED[-1])
@@ -101,24 +117,21 @@ def check_pair(tensorflow, keras, python):
 
 
 def check_keras_between(python, releases):
-    """The seam canaries on each Keras release in `releases`, reinstalled in `python`'s venv."""
-    installed = subprocess.run([python, "-c", "import keras; print(keras.__version__)"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    try:
-        for release in releases:
-            run([python, *PIP, "--no-deps", f"keras=={release}"])
+    """The seam canaries on each Keras release in `releases`, swapped into `python`'s venv."""
+    for release in releases:
+        with keras_installed(python, release):
             pytest(python, "tests/test_keras_seams.py")
-    finally:
-        run([python, *PIP, "--no-deps", f"keras=={installed}"])
 
 
 def check_below_floor(python):
     """A Keras below the floor stops the quickstart in one line, before any training."""
     tensorflow, keras = BELOW_FLOOR
-    result = subprocess.run(
-        [python, "examples/quickstart/train.py", "--config", "configs/quickstart.yaml"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_CONFIG=""))
+    with keras_installed(python, keras, check=False):  # pip check would refuse it too
+        assert versions(python) == BELOW_FLOOR, versions(python)
+        result = subprocess.run(
+            [python, "examples/quickstart/train.py", "--config", "configs/quickstart.yaml"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_CONFIG=""))
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     print("\n".join(lines[-5:]))
     assert result.returncode != 0, "the quickstart ran on Keras " + keras
@@ -131,19 +144,21 @@ def check_below_floor(python):
 
 def check_beside_an_image(python):
     """pip kept the image's TensorFlow, upgraded its Keras into the range, and the
-    quickstart trains on 2 workers there."""
+    quickstart trains on 2 workers there. The image is `python`'s venv (that TensorFlow)
+    with the image's old Keras forced in; then the checkout is installed as a user would."""
     tensorflow, old_keras = IMAGE
-    found = subprocess.run([python, "-c", "import tensorflow as t, keras as k; "
-                            "print(t.__version__, k.__version__)"], capture_output=True,
-                           text=True, check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    have_tf, have_keras = found.stdout.split()
-    assert have_tf == tensorflow, f"pip replaced the image's TensorFlow: {have_tf}"
-    assert tuple(map(int, have_keras.split(".")[:2])) >= (3, 10), have_keras
-    result = subprocess.run(
-        [python, "-m", "tfdist", "launch", "configs/quickstart.yaml", "--", python,
-         "examples/quickstart/train.py", "--config", "configs/quickstart.yaml", "--epochs", "2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    with keras_installed(python, old_keras, check=False):
+        assert versions(python) == IMAGE, versions(python)
+        run([python, *PIP, "-e", str(ROOT)])
+        run([python, "-m", "pip", "check"])
+        have_tf, have_keras = versions(python)
+        assert have_tf == tensorflow, f"pip replaced the image's TensorFlow: {have_tf}"
+        assert tuple(map(int, have_keras.split(".")[:2])) >= (3, 10), have_keras
+        result = subprocess.run(
+            [python, "-m", "tfdist", "launch", "configs/quickstart.yaml", "--", python,
+             "examples/quickstart/train.py", "--config", "configs/quickstart.yaml",
+             "--epochs", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     sums = re.findall(r"^\[worker:\d\] final weights checksum ([\d.]+)", result.stdout, re.M)
     assert len(sums) == 2 and len(set(sums)) == 1, result.stdout[-3000:]  # one model
@@ -161,26 +176,31 @@ def main():
     if args.list:
         print("\n".join(f"{t}/{k}" for t, k in pairs))
         return
-    start, pythons = time.monotonic(), {}
-    # The next pair's environment installs (mostly unpacking TensorFlow) while this pair's
-    # tests run: the matrix then costs about its tests' time.
+    start = time.monotonic()
+    # One environment per TensorFlow, the next installing (mostly unpacking TensorFlow)
+    # while this pair's tests run: the matrix then costs about its tests' time.
     installer = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    first = {}  # TensorFlow -> the Keras its environment is installed with
+    for tensorflow, keras in pairs:
+        first.setdefault(tensorflow, keras)
     try:
-        ready = [installer.submit(environment, t, k) for t, k in pairs]
+        ready = {t: installer.submit(environment, t, k) for t, k in first.items()}
         if args.pairs is None:
-            below_floor = installer.submit(environment, *BELOW_FLOOR, deps=False)
-            image = installer.submit(environment, *IMAGE, deps="image")
-        for (tensorflow, keras), python in zip(pairs, ready):
-            began = time.monotonic()
-            pythons[tensorflow, keras] = check_pair(tensorflow, keras, python.result())
+            extra = {t: installer.submit(environment, t, KERAS_CHECKED[-1])
+                     for t in (BELOW_FLOOR[0], IMAGE[0]) if t not in ready}
+            ready.update(extra)
+        for tensorflow, keras in pairs:
+            began, python = time.monotonic(), ready[tensorflow].result()
+            with keras_installed(python, keras):
+                check_pair(tensorflow, keras, python)
             print(f"== TensorFlow {tensorflow} + Keras {keras}: passed in "
                   f"{time.monotonic() - began:.0f} s", flush=True)
         if args.pairs is None:
-            lowest = [p for p in pythons if p[1] == KERAS_CHECKED[0]][-1]
+            lowest = [t for t, k in pairs if k == KERAS_CHECKED[0]][-1]
             between = [k for k in KERAS_CHECKED if k not in {p[1] for p in TESTED}]
-            check_keras_between(pythons[lowest], between)
-            check_below_floor(below_floor.result())
-            check_beside_an_image(image.result())
+            check_keras_between(ready[lowest].result(), between)
+            check_below_floor(ready[BELOW_FLOOR[0]].result())
+            check_beside_an_image(ready[IMAGE[0]].result())
     finally:  # a failure does not wait for the environments still to install
         installer.shutdown(wait=False, cancel_futures=True)
     print(f"== version matrix passed in {time.monotonic() - start:.0f} s", flush=True)
