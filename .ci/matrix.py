@@ -113,7 +113,6 @@ def check_pair(tensorflow, keras, python):
     example = ([] if (tensorflow, keras) == (TESTED[0][0], KERAS_CHECKED[-1])
                else ["--deselect", UNET_EXAMPLE])
     pytest(python, "-m", "matrix", *example, *matrix_files())
-    return python
 
 
 def check_keras_between(python, releases):

@@ -69,6 +69,13 @@ METHODS = {  # name -> config sections (None: plain tf.distribute)
         "period": 32, "warmup_steps": 80, "outer": NESTEROV, "fragments": 4,
         "overlap_steps": 2, "overlap_mix": 0.5, "compression": {"name": "int4", "min_size": 0}}},
 }
+# issue 33 item 4: Adam then sees each worker's own uncompressed gradients, and error-fed
+# top-k compresses what the workers' models moved (the outer pseudo-gradient), from step 0:
+# SparseLoCo's recipe (Sarfi et al. 2025) without its 2-bit values
+for period, ratio in ((4, 0.1), (8, 0.1), (8, 0.25)):
+    METHODS[f"SparseLoCo {period}, top {ratio:.0%}"] = {"local_sgd": {
+        "period": period, "warmup_steps": 0, "outer": NESTEROV,
+        "compression": {"name": "topk", "ratio": ratio, **EF}}}
 # Streaming DiLoCo's synchronous warm-up is most of its time to accuracy on a slow link
 METHODS["Streaming DiLoCo 32, warm-up 20"] = {"local_sgd": {
     **METHODS["Streaming DiLoCo 32"]["local_sgd"], "warmup_steps": 20}}

@@ -26,10 +26,13 @@ from methods import METHODS  # noqa: E402
 
 QUALITY_METHODS = [m for m, spec in METHODS.items() if spec is not None]
 QUICK_METHODS = ["none", "sign+EF", "sign", "topk+EF"]  # topk without EF: the full run
+#: The inner optimizer's learning rate by default: Adam's is the UNet example's; momentum
+#: SGD's (beta_1 its momentum) asks whether the error-fed compressors' gap is Adam's.
+LEARNING_RATES = {"adam": 0.003, "momentum": 0.1}
 
 
 def train_one(strategy, method, seed, steps, epochs, warmup=None, start_step=None, beta_1=0.9,
-              policy="float32", **averager_options):
+              policy="float32", optimizer="adam", learning_rate=None, **averager_options):
     import keras
 
     import data
@@ -45,8 +48,8 @@ def train_one(strategy, method, seed, steps, epochs, warmup=None, start_step=Non
         hooks.append(tfdist.compression.build(section))
     if "local_sgd" in spec:
         warmup = steps * epochs // 2 if warmup is None else warmup  # post-local SGD
-        hooks.append(tfdist.local_sgd.ModelAverager(warmup_steps=warmup, **spec["local_sgd"],
-                                                    **averager_options))
+        hooks.append(tfdist.local_sgd.ModelAverager(**{"warmup_steps": warmup,  # the method's own
+                                                       **spec["local_sgd"]}, **averager_options))
     train = types.SimpleNamespace(dataset="synthetic", seed=seed, image_size=32,
                                   num_examples=4096, batch_size=32)
     keras.utils.set_random_seed(seed)
@@ -54,7 +57,10 @@ def train_one(strategy, method, seed, steps, epochs, warmup=None, start_step=Non
     with strategy.scope():
         model = unet(32, 4, 16, 3, 0.1)
     keras.mixed_precision.set_global_policy("float32")
-    trainer = tfdist.Trainer(model, keras.optimizers.Adam(0.003, beta_1=beta_1),
+    learning_rate = learning_rate or LEARNING_RATES[optimizer]
+    inner = (keras.optimizers.Adam(learning_rate, beta_1=beta_1) if optimizer == "adam" else
+             keras.optimizers.SGD(learning_rate, momentum=beta_1))
+    trainer = tfdist.Trainer(model, inner,
                              keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                              strategy=strategy, metrics=metrics.segmentation_metrics(4),
                              hooks=hooks)
@@ -65,15 +71,26 @@ def train_one(strategy, method, seed, steps, epochs, warmup=None, start_step=Non
     compression = hooks[0].get_config() if "compression" in spec and spec["compression"] != \
         "auto" else None
     return {"method": method, "seed": seed, "steps": steps * epochs, "compression": compression,
-            "adam_beta_1": beta_1, "policy": policy,
+            "adam_beta_1": beta_1, "policy": policy, "optimizer": optimizer,
+            "learning_rate": learning_rate,
             "loss": history["loss"][-1], "val_mean_iou": history["val_mean_iou"][-1],
             "loss_curve": history["loss"], "seconds": time.perf_counter() - started}
 
 
 def variant(row):
-    """(method, the step compression started, Adam's beta_1, dtype policy) of a result row."""
+    """(method, the step compression started, beta_1, dtype policy, optimizer and its
+    learning rate) of a result row."""
     start = (row.get("compression") or {}).get("start_step", 0)
-    return row["method"], start, row.get("adam_beta_1", 0.9), row.get("policy", "float32")
+    optimizer = row.get("optimizer", "adam")
+    return (row["method"], start, row.get("adam_beta_1", 0.9), row.get("policy", "float32"),
+            optimizer, row.get("learning_rate") or LEARNING_RATES[optimizer])
+
+
+def baseline(groups, key):
+    """The rows of `none` to compare variant `key` with: same optimizer and learning rate
+    where they were run, else the default's."""
+    default = ("none", 0, 0.9, "float32", "adam", LEARNING_RATES["adam"])
+    return groups.get(("none", 0, 0.9, "float32", *key[4:]), groups.get(default, []))
 
 
 def table(rows, mean_iou_points=1.0, loss_fraction=0.10):
@@ -85,16 +102,19 @@ def table(rows, mean_iou_points=1.0, loss_fraction=0.10):
     groups = {}
     for row in rows:
         groups.setdefault(variant(row), []).append(row)
-    base = {r["seed"]: r for r in groups.get(("none", 0, 0.9, "float32"), [])}
-    if not base:
+    default = {r["seed"]: r for r in baseline(groups, ("none", 0, 0.9, "float32", "adam",
+                                                        LEARNING_RATES["adam"]))}
+    if not default:
         raise SystemExit("no rows of method none to compare with")
-    base_iou = statistics.mean(r["val_mean_iou"] for r in base.values())
-    base_loss = statistics.mean(r["loss"] for r in base.values())
-    out = ["| method | policy | compressed from step | Adam beta_1 | val mean IoU per seed | "
-           "mean | spread (sd) | Δ vs none, same seeds (points) | final train loss | vs none | "
-           "within target |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (method, start, beta_1, policy), group in groups.items():
+    base_iou = statistics.mean(r["val_mean_iou"] for r in default.values())
+    base_loss = statistics.mean(r["loss"] for r in default.values())
+    out = ["| method | optimizer | policy | compressed from step | beta_1 | val mean IoU per "
+           "seed | mean | spread (sd) | Δ vs none, same seeds (points) | final train loss | "
+           "vs none | within target |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, group in groups.items():
+        method, start, beta_1, policy, optimizer, learning_rate = key
+        base = {r["seed"]: r for r in baseline(groups, key)}
         group = sorted(group, key=lambda r: r["seed"])
         ious = [r["val_mean_iou"] for r in group]
         iou, loss = statistics.mean(ious), statistics.mean(r["loss"] for r in group)
@@ -103,7 +123,8 @@ def table(rows, mean_iou_points=1.0, loss_fraction=0.10):
         delta = 100 * (iou - statistics.mean(b["val_mean_iou"] for b in same))
         ratio = loss / statistics.mean(b["loss"] for b in same) - 1
         ok = delta >= -mean_iou_points and ratio <= loss_fraction
-        out.append(f"| {method} | {policy} | {start if method != 'none' else '—'} | {beta_1:g} | "
+        out.append(f"| {method} | {optimizer} {learning_rate:g} | {policy} | "
+                   f"{start if method != 'none' else '—'} | {beta_1:g} | "
                    + " / ".join(f"{v:.3f}" for v in ious)
                    + f" | {iou:.3f} | {spread:.3f} | {delta:+.1f} | {loss:.4f} | "
                    f"{100 * ratio:+.0f}% | {'yes' if ok else 'no'} |")
@@ -130,6 +151,10 @@ def main():
                         help="compress from this step on (default: each method's own)")
     parser.add_argument("--beta_1", type=float, default=0.9,
                         help="Adam's momentum (0 for DGC's momentum correction: its own)")
+    parser.add_argument("--optimizer", choices=sorted(LEARNING_RATES), default="adam",
+                        help="the inner optimizer (momentum: SGD with momentum beta_1)")
+    parser.add_argument("--learning_rate", type=float,
+                        help=f"default: {LEARNING_RATES}")
     parser.add_argument("--policy", default="float32",
                         help="Keras dtype policy of the model (e.g. mixed_bfloat16)")
     args = parser.parse_args()
@@ -151,9 +176,9 @@ def main():
     for seed in args.seeds:
         for method in methods:
             rows.append(train_one(strategy, method, seed, steps, epochs, args.warmup,
-                                  args.start_step, args.beta_1, args.policy,
-                                  average_optimizer_state=args.average_optimizer_state))
-            print(f"quality {method:12s} {args.policy} seed {seed}: loss {rows[-1]['loss']:.4f}, "
+                                  args.start_step, args.beta_1, args.policy, args.optimizer,
+                                  args.learning_rate, average_optimizer_state=args.average_optimizer_state))
+            print(f"quality {method:12s} {args.policy} {args.optimizer} seed {seed}: loss {rows[-1]['loss']:.4f}, "
                   f"val mean IoU {rows[-1]['val_mean_iou']:.3f} "
                   f"({rows[-1]['seconds']:.0f}s)", flush=True)
             pathlib.Path(args.out).write_text(json.dumps(rows, indent=1))  # so far

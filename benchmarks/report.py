@@ -325,6 +325,7 @@ def limit_targets(results):
                     "inside ±1%)", f"{ratio - 1:+.1%}" + (
                         f" ({interval[0] - 1:+.1%} to {interval[1] - 1:+.1%})" if interval
                         else ""), inside, "issue 33; overhead.py"))
+    out += loss_at_fewer_bytes(results["time_to_accuracy"]["runs"])
     for rate in sorted({r["rate_bits"] for r in rows}, reverse=True):
         here = {r["method"]: r["seconds_to_0.85"] for r in rows if r["rate_bits"] == rate}
         fixed = {m: s for m, s in here.items() if m != "auto" and s is not None}
@@ -336,6 +337,26 @@ def limit_targets(results):
                         f"{got:.0f} s against {method}'s {fixed[method]:.0f} s"
                         if got is not None else "not reached by every seed",
                         got is not None and got <= 1.05 * fixed[method], "issue 33"))
+    return out
+
+
+def loss_at_fewer_bytes(runs, fewer=10, loss_fraction=0.10):
+    """Issue 33 item 4: a method with >= `fewer` times fewer bytes than `none` whose final
+    training loss is within `loss_fraction` of none's — the best of the error-fed gradient
+    compressors, and the best of every method (local updates compressed included)."""
+    scores = {m: v for m, v in time_to_accuracy.against_none(runs).items() if v[0] >= fewer}
+    error_fed = {m: v for m, v in scores.items() if ("EF" in m or "DGC" in m)
+                 and not m.startswith(("local SGD", "DiLoCo", "Streaming", "SparseLoCo"))}
+    out = []
+    for label, group in (("an error-fed gradient compressor", error_fed),
+                         ("any method", scores)):
+        if group:
+            method = min(group, key=lambda m: group[m][1])
+            reduction, gap = group[method]
+            out.append((f"{label} with ≥ {fewer}× fewer bytes than none: final training "
+                        f"loss within {loss_fraction:.0%} of none's", f"{method}: {gap:+.0%} "
+                        f"at {reduction:.0f}× fewer bytes", gap <= loss_fraction,
+                        "issue 33 item 4; the time-to-accuracy runs (full schedule)"))
     return out
 
 
@@ -476,6 +497,8 @@ SAVED_SECTIONS = (
     ("islands_unet", "DiLoCo across islands: the UNet", "islands.py --workload unet"),
     ("shipped_configs", "Whole-run bytes of the shipped DiLoCo configs", "shipped_configs.py"),
     ("buckets", "Gradient buckets: does the exchange overlap the backward pass?", "buckets.py"),
+    ("error_feedback", "Why the error-fed compressors end with a higher loss",
+     "error_feedback.py"),
 )
 
 

@@ -177,6 +177,20 @@ def quality(rows, workload=UNET):
     return out
 
 
+def against_none(rows, workload=UNET):
+    """{method: (times fewer bytes per step than none, final loss / none's - 1)}: the bytes
+    are each method's median over its links (the kB/step column), the loss as `quality`."""
+    cell = {}
+    for r in summary(rows, workload):
+        cell.setdefault(r["method"], []).append(r["bytes_per_step"])
+    scores = quality(rows, workload)
+    if "none" not in scores or "none" not in cell:
+        return {}
+    bytes0, loss0 = statistics.median(cell["none"]), scores["none"][2]
+    return {m: (bytes0 / statistics.median(b) if statistics.median(b) else float("inf"),
+                scores[m][2] / loss0 - 1) for m, b in cell.items() if m != "none"}
+
+
 def markdown(results):
     """One row per method: quality at convergence (every run), then per link the median
     training seconds to each target and the seconds per step."""

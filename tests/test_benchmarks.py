@@ -289,3 +289,26 @@ def test_the_limits_are_the_best_times_the_shipped_configs_pass_through_and_auto
     assert rows[f"auto at 20 Mbit/s {auto}"][1] is False
     passing = [v for k, v in rows.items() if k.startswith("tfdist pass-through within 1%")]
     assert passing[0][0].startswith("+0.5% (") and passing[0][1] is True
+
+
+def test_issue_33_item_4_asks_for_a_loss_within_10_percent_at_10x_fewer_bytes():
+    """Per method: none's bytes over its own (the median over its links), its final loss
+    over none's (seeds averaged over their links, then over seeds); the rows name the best
+    error-fed gradient compressor and the best method of all among those >= 10x fewer."""
+    def run(method, seed, loss, kb, rate=10**9):
+        return {**tta_run(method, seed, [0.9], 10.0, rate=rate, loss=loss),
+                "bytes_per_step": kb * 1e3}
+
+    runs = [run("none", 0, 0.10, 2000), run("none", 1, 0.12, 2000),
+            run("powersgd+EF", 0, 0.13, 150), run("powersgd+EF", 1, 0.13, 150),
+            run("topk+EF", 0, 0.15, 50), run("topk+EF", 1, 0.17, 50, rate=2 * 10**7),
+            run("int8", 0, 0.11, 500), run("int8", 1, 0.11, 500),  # within 10%, only 4x
+            run("SparseLoCo 8, top 10%", 0, 0.115, 40), run("SparseLoCo 8, top 10%", 1, 0.117, 60)]
+    scores = time_to_accuracy.against_none(runs)
+    assert scores["powersgd+EF"] == pytest.approx((2000 / 150, 0.13 / 0.11 - 1))
+    assert scores["SparseLoCo 8, top 10%"] == pytest.approx((2000 / 50, 0.116 / 0.11 - 1))
+    rows = report.loss_at_fewer_bytes(runs)
+    assert [(got, met) for _, got, met, _ in rows] == [
+        ("powersgd+EF: +18% at 13× fewer bytes", False),  # topk+EF: +45%
+        ("SparseLoCo 8, top 10%: +5% at 40× fewer bytes", True)]
+    assert report.loss_at_fewer_bytes(runs[:2]) == []  # nothing but none: no claim either way
