@@ -31,6 +31,14 @@ QUICK_METHODS = ["none", "sign+EF", "sign", "topk+EF"]  # topk without EF: the f
 LEARNING_RATES = {"adam": 0.003, "momentum": 0.1}
 
 
+def positive_rate(text):
+    """argparse type: a positive, finite learning rate."""
+    value = float(text)
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+    return value
+
+
 def train_one(strategy, method, seed, steps, epochs, warmup=None, start_step=None, beta_1=0.9,
               policy="float32", optimizer="adam", learning_rate=None, **averager_options):
     import keras
@@ -153,7 +161,7 @@ def main():
                         help="Adam's momentum (0 for DGC's momentum correction: its own)")
     parser.add_argument("--optimizer", choices=sorted(LEARNING_RATES), default="adam",
                         help="the inner optimizer (momentum: SGD with momentum beta_1)")
-    parser.add_argument("--learning_rate", type=float,
+    parser.add_argument("--learning_rate", type=positive_rate,
                         help=f"default: {LEARNING_RATES}")
     parser.add_argument("--policy", default="float32",
                         help="Keras dtype policy of the model (e.g. mixed_bfloat16)")
@@ -177,8 +185,10 @@ def main():
         for method in methods:
             rows.append(train_one(strategy, method, seed, steps, epochs, args.warmup,
                                   args.start_step, args.beta_1, args.policy, args.optimizer,
-                                  args.learning_rate, average_optimizer_state=args.average_optimizer_state))
-            print(f"quality {method:12s} {args.policy} {args.optimizer} seed {seed}: loss {rows[-1]['loss']:.4f}, "
+                                  args.learning_rate,
+                                  average_optimizer_state=args.average_optimizer_state))
+            print(f"quality {method:12s} {args.policy} {args.optimizer} seed {seed}: "
+                  f"loss {rows[-1]['loss']:.4f}, "
                   f"val mean IoU {rows[-1]['val_mean_iou']:.3f} "
                   f"({rows[-1]['seconds']:.0f}s)", flush=True)
             pathlib.Path(args.out).write_text(json.dumps(rows, indent=1))  # so far

@@ -312,3 +312,14 @@ def test_issue_33_item_4_asks_for_a_loss_within_10_percent_at_10x_fewer_bytes():
         ("powersgd+EF: +18% at 13× fewer bytes", False),  # topk+EF: +45%
         ("SparseLoCo 8, top 10%: +5% at 40× fewer bytes", True)]
     assert report.loss_at_fewer_bytes(runs[:2]) == []  # nothing but none: no claim either way
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "0", "-0.001", "fast"])
+def test_quality_refuses_a_learning_rate_that_is_not_a_positive_number(text):
+    import argparse
+
+    import quality
+
+    with pytest.raises((argparse.ArgumentTypeError, ValueError)):
+        quality.positive_rate(text)
+    assert quality.positive_rate("0.0015") == 0.0015
