@@ -151,6 +151,8 @@ def test_stdout_closed_after_one_line(tmp_path, write_config, launch_env, token)
             print("line", n, "x" * 200)
             n += 1
         report("done", str(n))
+        if name == "worker:1":  # the failing task ends last: the launcher then stops
+            wait_for("worker:0.done")  # the others, and worker:0 may have started late
         sys.exit(5 if name == "worker:1" else 0)
     """, tmp_path)), env=launch_env, cwd=tmp_path, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE)
