@@ -127,6 +127,8 @@ def test_configs_run_under_tfdist_launch(tmp_path, name):
 
 
 @pytest.mark.parametrize("example, flag, value", [("unet_segmentation", "--epochs", "0"),
+                                                  ("unet_segmentation", "--depth", "0"),
+                                                  ("unet_segmentation", "--base_filters", "-4"),
                                                   ("char_lm", "--learning_rate", "nan")])
 def test_a_bad_flag_of_either_example_is_one_line_naming_the_flag(example, flag, value):
     """A flag overrides a config key through the key's own check: a bad value is one line

@@ -272,7 +272,7 @@ def test_a_nan_on_one_worker_is_refused_on_both_and_leaves_no_trace(write_config
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("model,compression", [("conv", None), ("dict", None),
+@pytest.mark.parametrize("model,compression", [("dict", None),  # conv: compressed below
                                                ("conv", "int8"), ("conv", "fp16")])
 def test_parameter_server_trainer_learns_and_counts_steps_exactly(write_config, tmp_path, model,
                                                                   compression):

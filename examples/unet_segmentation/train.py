@@ -29,8 +29,11 @@ settings.define_flags(flags, "tfdist config file with a train: section", "output
 flags.DEFINE_integer("image_size", None, "override train.image_size")
 flags.DEFINE_string("dataset", None, "override train.dataset")
 flags.DEFINE_string("data_dir", None, "override train.data_dir")
+flags.DEFINE_integer("depth", None, "override train.depth (the UNet's levels)")
+flags.DEFINE_integer("base_filters", None, "override train.base_filters")
 FLAGS = flags.FLAGS
-OVERRIDES = (*settings.TRAIN_CHECKS, "image_size", "dataset", "data_dir")
+OVERRIDES = (*settings.TRAIN_CHECKS, "image_size", "dataset", "data_dir", "depth",
+             "base_filters")
 
 
 def main(argv):
