@@ -165,7 +165,8 @@ def test_unet_trains_on_chief_and_two_workers_from_sbatch(slurm, tmp_path, job_n
                   "--job-name", job_name, "--output", str(log), "--",
                   sys.executable, str(job), "--config", config, "--output_dir", str(out),
                   "--epochs", "1", "--steps_per_epoch", "3", "--validation_steps", "1",
-                  "--image_size", "16", "--batch_size", "6"],
+                  "--image_size", "16", "--batch_size", "6", "--depth", "1",
+                  "--base_filters", "8"],  # a one-level UNet: quick to trace
                  timeout=60).stdout
     assert "#SBATCH --ntasks=3" in script and " exec " + config + " -- " in script
     submitted = subprocess.run(["sbatch", "--wait", "--parsable"], input=script,
@@ -195,7 +196,7 @@ def test_parameter_server_step_ends_with_the_chief(slurm, write_config, tmp_path
         cluster: {{slurm: {{chief: 1, ps: 1, port: {port}}}}}
         strategy: parameter_server
         train: {{image_size: 16, batch_size: 8, epochs: 1, steps_per_epoch: 3,
-                 validation_steps: 1, loop: ctl}}
+                 validation_steps: 1, loop: ctl, depth: 1, base_filters: 8}}
         """)
     job = tmp_path / "weights_job.py"
     job.write_text(WEIGHTS_JOB)
