@@ -5,12 +5,12 @@ finishes, every worker ends with the same weights, the step count is exact (afte
 SIGTERM every step trains once; after a SIGKILL the steps since the last backup run again),
 and the final loss is within the seed noise of a run never interrupted (after a SIGTERM,
 but for `auto`'s timed choices, the weights are those of that run: every replica's
-error-feedback residuals, DiLoCo's replicas and anchors come back from the backup), on 4
-workers. The ordinary
+error-feedback residuals come back from the backup), on 4 workers. The ordinary
 synchronous step is in test_multiworker_training.py (4 workers, every step checked), and
-so is DiLoCo's outer synchronisation (between 2 islands of 2 workers; Streaming DiLoCo's
-here covers the outer step between every worker); a kill during a backup in
-test_checkpoint_store.py."""
+so are DiLoCo's outer synchronisation and Streaming DiLoCo's overlapped exchange (between
+2 islands of 2 workers: the signal carried by an exchange in flight; each replica's
+weights, the anchors and the outer momentum come back from the backup); a kill during a
+backup in test_checkpoint_store.py."""
 
 import json
 import os
@@ -29,7 +29,6 @@ STEPS = [(e, b) for e in range(3) for b in range(4)]  # 3 epochs of 4 steps
 KINDS = {
     "compressed step (top-k + EF)": ("--compression", "topk", "--ratio", "0.25",
                                      "--error_feedback"),
-    "Streaming DiLoCo's overlapped exchange": ("--local_sgd", "4", "--diloco", "2,1"),
     "compression: auto's probe": ("--auto", "6"),
 }
 VALIDATION = "validation (top-k + EF)"
