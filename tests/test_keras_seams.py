@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.matrix, pytest.mark.usefixtures("two_cpus", "jobs_path
 OPTIMIZER = "tfdist/core/optimizer.py"
 MWMS = "tfdist/strategies/multi_worker_mirrored.py"
 PS = "tfdist/strategies/parameter_server.py"
+BUILD_BATCH = "tfdist/strategies/keras_build_batch.py"
 KERAS = f"Keras {keras.__version__}"
 
 
@@ -229,6 +230,12 @@ def test_keras_trainer_still_reduces_nested_batches_and_scalars_with_axis_0(reco
             "(reduce calls as (phase, op, nested, axis): "
             f"{sorted(set(strategy.reduces), key=str)}); tfdist's MultiWorkerMirroredStrategy "
             "maps such calls leaf by leaf and may no longer need to.")
+    batch_reduces = sum(1 for r in strategy.reduces if r[1:] == ("MEAN", True, None))
+    assert strategy.keras_fixes["local_build_batch"] == batch_reduces, (
+        f"{BUILD_BATCH}: of {KERAS}'s {batch_reduces} reductions of a first batch, "
+        f"{strategy.keras_fixes['local_build_batch']} were answered locally: "
+        "called_by_keras_build() no longer recognises the caller (module, name or frame "
+        "depth moved), and a batch the replicas split unevenly fails again.")
     fit_logs = [(reduction, ranks) for phase, reduction, ranks in per_replica if phase == "fit"]
     assert ("auto", [0]) in fit_logs, (
         f"{MWMS}: {KERAS}'s train step no longer passes its per-replica scalar logs through "
@@ -290,6 +297,19 @@ def test_upstream_central_storage_still_fails_with_batchnorm():
         model.compile("sgd", "mse")
     with pytest.raises(ValueError, match="aggregation"):
         model.fit(np.ones((4, 2)), np.ones((4, 2)), batch_size=4, verbose=0)
+
+
+def test_upstream_mirrored_still_fails_on_a_batch_the_replicas_split_unevenly():
+    """Canary: plain TF MirroredStrategy + Keras 3 fit on global batches of 7 rows on 2
+    replicas. If this starts passing, Keras stopped reducing the first batch and
+    tfdist/strategies/keras_build_batch.py can go."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert not isinstance(strategy, MirroredStrategy)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="same size and shape"):
+        model.fit(np.ones((14, 2)), np.ones((14, 1)), batch_size=7, verbose=0)
 
 
 def _recording_saves(base, path_of):

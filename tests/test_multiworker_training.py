@@ -81,6 +81,8 @@ FOUR_WORKERS = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
 FOUR_WORKER_CLEAN = {
     "test_sigterm_to_one_of_four_workers_loses_no_step":
         lambda loop, training: ("--loop", loop, "--model", "plain", "--epochs", "3", *training),
+    "test_a_global_batch_four_workers_split_unevenly_trains_as_tf_weighs_it":
+        lambda: ("--loop", "fit", *PLAIN, "--batch", "30"),
 }
 
 
@@ -161,7 +163,28 @@ def test_two_workers_match_single_device_training(request, loop):
         np.testing.assert_array_equal(a, b)
     if loop == "fit":  # the Keras 3 calls tfdist's MWMS reduce fixes are still made
         fixes = results["worker-0"]["keras_fixes"]
-        assert fixes.get("nested", 0) > 0 and fixes.get("scalar_axis", 0) > 0, fixes
+        assert fixes.get("local_build_batch", 0) > 0 and fixes.get("scalar_axis", 0) > 0, fixes
+
+
+def test_a_global_batch_four_workers_split_unevenly_trains_as_tf_weighs_it(request):
+    """Global batches of 30 rows on 4 workers (8, 8, 8, 6; the last one 2 each): Keras 3's
+    fit reduces its first batch across the workers and fails before the first step
+    ("Shape mismatch in the collective instance"); tfdist answers that look locally
+    (tfdist/strategies/keras_build_batch.py). Every worker must end with the weights of
+    one device on which each row weighs what it weighs on its worker."""
+    import tensorflow as tf
+    from models import split_between_workers
+    from test_strategies import fit_weights
+
+    results, out, _ = one_launch(request, "four_worker_runs", FOUR_WORKER_CLEAN)
+    reference, _ = fit_weights(tf.distribute.get_strategy(), "fit", batch=30,
+                               weigh_as_replicas=4, split=split_between_workers)
+    assert set(results) == {f"worker-{i}" for i in range(4)}
+    for task in results:
+        assert results[task]["replicas"] == 4
+        assert results[task]["keras_fixes"].get("local_build_batch", 0) > 0
+        for w, r in zip(weights(out, task), reference):
+            np.testing.assert_allclose(w, r, atol=2e-6)
 
 
 @pytest.mark.parametrize("compression,tolerance", [("topk", 2e-6), ("powersgd", 1e-4)])

@@ -76,15 +76,19 @@ def test_logical_cpus_too_late_is_a_clear_error():
     assert get_strategy("mirrored", logical_cpus=2).num_replicas_in_sync == 2
 
 
-def fit_weights(strategy, loop, epochs=2):
-    """Trains the BN-free, dropout-free conv model; returns (weights, history)."""
+def fit_weights(strategy, loop, epochs=2, batch=32, weigh_as_replicas=None, **split):
+    """Trains the BN-free, dropout-free conv model; returns (weights, history).
+
+    `weigh_as_replicas`: each row weighs what it weighs on that many replicas, split
+    as `split` says (`models.replica_share_weights`)."""
     import keras
-    from models import conv_model, dataset, loss
+    from models import conv_model, dataset, loss, weighted_dataset
 
     with strategy.scope():
         model = conv_model(seed=3, batchnorm=False, dropout=0)
         optimizer = keras.optimizers.SGD(0.05)
-    data = dataset(128, batch=32)
+    data = (weighted_dataset(128, batch, weigh_as_replicas, **split) if weigh_as_replicas
+            else dataset(128, batch=batch))
     if loop == "fit":
         with strategy.scope():
             model.compile(optimizer, loss(), metrics=["sparse_categorical_accuracy"])
@@ -107,6 +111,34 @@ def test_two_replicas_match_single_device(strategies, name, loop):
     assert history.keys() == reference_history.keys()
     for key in history:  # loss and metrics aggregated across replicas, not per replica
         np.testing.assert_allclose(history[key], reference_history[key], rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,loop,policy", [
+    ("mirrored", "fit", None), ("mirrored", "trainer", None),
+    ("central_storage", "fit", None), ("central_storage", "trainer", None),
+    ("mirrored", "fit", "mixed_float16")])
+def test_a_global_batch_the_replicas_split_unevenly_trains_as_tf_weighs_it(
+        strategies, name, loop, policy):
+    """Global batches of 31 rows on 2 replicas (16 + 15; the last one 2 + 2). Keras 3's fit
+    alone fails before the first step under MirroredStrategy (upstream canary:
+    test_keras_seams.py); tfdist answers Keras' look at the first batch locally
+    (tfdist/strategies/keras_build_batch.py). Each replica's loss is the mean over its own
+    rows: the independent computation is one device with each row weighted by what it
+    weighs there (`models.replica_share_weights`)."""
+    import keras
+
+    keras.mixed_precision.set_global_policy(policy or "float32")
+    try:
+        reference, _ = fit_weights(tf.distribute.get_strategy(), loop, batch=31,
+                                   weigh_as_replicas=2)
+        strategy = strategies(name)
+        weights, history = fit_weights(strategy, loop, batch=31)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    tolerance = 2e-3 if policy else 2e-6
+    for w, r in zip(weights, reference):
+        np.testing.assert_allclose(w, r, atol=tolerance)
+    assert history["loss"][-1] < history["loss"][0]
 
 
 @pytest.mark.parametrize("loop", ["fit", "trainer"])

@@ -49,5 +49,43 @@ def dataset(n, batch, seed=0, dict_inputs=False, repeat=False):
     return (data.repeat() if repeat else data).batch(batch)
 
 
+def split_in_one_worker(rows, replicas):
+    """How TF splits a global batch between one worker's replicas (`rebatch`): into
+    consecutive parts, the first ``rows % replicas`` of them one row longer."""
+    return [rows // replicas + (r < rows % replicas) for r in range(replicas)]
+
+
+def split_between_workers(rows, workers):
+    """How TF splits a global batch between workers of one replica each (measured on TF
+    2.21: auto-sharding by data): consecutive parts of ``ceil(rows / workers)`` rows, the
+    last one what is left (30 rows on 4 workers: 8, 8, 8, 6)."""
+    part = -(-rows // workers)
+    return [min(part, max(0, rows - w * part)) for w in range(workers)]
+
+
+def replica_share_weights(n, batch, replicas, split=split_in_one_worker):
+    """Per-row sample weights under which one device trains as `replicas` replicas do on
+    global batches of `batch` rows that do not split evenly.
+
+    `split` gives the rows of each replica's part of a global batch of b rows; each
+    replica's loss is the mean over its own rows and counts 1/replicas, so a row of a
+    part of n_r rows weighs b / (replicas * n_r) in the mean over the global batch.
+    """
+    weights = []
+    for start in range(0, n, batch):
+        b = min(batch, n - start)
+        for rows in split(b, replicas):
+            weights += [b / (replicas * rows)] * rows
+    return np.asarray(weights, "float32")
+
+
+def weighted_dataset(n, batch, replicas, split=split_in_one_worker, seed=0):
+    """`dataset` with `replica_share_weights` as each row's sample weight."""
+    weights = replica_share_weights(n, batch, replicas, split)
+    return tf.data.Dataset.zip(dataset(n, batch, seed),
+                               tf.data.Dataset.from_tensor_slices(weights).batch(batch)).map(
+        lambda data, w: (*data, w))
+
+
 def loss():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)

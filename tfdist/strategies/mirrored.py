@@ -4,9 +4,10 @@ import tensorflow as tf
 
 from tfdist.strategies.collective_keys import next_key_base
 from tfdist.strategies.input_pipelines import StallFreeInput
+from tfdist.strategies.keras_build_batch import LocalBuildBatch
 
 
-class MirroredStrategy(StallFreeInput, tf.distribute.MirroredStrategy):
+class MirroredStrategy(LocalBuildBatch, StallFreeInput, tf.distribute.MirroredStrategy):
     """`tf.distribute.MirroredStrategy` whose collectives never reuse an earlier one's keys.
 
     Every TF `MirroredStrategy` numbers its collectives from the same start (group key
@@ -16,7 +17,9 @@ class MirroredStrategy(StallFreeInput, tf.distribute.MirroredStrategy):
     model's shapes: its first all-reduce fails with "Shape mismatch in the collective
     instance 100" and aborts the process's collectives. Here each instance takes a
     fresh key range before TF reads it (an instance attribute; TF's class attribute is
-    untouched). Its datasets' iterators end without a pause (`StallFreeInput`).
+    untouched). Its datasets' iterators end without a pause (`StallFreeInput`), and Keras'
+    look at the first batch is answered without a collective, whatever the split
+    (`LocalBuildBatch`).
     """
 
     def __init__(self, devices=None, cross_device_ops=None):

@@ -1,32 +1,47 @@
 """MultiWorkerMirroredStrategy on which Keras 3 `fit`, `evaluate` and `predict` work."""
 
-import collections
-
 import tensorflow as tf
 from tensorflow.python.eager import context  # the coordination-service barrier
 
 from tfdist.strategies.collective_keys import next_key_base
 from tfdist.strategies.initial_values import skip_broadcast_of_identical
 from tfdist.strategies.input_pipelines import StallFreeInput
+from tfdist.strategies.keras_build_batch import LocalBuildBatch
 
 BARRIER_SECONDS = 3600
 
 
-class MultiWorkerMirroredStrategy(StallFreeInput, tf.distribute.MultiWorkerMirroredStrategy):
+class NestedAndScalarReduce:
+    """Strategy mixin: `reduce` maps over nested structures leaf by leaf, and treats
+    ``axis=0`` on scalars as a reduction over replicas only (``axis=None``), the only
+    meaning it can have. Every other call is the strategy's own."""
+
+    def reduce(self, reduce_op, value, axis=None):
+        if tf.nest.is_nested(value):
+            self.keras_fixes["nested"] += 1
+            return tf.nest.map_structure(lambda v: self.reduce(reduce_op, v, axis), value)
+        if axis == 0 and _rank(self, value) == 0:
+            self.keras_fixes["scalar_axis"] += 1
+            axis = None
+        return super().reduce(reduce_op, value, axis)
+
+
+class MultiWorkerMirroredStrategy(LocalBuildBatch, NestedAndScalarReduce, StallFreeInput,
+                                  tf.distribute.MultiWorkerMirroredStrategy):
     """`tf.distribute.MultiWorkerMirroredStrategy` on which Keras 3 trains.
 
     Keras 3 (keras #20585, tensorflow #72388) fails before the first step with two or
     more workers, through two calls to `Strategy.reduce`:
 
     - `TensorFlowTrainer._maybe_symbolic_build` reduces a *nested* batch
-      (``reduce("MEAN", (x, y), axis=None)``), which TF's `reduce` does not accept;
+      (``reduce("MEAN", (x, y), axis=None)``), which TF's `reduce` does not accept, and
+      which fails again where the global batch does not split evenly: `LocalBuildBatch`
+      answers it from this worker's batch, without a collective;
     - `reduce_per_replica` reduces scalar metrics with ``axis=0``, a dimension a scalar
-      does not have.
+      does not have: `NestedAndScalarReduce`.
 
-    Here `reduce` maps over nested structures leaf by leaf, and treats ``axis=0`` on
-    scalars as a reduction over replicas only (``axis=None``), the only meaning it can
-    have. Every other call is TF's own. `keras_fixes` counts each fix applied, so a test
-    notices if Keras stops making these calls.
+    `keras_fixes` counts each fix applied, so a test notices if Keras stops making these
+    calls.
 
     A new strategy per run in one process works too (TF's class fails, measured):
 
@@ -52,17 +67,7 @@ class MultiWorkerMirroredStrategy(StallFreeInput, tf.distribute.MultiWorkerMirro
         self._collective_key_base = next_key_base("multi_worker_mirrored")
         super().__init__(*args, **kwargs)
         skip_broadcast_of_identical(self.extended)
-        self.keras_fixes = collections.Counter()
         _wait_for_peers(self)
-
-    def reduce(self, reduce_op, value, axis):
-        if tf.nest.is_nested(value):
-            self.keras_fixes["nested"] += 1
-            return tf.nest.map_structure(lambda v: self.reduce(reduce_op, v, axis), value)
-        if axis == 0 and _rank(self, value) == 0:
-            self.keras_fixes["scalar_axis"] += 1
-            axis = None
-        return super().reduce(reduce_op, value, axis)
 
 
 def _wait_for_peers(strategy):
