@@ -161,7 +161,8 @@ def run(method, rate, seed, workdir, timeout=3600, cgroups=None, schedule=SCHEDU
     reached = next((e["train_seconds"] for e in epochs
                     if workload.reached(e[workload.metric])), None)
     return {"method": method, "rate_bits": rate, "seed": seed,
-            "measured": datetime.date.today().isoformat(), "seconds_to_target": reached, workload.final_key: epochs[-1][workload.metric],
+            "measured": datetime.date.today().isoformat(), "seconds_to_target": reached,
+            workload.final_key: epochs[-1][workload.metric],
             "train_seconds": epochs[-1]["train_seconds"],
             "seconds_per_step": metrics["seconds_per_step"],
             "measured_island_steps": measured_island_steps(chief_log),

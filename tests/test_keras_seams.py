@@ -21,7 +21,7 @@ import tfdist
 from tfdist.core.optimizer import SAVED_KEY, SAVED_NAME
 from tfdist.core.optimizer import CALLED, KERAS_CHECKED, OVERRIDDEN
 from tfdist.strategies import CentralStorageStrategy, MirroredStrategy
-from tfdist.strategies.parameter_server import _called_from_keras_trainer
+from tfdist.strategies.keras_build_batch import called_from_keras_trainer
 from tfdist.training import GradientPipeline
 
 pytestmark = [pytest.mark.matrix, pytest.mark.usefixtures("two_cpus", "jobs_path")]
@@ -164,7 +164,7 @@ class _RecordingMirroredStrategy(MirroredStrategy):
 
     def experimental_distribute_dataset(self, dataset, options=None):
         # As tfdist.strategies.ParameterServerStrategy asks it (same frame depth).
-        self.from_keras_trainer.append((self.phase, _called_from_keras_trainer()))
+        self.from_keras_trainer.append((self.phase, called_from_keras_trainer()))
         return super().experimental_distribute_dataset(dataset, options)
 
 
@@ -234,7 +234,7 @@ def test_keras_trainer_still_reduces_nested_batches_and_scalars_with_axis_0(reco
     assert strategy.keras_fixes["local_build_batch"] == batch_reduces, (
         f"{BUILD_BATCH}: of {KERAS}'s {batch_reduces} reductions of a first batch, "
         f"{strategy.keras_fixes['local_build_batch']} were answered locally: "
-        "called_by_keras_build() no longer recognises the caller (module, name or frame "
+        "called_from_keras_trainer() no longer recognises the caller (module, name or frame "
         "depth moved), and a batch the replicas split unevenly fails again.")
     fit_logs = [(reduction, ranks) for phase, reduction, ranks in per_replica if phase == "fit"]
     assert ("auto", [0]) in fit_logs, (
@@ -255,19 +255,19 @@ def test_keras_trainer_still_reduces_nested_batches_and_scalars_with_axis_0(reco
 def test_keras_trainer_distributes_its_dataset_from_the_module_tfdist_watches(recorded_fit):
     """tfdist/strategies/parameter_server.py refuses Keras' fit when its
     `experimental_distribute_dataset` is called from Keras' trainer module
-    (`_called_from_keras_trainer`, a frame check): True in fit and evaluate, False here."""
+    (`called_from_keras_trainer`, a frame check): True in fit and evaluate, False here."""
     strategy, _ = recorded_fit
     for phase in ("fit", "evaluate"):
         seen = [called for p, called in strategy.from_keras_trainer if p == phase]
         assert seen and all(seen), (
             f"{PS}: {KERAS}'s {phase} distributed its dataset {len(seen)} time(s), "
-            f"_called_from_keras_trainer() said {seen}: the trainer moved module or "
+            f"called_from_keras_trainer() said {seen}: the trainer moved module or "
             "frame depth, and ParameterServerStrategy no longer explains that Keras "
             "cannot train with it.")
     start = len(strategy.from_keras_trainer)
     strategy.experimental_distribute_dataset(tf.data.Dataset.range(4).batch(2))
     assert strategy.from_keras_trainer[start:] == [(None, False)], (
-        f"{PS}: _called_from_keras_trainer() is True outside Keras' trainer")
+        f"{PS}: called_from_keras_trainer() is True outside Keras' trainer")
 
 
 def test_keras_state_is_still_created_without_aggregation(strategies):

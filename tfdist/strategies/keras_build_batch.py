@@ -6,7 +6,6 @@ import sys
 import tensorflow as tf
 
 KERAS_TRAINER = "keras.src.backend.tensorflow.trainer"
-KERAS_CALLER = "_maybe_symbolic_build"
 
 
 class LocalBuildBatch:
@@ -33,7 +32,7 @@ class LocalBuildBatch:
             self.keras_fixes = collections.Counter()
 
     def reduce(self, reduce_op, value, axis=None):
-        if called_by_keras_build():
+        if called_from_keras_trainer("_maybe_symbolic_build", depth=3):
             self.keras_fixes["local_build_batch"] += 1
             return tf.nest.map_structure(self._first_local, value)
         return super().reduce(reduce_op, value, axis)
@@ -44,15 +43,17 @@ class LocalBuildBatch:
         return value
 
 
-def called_by_keras_build(depth=3):
-    """True if Keras' trainer `_maybe_symbolic_build` is among the `depth` callers of the
-    function calling this one (subclasses that wrap `reduce` add frames)."""
+def called_from_keras_trainer(function=None, depth=4):
+    """True if Keras' TensorFlow trainer module (its `function`, if given) is among the
+    `depth` callers of the strategy method calling this one: the seam by which tfdist's
+    strategies tell Keras' calls from a user's (subclasses wrapping the method add
+    frames). tests/test_keras_seams.py checks that each use still sees Keras."""
     frame = sys._getframe(2)
     for _ in range(depth):
         if frame is None:
             return False
-        code = frame.f_code
-        if code.co_name == KERAS_CALLER and frame.f_globals.get("__name__") == KERAS_TRAINER:
+        if (frame.f_globals.get("__name__", "").startswith(KERAS_TRAINER)
+                and function in (None, frame.f_code.co_name)):
             return True
         frame = frame.f_back
     return False

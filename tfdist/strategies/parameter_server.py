@@ -1,10 +1,9 @@
 """ParameterServerStrategy with a clear message where Keras 3 cannot follow."""
 
-import sys
-
 import tensorflow as tf
 
 from tfdist.strategies.errors import UnsupportedByKerasError
+from tfdist.strategies.keras_build_batch import called_from_keras_trainer
 
 KERAS_MESSAGE = (
     "Keras 3 `model.fit`, `evaluate` and `predict` do not support ParameterServerStrategy "
@@ -35,17 +34,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         return self._tfdist_cluster_resolver
 
     def experimental_distribute_dataset(self, dataset, options=None):
-        if _called_from_keras_trainer():
+        if called_from_keras_trainer():
             raise UnsupportedByKerasError(KERAS_MESSAGE)
         return super().experimental_distribute_dataset(dataset, options)
 
-
-def _called_from_keras_trainer(depth=4):
-    frame = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None:
-            return False
-        if frame.f_globals.get("__name__", "").startswith("keras.src.backend.tensorflow.trainer"):
-            return True
-        frame = frame.f_back
-    return False
