@@ -79,6 +79,10 @@ for period, ratio in ((4, 0.1), (8, 0.1)):
 # Streaming DiLoCo's synchronous warm-up is most of its time to accuracy on a slow link
 METHODS["Streaming DiLoCo 32, warm-up 20"] = {"local_sgd": {
     **METHODS["Streaming DiLoCo 32"]["local_sgd"], "warmup_steps": 20}}
+# issue 33 item 2: the DiLoCo family among auto's candidates (tfdist/local_sgd/go_local.py):
+# synchronous as auto chooses until local steps are predicted to pay, then Streaming DiLoCo
+METHODS["auto, then Streaming DiLoCo 32"] = {"local_sgd": {
+    **METHODS["Streaming DiLoCo 32"]["local_sgd"], "warmup_steps": "auto"}}
 
 
 def job_config(method, workers, warmup=0, hosts=None, port=23456):

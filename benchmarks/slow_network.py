@@ -81,4 +81,7 @@ def run(method, rate_bits, steps, workdir, timeout=1800, epochs=1, seed=0, warmu
         raise RuntimeError(f"{method} over {rate_bits} bit/s failed ({codes}):\n{log}")
     import json
 
-    return json.loads((out / "metrics.json").read_text())
+    metrics = json.loads((out / "metrics.json").read_text())
+    said = (workdir / f"slow-log-{slug}-0").read_text().splitlines()
+    metrics["said"] = [line for line in said if line.startswith("tfdist ")]  # the chief's
+    return metrics

@@ -20,6 +20,7 @@ puts both at the head of docs/benchmarks.md. The language model's: time_to_accur
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 import tempfile
@@ -109,31 +110,40 @@ def run_one(method, rate, seed, plan, workdir):
     metrics = slow_network.run(method, rate, plan["steps"], workdir, epochs=plan["epochs"],
                                seed=seed, warmup=warmup, train=workload.script,
                                flags=("--validation_steps", plan["validation_steps"]))
+    warmup = local_warmup(method, warmup, metrics.get("said", ()),
+                          plan["epochs"] * plan["steps"])
     epochs = [{"train_seconds": e["train_seconds"], "wall_seconds": e["wall_seconds"],
                workload.metric: e[workload.metric], "loss": e["loss"]}
               for e in metrics["epochs"]]
     return {"method": method, "rate_bits": rate, "seed": seed, "epochs": epochs,
+            "said": metrics.get("said", []), "local_from": warmup,
             "seconds_per_step": metrics["seconds_per_step"],
             "bytes_per_step": bytes_per_step(metrics["timeline"]),
             # after a local-SGD method's synchronous warm-up (+10 steps): what it sends then
-            "local_bytes_per_step": bytes_per_step(metrics["timeline"], local_warmup(method,
-                                                                                 warmup) + 10),
+            "local_bytes_per_step": bytes_per_step(metrics["timeline"], warmup + 10),
             "training_bytes_per_step": training_bytes_per_step(
-                metrics["timeline"], local_warmup(method, warmup) + 10, plan["steps"]),
+                metrics["timeline"], warmup + 10, plan["steps"]),
             "peak_bytes_per_step": peak_bytes_per_step(metrics["timeline"],
-                                                       local_warmup(method, warmup) + 10),
+                                                       warmup + 10),
             "local_seconds_per_step": seconds_per_step_after(
-                metrics["timeline"], local_warmup(method, warmup) + 10, plan["steps"]),
+                metrics["timeline"], warmup + 10, plan["steps"]),
             workload.final_key: epochs[-1][workload.metric], "final_loss": epochs[-1]["loss"],
             "train_seconds": epochs[-1]["train_seconds"],
             "wall_seconds": metrics["wall_time_seconds"],
             **{f"seconds_to_{t}": time_to(epochs, t, workload) for t in workload.targets}}
 
 
-def local_warmup(method, default):
-    """The synchronous steps a local-SGD method starts with (0 for the others)."""
+def local_warmup(method, default, said=(), steps=0):
+    """The synchronous steps a local-SGD method starts with (0 for the others); with
+    `warmup_steps: auto`, the step the chief `said` local steps began at (`steps`, the
+    whole run, if they never did)."""
     local = (METHODS[method] or {}).get("local_sgd")
-    return 0 if local is None else local.get("warmup_steps", default)
+    warmup = 0 if local is None else local.get("warmup_steps", default)
+    if warmup != "auto":
+        return warmup
+    began = [re.search(r"warmup_steps auto at step (\d+): .*local steps begin", line)
+             for line in said]
+    return next((int(m.group(1)) for m in began if m), steps)
 
 
 def summary(rows, workload=UNET):

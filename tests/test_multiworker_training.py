@@ -67,6 +67,9 @@ ONE_LAUNCH = {
         lambda loop, model: ("--loop", loop, "--model", model, "--epochs", "4"),
     "test_compression_auto_decides_alike_on_every_worker":
         lambda: ("--loop", "trainer", "--model", "plain", "--epochs", "4", "--auto", "20"),
+    "test_warmup_steps_auto_judges_alike_on_every_worker":
+        lambda: ("--loop", "fit", "--model", "plain", "--epochs", "4", "--local_sgd", "4",
+                 "--warmup", "auto", "--diloco", "2,1"),
     # the uninterrupted run the killed one is compared with (no dropout: the same weights
     # in a process that ran other jobs before)
     "test_killed_worker_resumes_diloco_with_its_outer_momentum":
@@ -137,12 +140,26 @@ def four_worker_runs(request, tmp_path_factory):
 
 
 def one_launch(request, fixture="two_worker_runs", registry=ONE_LAUNCH, run=0):
-    """(the test's {task: result}, its output folder, the launch's stdout) from the batched
-    runs of `fixture` (its `run`-th flag list)."""
+    """(the test's {task: result}, its output folder, what the tasks printed during its
+    run) from the batched runs of `fixture` (its `run`-th flag list)."""
     outs, stdout = request.getfixturevalue(fixture)
     out = outs[batched_flags(registry, request.node)[run]]
     results = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
-    return results, out, stdout
+    return results, out, own_lines(stdout, out)
+
+
+def own_lines(stdout, out):
+    """The lines of a batched launch's `stdout` that its tasks ("[worker:0] ...") printed
+    during the run writing to `out` (runs.py marks where each run begins)."""
+    current, mine = {}, []
+    marker = json.dumps(str(out))
+    for line in stdout.splitlines():
+        task, _, text = line.partition("] ")
+        if text.startswith("tfdist-test-run "):
+            current[task] = marker in text
+        elif current.get(task):
+            mine.append(line)
+    return "\n".join(mine)
 
 
 @pytest.mark.parametrize("loop", ["fit", "trainer"])
@@ -538,6 +555,23 @@ def test_compression_auto_decides_alike_on_every_worker(request):
     assert decisions[0][0]["measured"] > 0
     for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
         np.testing.assert_array_equal(a, b)
+
+
+def test_warmup_steps_auto_judges_alike_on_every_worker(request):
+    """`warmup_steps: auto` on 2 workers: auto's decisions and the judgement of going local
+    (from numbers averaged over the workers) are the same on both, the chief says it once,
+    and the workers end with the same weights, whichever way it went."""
+    results, out, stdout = one_launch(request)
+    mine, theirs = results["worker-0"], results["worker-1"]
+    assert mine["auto"] == theirs["auto"] and mine["auto"][0]["step"] == 6
+    assert mine["going_local"] == theirs["going_local"] and len(mine["going_local"]) == 1
+    judged = mine["going_local"][0]
+    verdict = "local steps begin" if judged["local"] else "staying synchronous"
+    assert stdout.count(f"tfdist local_sgd warmup_steps auto at step {judged['step']}:") == 1
+    assert verdict in stdout and judged["synchronous"] == mine["auto"][-1]["choice"]
+    for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
+        np.testing.assert_array_equal(a, b)
+    assert mine["history"]["loss"][-1] < mine["history"]["loss"][0]
 
 
 @pytest.mark.parametrize("loop,exchange,workers", [("fit", "topk+EF", 2),

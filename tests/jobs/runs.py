@@ -16,6 +16,10 @@ import os
 import sys
 
 
+#: The line each task prints before a run (then the run's flags as JSON).
+MARK = "tfdist-test-run"
+
+
 def load(path):
     """JOB.py as a module named after it, its folder first on sys.path (its imports)."""
     path = os.path.abspath(path)
@@ -33,6 +37,7 @@ def main(job, runs):
     module = load(job)
     flags = getattr(module, "FLAGS", None)
     for argv in runs:
+        print(MARK, json.dumps(argv), flush=True)  # where this run's output begins
         keras.mixed_precision.set_global_policy("float32")
         sys.argv = [job, *argv]
         if flags is not None:

@@ -8,6 +8,8 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
     --model conv | dict | plain      (plain: no BatchNormalization, no Dropout)
     --backup DIR --kill EPOCH        (worker:1 SIGKILLs itself mid-epoch EPOCH, once)
     --local_sgd PERIOD --warmup W    local SGD; records a weight checksum after each step
+                                     (W auto: warmup_steps auto, auto probing 6 steps;
+                                     records its judgements and auto's decisions)
     --diloco F,TAU                   with --local_sgd: DiLoCo (outer Nesterov), F fragments,
                                      exchanges overlapped with TAU steps, int4-compressed
     --islands N                      with --local_sgd: N equal islands of workers
@@ -71,7 +73,8 @@ def parse():
     p.add_argument("--auto", type=int, help="compression: auto with this many probe steps")
     p.add_argument("--rank", type=int)
     p.add_argument("--local_sgd", type=int, help="period")
-    p.add_argument("--warmup", type=int, default=0)
+    p.add_argument("--warmup", type=lambda text: text if text == "auto" else int(text),
+                   default=0)
     p.add_argument("--diloco", type=lambda text: tuple(int(v) for v in text.split(",")))
     p.add_argument("--islands", type=int, help="with --local_sgd: that many equal islands")
     p.add_argument("--accumulate", type=int)
@@ -330,10 +333,15 @@ def main():
             compression={"name": "int4", "min_size": 0})
         if args.islands:
             diloco["islands"] = args.islands
+        if args.warmup == "auto":
+            diloco["warmup_compression"] = tfdist.compression.AutoCompression(
+                probe_steps=6, probe_seconds=0)
         if args.loop == "fit":
             callbacks.append(tfdist.callbacks.LocalSGD(args.local_sgd, args.warmup, **diloco))
+            averager = callbacks[-1].averager
         else:
-            hooks.append(tfdist.local_sgd.ModelAverager(args.local_sgd, args.warmup, **diloco))
+            averager = tfdist.local_sgd.ModelAverager(args.local_sgd, args.warmup, **diloco)
+            hooks.append(averager)
     checksums = Checksums()
     callbacks.append(checksums)
     if args.backup:
@@ -397,6 +405,11 @@ def main():
     if args.auto:
         result["auto"] = [{k: str(v) if k == "link" else v for k, v in d.items()}
                           for d in auto.decisions]
+    if args.warmup == "auto":
+        result["going_local"] = averager.going_local
+        result["auto"] = [{k: str(v) if k == "link" else v for k, v in d.items()
+                           if k != "link_seconds"}  # each worker's own clock
+                          for d in averager.warmup_exchange.decisions]
     result["checksums"] = checksums.sums
     result["keras_fixes"] = dict(getattr(strategy, "keras_fixes", {}))
     np.savez(os.path.join(args.out, f"{name}.npz"), *[w.numpy() for w in model.weights])

@@ -315,8 +315,8 @@ def _local_sgd(source, path, value):
     period = checks.integer(source, path + ("period",), value["period"], minimum=1)
     fields = {"period": period}
     if "warmup_steps" in value:
-        fields["warmup_steps"] = checks.integer(source, path + ("warmup_steps",),
-                                                value["warmup_steps"], minimum=0)
+        fields["warmup_steps"] = _warmup_steps(source, path + ("warmup_steps",),
+                                               value["warmup_steps"])
     for key in ("average_non_trainable", "average_optimizer_state"):
         if key in value:
             fields[key] = checks.boolean(source, path + (key,), value[key])
@@ -336,15 +336,49 @@ def _local_sgd(source, path, value):
         fields["compression"] = _named_compression(source, path + ("compression",),
                                                    value["compression"], "synchronisation",
                                                    "int4, int8, fp16")
-    if value.get("warmup_compression") is not None:
-        fields["warmup_compression"] = _named_compression(
-            source, path + ("warmup_compression",), value["warmup_compression"],
-            "warm-up's gradient exchange", "topk with error_feedback, fp16")
+    if value.get("warmup_compression") is not None or fields.get("warmup_steps") == "auto":
+        fields["warmup_compression"] = _warmup_compression(source, path, value, fields)
     if value.get("islands") is not None:
         fields["islands"] = _islands(source, path + ("islands",), value["islands"])
     if value.get("island_steps") is not None:
         fields["island_steps"] = _island_steps(source, path, value, fields)
     return LocalSGDConfig(**fields)
+
+
+def _warmup_steps(source, path, value):
+    """Synchronous steps before the local ones: a count, or "auto" (local steps begin when
+    compression: auto's measurements predict they reach accuracy sooner, if ever)."""
+    if isinstance(value, str):
+        if value != "auto":
+            raise source.error(path, f"expected a count of steps or auto. Received: "
+                                     f"{checks.shown(value)}")
+        return value
+    return checks.integer(source, path, value, minimum=0)
+
+
+def _warmup_compression(source, path, value, fields):
+    """The warm-up's gradient exchange: a named method, or auto (measured and chosen,
+    `tfdist.compression.auto`); `warmup_steps: auto` decides with auto's measurements, so
+    its warm-up is auto's (given or not)."""
+    where = path + ("warmup_compression",)
+    given = value.get("warmup_compression")
+    name = given if isinstance(given, str) else (
+        given.get("name") if isinstance(given, dict) else None)
+    if name != "auto" and fields.get("warmup_steps") != "auto":
+        return _named_compression(source, where, given, "warm-up's gradient exchange",
+                                  "topk with error_feedback, fp16")
+    if given is not None:
+        compression = _compression(source, where, given)
+        if compression.name != "auto":
+            raise source.error(where + ("name",), "warmup_steps: auto decides from compression: "
+                               "auto's measurements, so the warm-up exchanges as auto chooses; "
+                               f"remove warmup_compression or write auto. Received: "
+                               f"{compression.name}")
+    if "islands" in value and value["islands"] is not None:
+        raise source.error(where, "auto does not yet choose the exchange between islands; "
+                           "name the warm-up's method (e.g. topk with error_feedback) and "
+                           "give warmup_steps a count")
+    return CompressionConfig(name="auto")
 
 
 def _island_steps(source, path, value, fields):

@@ -118,7 +118,7 @@ class LocalSGDConfig:
     (Douillard et al. 2025); `compression` compresses the synchronisation."""
 
     period: int
-    warmup_steps: int = 0
+    warmup_steps: int | str = 0  # or "auto" (tfdist.local_sgd.go_local)
     average_non_trainable: bool = False
     average_optimizer_state: bool = False
     outer: Mapping[str, Any] | None = None  # {name, **options}; None: plain averaging

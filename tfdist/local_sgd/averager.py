@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from tfdist.capabilities import names_with
 from tfdist.checkpoint import CheckpointError
+from tfdist.compression.auto import QUALITY, AutoCompression
 from tfdist.compression.factory import build
 from tfdist.config.load import local_sgd_from_dict
 from tfdist.config.yaml_source import Source
@@ -50,6 +51,7 @@ from tfdist.core.tracing import do_not_convert, plain_function
 from tfdist.core.variables import optimizer_slots, per_replica_state, underlying
 from tfdist.errors import UnsupportedError
 from tfdist.local_sgd import fragments as fragmenting
+from tfdist.local_sgd import go_local
 from tfdist.local_sgd.islands import IslandReduce
 from tfdist.local_sgd.pace import IslandPace
 from tfdist.local_sgd.outer import is_plain_average, outer_optimizer
@@ -111,15 +113,25 @@ class ModelAverager(TrainingHook):
             average_non_trainable=average_non_trainable, compression=compression,
             average_optimizer_state=average_optimizer_state, islands=islands,
             warmup_compression=warmup_compression, island_steps=island_steps)
-        self.period, self.warmup_steps = checked.period, checked.warmup_steps
+        self.period = checked.period
+        #: `warmup_steps: auto`: synchronous until `go_local` decides (`_judge_going_local`)
+        self.auto_warmup = checked.warmup_steps == "auto"
+        self.warmup_steps = NOT_YET if self.auto_warmup else checked.warmup_steps
+        self.going_local = []  # auto: one dict per judgement (`_judge_going_local`)
         self.average_non_trainable = checked.average_non_trainable
         self.average_optimizer_state = checked.average_optimizer_state
         self.compression = _compression_hook(compression)
-        self.warmup_exchange = _compression_hook(warmup_compression)
-        if self.warmup_exchange is not None and self.warmup_exchange.phased:
+        self.warmup_exchange = _compression_hook(  # warmup_steps: auto implies auto's
+            checked.warmup_compression if warmup_compression is None else warmup_compression)
+        if (self.warmup_exchange is not None and self.warmup_exchange.phased
+                and not isinstance(self.warmup_exchange, AutoCompression)):
             raise ValueError("the warm-up's exchange has no phases of its own (no ratio "
                              "warm-up); warmup_steps is its schedule. Received: "
                              f"warmup_compression={warmup_compression!r}")
+        if self.auto_warmup and not isinstance(self.warmup_exchange, AutoCompression):
+            raise ValueError("warmup_steps='auto' decides from compression: auto's "
+                             "measurements, so the warm-up exchanges as auto chooses. "
+                             f"Received: warmup_compression={warmup_compression!r}")
         self.outer = None if is_plain_average(outer) else outer
         if self.outer is not None:
             outer_optimizer(self.outer)  # an unknown name or option fails here, not in build
@@ -128,7 +140,7 @@ class ModelAverager(TrainingHook):
         self.islands, self.island_reduce = checked.islands, None
         self.island_steps = checked.island_steps
         self.pace = None  # heterogeneous islands' counts of trained calls (IslandPace)
-        self.phased = self.warmup_steps > 0
+        self.phased = self.warmup_steps > 0  # (NOT_YET with auto)
         self._differ = set()  # the fragments whose replicas may hold different weights
         self.averages = 0    # synchronisations done (the step counter of a compressed one)
         self.strategy, self.anchors, self.outer_optimizer, self._functions = None, None, None, {}
@@ -145,7 +157,8 @@ class ModelAverager(TrainingHook):
         return cls(**{**vars(config), **overrides})
 
     def __repr__(self):
-        return (f"ModelAverager(period={self.period}, warmup_steps={self.warmup_steps}, "
+        warmup = "auto" if self.auto_warmup else self.warmup_steps
+        return (f"ModelAverager(period={self.period}, warmup_steps={warmup!r}, "
                 f"islands={self.islands!r}, island_steps={self.island_steps!r}, "
                 f"compression={self.compression.compressor.name if self.compression else None}"
                 f", outer={self.outer!r}, fragments={self.fragments}, "
@@ -197,7 +210,9 @@ class ModelAverager(TrainingHook):
         if self.outer is not None:
             self.outer_optimizer = outer_optimizer(self.outer)
             self.outer_optimizer.build(self.anchor_variables)
-        if self.warmup_exchange is not None and self.warmup_steps > 0:
+        if isinstance(self.warmup_exchange, AutoCompression):  # never between islands
+            self.warmup_exchange.build(strategy, variables)
+        elif self.warmup_exchange is not None and self.warmup_steps > 0:
             self.warmup_exchange.build(strategy, variables, shapes=self._across_shapes(sizes))
         if self.compression is not None:
             self.exchanges = [self.compression if i == 0 else build(self.compression.get_config())
@@ -264,7 +279,7 @@ class ModelAverager(TrainingHook):
         the compressed exchanges' state (e.g. error-feedback residuals): a backup between
         two synchronisations resumes every replica where it was."""
         exchanges = list(self.exchanges) if self.compression is not None else []
-        if self.warmup_exchange is not None and self.warmup_exchange.state:
+        if self.warmup_exchange is not None:
             exchanges.append(self.warmup_exchange)
         buffers = (self.sent + self.received) if self.overlap_steps else []
         return [*self.weights, *(self.anchors or []), *buffers,
@@ -287,6 +302,9 @@ class ModelAverager(TrainingHook):
             state["attempts"] = int(self._attempts.numpy())
         if self.pace is not None:
             state["pace"] = self.pace.state()
+        if self.auto_warmup:  # when local steps began (None: not yet), and auto's choice
+            state["warmup_steps"] = None if self.warmup_steps == NOT_YET else self.warmup_steps
+            state["auto"] = self.warmup_exchange.checkpoint_state()
         return state
 
     def restore_checkpoint_state(self, state):
@@ -298,7 +316,8 @@ class ModelAverager(TrainingHook):
 
         keys = {"averages", "anchored", "differ", "in_flight"} | (
             {"attempts"} if self.island_verdict else set()) | (
-            {"pace"} if self.pace is not None else set())
+            {"pace"} if self.pace is not None else set()) | (
+            {"warmup_steps", "auto"} if self.auto_warmup else set())
         valid = (isinstance(state, dict) and set(state) == keys
                  and all(type(state.get(k, 0)) is int and state.get(k, 0) >= 0
                          for k in ("averages", "attempts"))
@@ -307,7 +326,9 @@ class ModelAverager(TrainingHook):
                  and isinstance(state["in_flight"], list) and all(
                      isinstance(p, list) and len(p) == 2 and fragment(p[0])
                      and type(p[1]) is int and p[1] >= 0 for p in state["in_flight"])
-                 and (self.pace is None or self.pace.valid(state["pace"])))
+                 and (self.pace is None or self.pace.valid(state["pace"]))
+                 and (not self.auto_warmup or state["warmup_steps"] is None or (
+                     type(state["warmup_steps"]) is int and state["warmup_steps"] >= 0)))
         if not valid:
             raise CheckpointError(f"the backup's local SGD schedule cannot be used with "
                                   f"{len(self.groups)} fragment(s): {str(state)[:200]}")
@@ -318,13 +339,25 @@ class ModelAverager(TrainingHook):
             self._attempts.assign(state["attempts"])
         if self.pace is not None:
             self.pace.restore(state["pace"])
+        if self.auto_warmup:
+            decided = state["warmup_steps"]
+            self.warmup_steps = NOT_YET if decided is None else decided
+            if decided is None and state["auto"] is not None:
+                self.warmup_exchange.restore_checkpoint_state(state["auto"])
 
     def phase(self, step):
-        """Synchronous (True) during the warm-up."""
-        return step < self.warmup_steps
+        """Synchronous during the warm-up (True; with auto's exchange, the name of the
+        method it exchanges with), local (False) after it."""
+        if step >= self.warmup_steps:
+            return False
+        if isinstance(self.warmup_exchange, AutoCompression):
+            return self.warmup_exchange.phase(step)
+        return True
 
     def enter_phase(self, phase):
         super().enter_phase(phase)
+        if isinstance(phase, str):  # auto's choice for the synchronous steps
+            self.warmup_exchange.enter_phase(phase)
         if not phase and self.anchors is not None and not self.anchored:
             self._anchor()  # the replicas are in sync here: the last step was synchronous
 
@@ -339,7 +372,8 @@ class ModelAverager(TrainingHook):
 
     @do_not_convert
     def exchange(self, grads, variables, step):
-        synchronous = self.phase(0) if self.current_phase is None else self.current_phase
+        synchronous = (self.warmup_steps > 0 if self.current_phase is None
+                       else self.current_phase is not False)
         if synchronous:  # the warm-up
             if self.across is not None:
                 return self._warmup_across_islands(grads, step)
@@ -415,8 +449,11 @@ class ModelAverager(TrainingHook):
         if steps_done == self._last_steps_done:
             return
         self._last_steps_done = steps_done
-        if steps_done <= self.warmup_steps:
-            return  # the steps so far were synchronous
+        if steps_done <= self.warmup_steps:  # the steps so far were synchronous
+            if self.auto_warmup:
+                self.warmup_exchange.after_step(model, steps_done)
+                self._judge_going_local(steps_done)
+            return
         local = steps_done - self.warmup_steps
         if self.pace is None:
             self._synchronise_due(model, local)
@@ -426,6 +463,35 @@ class ModelAverager(TrainingHook):
         if local % self.period == 0 and self.pace.begin_period(local // self.period):
             self._say_pace(local)
         self.pace.resume()
+
+    def _judge_going_local(self, steps_done):
+        """`warmup_steps: auto`: once auto has measured the choice it keeps, whether local
+        steps would reach accuracy sooner (`go_local`); if so they begin with the next step.
+        Every worker judges the same numbers (auto's are averaged over the workers)."""
+        auto = self.warmup_exchange
+        decisions = [d for d in auto.decisions if "compute_seconds" in d]  # not restored
+        if (self.warmup_steps != NOT_YET or auto._stage != "kept" or not decisions
+                or len(self.going_local) == len(decisions)):
+            return
+        decision = decisions[-1]
+        sync = go_local.sync_seconds(self, auto.link, auto.workers)
+        local = go_local.local_step_seconds(decision["compute_seconds"], sync, self.period,
+                                            self.fragments, self.overlap_steps)
+        steps = QUALITY["steps"][auto.choice]
+        synchronous = decision["measured"] * steps
+        going = go_local.goes_local(local, synchronous, auto.min_gain)
+        self.going_local.append({"step": steps_done, "local_seconds": local,
+                                 "sync_seconds": sync, "synchronous": auto.choice,
+                                 "synchronous_seconds": decision["measured"], "local": going})
+        if going:
+            self.warmup_steps = steps_done
+        if is_chief(self.strategy):
+            verdict = "local steps begin" if going else "staying synchronous"
+            print(f"tfdist local_sgd warmup_steps auto at step {steps_done}: local steps "
+                  f"predicted {local:.3f} s x {go_local.LOCAL_STEPS:.2f} steps to accuracy "
+                  f"(synchronisation {sync:.3f} s every {self.period}) against "
+                  f"{auto.choice} measured {decision['measured']:.3f} s x {steps:.2f}; "
+                  f"{verdict}", flush=True)
 
     def _say_pace(self, local):
         """One line on the chief's standard output when measured counts change."""
@@ -764,6 +830,10 @@ class _Plan:
             weight.assign(target)
 
 
+#: `warmup_steps` while `warmup_steps: auto` has not decided (a count no run reaches).
+NOT_YET = 1 << 62
+
+
 def _checked_arguments(**arguments):
     """ModelAverager's arguments as a `LocalSGDConfig`, checked by the config loader's
     own checks of the `local_sgd:` section (refused exactly when a config file's would be);
@@ -786,7 +856,7 @@ def _compression_hook(compression):
     hook = build(compression)
     if not hook.compressor.compresses:
         return None
-    if hook.start_step > 0:
+    if getattr(hook, "start_step", 0) > 0:
         raise ValueError("a compressed model average has no delayed start; warm up with "
                          f"warmup_steps instead. Received: start_step={hook.start_step}")
     return hook

@@ -1,0 +1,106 @@
+"""`warmup_steps: auto` against the best fixed methods, all measured the same day (issue 33,
+item 2: the DiLoCo family among auto's candidates).
+
+    sudo python benchmarks/auto_local.py [--rates 1000 20] [--seeds 0 1] [--resume]
+
+The UNet on 2 workers as 2 hosts on a `tc tbf` link (time_to_accuracy.py's runs): fp16,
+top-k + EF, `compression: auto` and "auto, then Streaming DiLoCo 32" (synchronous as auto
+chooses until local steps are predicted to pay). The machine's speed varies up to 3x
+between days, so these runs are compared only with each other. Writes
+results/auto_local.json (raw) and auto_local.md: time to mean IoU 0.85 per link, what
+auto chose and when local steps began, and the target (auto with local steps within 5% of
+the best fixed method on each link) met or MISSED.
+"""
+
+import argparse
+import datetime
+import json
+import re
+import shutil
+import statistics
+import tempfile
+
+import time_to_accuracy as tta
+
+NAME = "auto_local"
+FIXED = ["fp16", "topk+EF"]
+AUTO = "auto, then Streaming DiLoCo 32"
+METHODS = [*FIXED, "auto", AUTO]
+TARGET = 0.85
+
+
+def mean_seconds(runs, method, rate):
+    """Mean seconds to mean IoU TARGET over the seeds of `method` at `rate` (None unless
+    every seed reached it)."""
+    times = [r[f"seconds_to_{TARGET}"] for r in runs
+             if r["method"] == method and r["rate_bits"] == rate]
+    return statistics.mean(times) if times and None not in times else None
+
+
+def choices(run):
+    """What auto chose, and the step local steps began at, from the chief's lines."""
+    kept = [m.group(1) for line in run.get("said", ())
+            for m in [re.search(r"(?:keeping|starting with|trying) ([\w+]+)", line)] if m]
+    began = run.get("local_from")
+    total = sum(1 for _ in run["epochs"]) * 40
+    local = f"local from step {began}" if began is not None and began < total else "no local steps"
+    return f"{kept[-1] if kept else '?'}; {local}"
+
+
+def markdown(results):
+    runs, rates = results["runs"], sorted({r["rate_bits"] for r in results["runs"]}, reverse=True)
+    lines = [f"# Going local when it pays: `warmup_steps: auto` (measured {results['measured']})",
+             "", __doc__.split("\n\n")[2].replace("\n", " "), "",
+             "| link | " + " | ".join(METHODS) + " | auto with local steps vs the best fixed |",
+             "|---|" + "---|" * (len(METHODS) + 1)]
+    verdicts = []
+    for rate in rates:
+        seconds = {m: mean_seconds(runs, m, rate) for m in METHODS}
+        fixed = [seconds[m] for m in FIXED if seconds[m] is not None]
+        best = min(fixed) if fixed else None
+        ratio = seconds[AUTO] / best if best and seconds[AUTO] else None
+        verdicts.append(ratio is not None and ratio <= 1.05)
+        shown = [f"{s:.1f} s" if s is not None else "not reached" for s in seconds.values()]
+        lines.append(f"| {rate / tta.MBIT:.0f} Mbit/s | " + " | ".join(shown) + " | "
+                     + (f"{ratio - 1:+.1%}" if ratio else "—") + " |")
+    lines += ["", "Seconds of training to validation mean IoU 0.85, the mean over seeds "
+              f"{sorted({r['seed'] for r in runs})}. What auto decided, per run:", ""]
+    for r in sorted(runs, key=lambda r: (-r["rate_bits"], r["method"], r["seed"])):
+        if r["method"] in ("auto", AUTO):
+            lines.append(f"- {r['rate_bits'] / tta.MBIT:.0f} Mbit/s, {r['method']}, seed "
+                         f"{r['seed']}: {choices(r)}; {r[f'seconds_to_{TARGET}']} s to "
+                         f"{TARGET}, final mean IoU {r['final_val_mean_iou']:.3f}")
+    met = "met" if verdicts and all(verdicts) else "MISSED"
+    lines += ["", f"Target: auto with local steps within 5% of the best fixed method's time "
+              f"to accuracy on every link measured: **{met}**."]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rates", nargs="+", type=int, default=[1000, 20])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--resume", action="store_true", help="keep the runs already saved")
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args()
+    path = tta.RESULTS / f"{NAME}.json"
+    if not args.report_only:
+        plan = dict(tta.PLANS["full"], rates=tuple(r * tta.MBIT for r in args.rates),
+                    seeds=tuple(args.seeds), methods=METHODS)
+        done = json.loads(path.read_text())["runs"] if args.resume and path.exists() else []
+        workdir = tempfile.mkdtemp(prefix="tfdist-auto-local-")
+        try:
+            results = tta.measure(plan, workdir, METHODS, tta.RESULTS / f"{NAME}-partial.json",
+                                  done)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        results["measured"] = datetime.date.today().isoformat()
+        path.write_text(json.dumps(results, indent=1))
+        (tta.RESULTS / f"{NAME}-partial.json").unlink(missing_ok=True)
+    results = json.loads(path.read_text())
+    (tta.RESULTS / f"{NAME}.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""`local_sgd: {warmup_steps: auto}`: synchronous steps exchanged as `compression: auto`
+chooses, until its measurements predict that local steps reach accuracy sooner
+(tfdist/local_sgd/go_local.py) — then DiLoCo's local steps from the next step on.
+
+The judgement's arithmetic is checked against the cost model by hand; the switch is
+checked against runs with the same decisions fixed in advance (a fixed warm-up of that
+many steps, exchanged with auto's choice), on every replica, under mixed_float16 and
+across a SIGTERM. The verdict itself is forced in those runs (`goes_local` patched): on
+the in-process link its inputs are timings.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import tfdist
+from tfdist.compression import auto as auto_module
+from tfdist.compression import cost_model
+from tfdist.compression.auto import METHODS, AutoCompression
+from tfdist.config import ConfigError, config_from_dict
+from tfdist.local_sgd import go_local
+from tfdist.local_sgd.averager import NOT_YET
+
+pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
+PERIOD, STEPS = 4, 16
+
+
+def auto():
+    """auto deciding after 4 steps, keeping its first choice (no trial of another)."""
+    return AutoCompression(probe_steps=4, probe_seconds=0, min_gain=1.0)
+
+
+@pytest.fixture
+def fixed_link(monkeypatch):
+    """A fixed link measurement (1 Gbit/s, 0.1 ms): auto's first choice is the same in
+    every run (it is timed on the in-process link otherwise)."""
+    monkeypatch.setattr(AutoCompression, "_time_link",
+                        lambda self: (cost_model.Link(1e9, 1e-4), 0.0))
+
+
+@pytest.fixture
+def verdict(monkeypatch):
+    """verdict(going) forces `go_local.goes_local`'s answer; returns the calls it got."""
+    calls = []
+
+    def force(going):
+        def goes_local(local_step, synchronous_to_target, min_gain=0.05):
+            calls.append((local_step, synchronous_to_target, min_gain))
+            return going
+
+        monkeypatch.setattr(go_local, "goes_local", goes_local)
+        return calls
+
+    return force
+
+
+def every_replica(strategy, model):
+    from tfdist.core.variables import underlying
+
+    return [[v.numpy() for v in strategy.experimental_local_results(underlying(w))]
+            for w in model.trainable_variables]
+
+
+def fit(strategy, **local_sgd):
+    from test_local_sgd import fit as fit_steps
+
+    callback = tfdist.callbacks.LocalSGD(**local_sgd)
+    with strategy.scope():
+        optimizer = keras.optimizers.Adam(0.01)
+    model, _ = fit_steps(strategy, [callback], steps=STEPS, optimizer=optimizer)
+    return model, callback.averager
+
+
+def assert_same_everywhere(strategy, model, reference):
+    for mine, theirs in zip(every_replica(strategy, model), every_replica(strategy, reference)):
+        for replica, (a, b) in enumerate(zip(mine, theirs)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"replica {replica}")
+
+
+# --- the prediction --------------------------------------------------------------------
+
+def test_a_local_step_costs_its_compute_and_what_the_overlap_does_not_hide():
+    # 4 fragments of 0.2 s each per period of 32 steps of 0.1 s compute
+    assert go_local.local_step_seconds(0.1, 0.8, 32) == pytest.approx(0.1 + 0.8 / 32)
+    assert go_local.local_step_seconds(0.1, 0.8, 32, fragments=4, overlap_steps=1) == \
+        pytest.approx(0.1 + 4 * (0.2 - 0.1) / 32)
+    assert go_local.local_step_seconds(0.1, 0.8, 32, fragments=4, overlap_steps=2) == 0.1
+    assert go_local.goes_local(0.05, 0.1) and not go_local.goes_local(0.08, 0.1)
+    assert not go_local.goes_local(0.1 / go_local.LOCAL_STEPS, 0.1, min_gain=0.0)
+
+
+def test_the_judgement_reads_autos_measurements_and_the_models_bytes(strategies):
+    """`_judge_going_local` on auto's numbers (a 20 Mbit/s link, top-k + EF measured at
+    0.1 s/step of which 0.06 compute): the local step is the compute plus the model's ring
+    all-reduce every period, computed here from the parameter count."""
+    import tensorflow as tf
+    import types
+
+    strategy = strategies("mirrored")
+    averager = tfdist.local_sgd.ModelAverager(PERIOD, warmup_steps="auto", fragments=2)
+    with strategy.scope():
+        variables = [tf.Variable(tf.zeros([1000])), tf.Variable(tf.zeros([24]))]
+    averager.build(strategy, variables)
+    link = cost_model.Link(20e6, 1e-3)
+    averager.warmup_exchange = types.SimpleNamespace(
+        decisions=[{"compute_seconds": 0.06, "measured": 0.1}], _stage="kept", link=link,
+        workers=2, choice="topk+EF", min_gain=0.05)
+    averager._judge_going_local(steps_done=20)
+    ring = 2 * (2 - 1) / 2 * 4 * 1024  # bytes one worker sends for 1024 floats
+    sync = 8 * ring / 20e6 + 2 * (2 * (2 - 1)) * 1e-3  # 2 fragments, 2 messages each
+    local = 0.06 + sync / PERIOD
+    judged = averager.going_local[-1]
+    assert judged["sync_seconds"] == pytest.approx(sync)
+    assert judged["local_seconds"] == pytest.approx(local)
+    going = local * go_local.LOCAL_STEPS < 0.95 * 0.1 * auto_module.QUALITY["steps"]["topk+EF"]
+    assert judged["local"] is going is True and averager.warmup_steps == 20
+    averager._judge_going_local(steps_done=24)  # judged once per auto decision
+    assert len(averager.going_local) == 1
+
+
+# --- the switch -------------------------------------------------------------------------
+
+def test_staying_synchronous_trains_exactly_as_autos_choice(strategies, fixed_link, verdict):
+    strategy = strategies("mirrored")
+    calls = verdict(False)
+    model, averager = fit(strategy, period=PERIOD, warmup_steps="auto",
+                          warmup_compression=auto())
+    assert len(calls) == 1 and averager.warmup_steps == NOT_YET
+    assert averager.going_local[0]["step"] == 4 and not averager.going_local[0]["local"]
+    choice = averager.warmup_exchange.choice
+    reference, _ = fit(strategy, period=PERIOD, warmup_steps=STEPS,
+                       warmup_compression=METHODS[choice])
+    assert_same_everywhere(strategy, model, reference)
+    assert averager.checkpoint_state()["warmup_steps"] is None
+
+
+@pytest.mark.parametrize("policy", [None, "mixed_float16"])
+def test_local_steps_begin_at_the_step_judged(strategies, fixed_link, verdict, policy, request):
+    """Going local after auto's 4 measured steps trains exactly as a 4-step warm-up with
+    auto's choice followed by DiLoCo (2 fragments, Nesterov): every replica's weights."""
+    if policy:
+        keras.mixed_precision.set_global_policy(policy)
+        request.addfinalizer(lambda: keras.mixed_precision.set_global_policy("float32"))
+    strategy = strategies("mirrored")
+    verdict(True)
+    diloco = dict(period=PERIOD, outer="nesterov", fragments=2)
+    model, averager = fit(strategy, warmup_steps="auto", warmup_compression=auto(), **diloco)
+    assert averager.warmup_steps == 4 and averager.going_local[0]["local"]
+    choice = averager.warmup_exchange.choice
+    reference, fixed = fit(strategy, warmup_steps=4, warmup_compression=METHODS[choice],
+                           **diloco)
+    assert averager.averages == fixed.averages > 0
+    assert_same_everywhere(strategy, model, reference)
+    assert averager.checkpoint_state()["warmup_steps"] == 4
+
+
+def test_a_sigterm_after_going_local_resumes_every_replica_exactly(strategies, fixed_link,
+                                                                    verdict, tmp_path, request):
+    """The decision (local from step 4) and the replicas' own weights and Adam moments are
+    in the backup; the resumed run ends where a run never interrupted ends, on every
+    replica (mixed_float16)."""
+    from test_preemption import BATCH, SignalAt, compiled, data, per_replica
+
+    from tfdist.core.preemption import Preempted
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    request.addfinalizer(lambda: keras.mixed_precision.set_global_policy("float32"))
+    strategy = strategies("mirrored")
+    verdict(True)
+    x, y = data()
+    backup, averagers = str(tmp_path / "backup"), []
+
+    def run(*callbacks):
+        model = compiled(strategy, None)
+        local_sgd = tfdist.callbacks.LocalSGD(period=3, warmup_steps="auto",
+                                              warmup_compression=auto(), outer="nesterov")
+        averagers.append(local_sgd.averager)
+        model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0, shuffle=False,
+                  callbacks=[*callbacks, local_sgd])
+        return model, local_sgd.averager
+
+    with pytest.raises(Preempted, match="after step 3 of epoch 1"):
+        run(SignalAt(epoch=1, batch=1), tfdist.callbacks.BackupAndRestore(backup))
+    decided = averagers[0].warmup_steps
+    assert decided < 6  # local before the signal, after the step auto measured
+    resumed, averager = run(tfdist.callbacks.BackupAndRestore(backup))
+    assert averager.warmup_steps == decided and not averager.going_local  # restored
+    clean, fresh = run()
+    assert fresh.warmup_steps == decided
+    assert not np.allclose(*per_replica(strategy, clean)[-1], atol=1e-6)  # Adam's own
+    for mine, theirs in zip(per_replica(strategy, resumed), per_replica(strategy, clean)):
+        for replica, (a, b) in enumerate(zip(mine, theirs)):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=f"replica {replica}")
+
+
+def test_a_backup_with_an_impossible_decision_is_refused():
+    from tfdist.checkpoint import CheckpointError
+
+    averager = tfdist.local_sgd.ModelAverager(PERIOD, warmup_steps="auto")
+    averager.groups = [[0]]
+    good = {"averages": 0, "anchored": False, "differ": [], "in_flight": [],
+            "warmup_steps": 8, "auto": None}
+    averager.restore_checkpoint_state(good)
+    assert averager.warmup_steps == 8
+    for bad in (-1, "8", 2.5, True):
+        with pytest.raises(CheckpointError, match="local SGD schedule"):
+            averager.restore_checkpoint_state({**good, "warmup_steps": bad})
+    with pytest.raises(CheckpointError, match="local SGD schedule"):
+        averager.restore_checkpoint_state({k: v for k, v in good.items() if k != "auto"})
+
+
+# --- the config ---------------------------------------------------------------------------
+
+def local_sgd(**section):
+    return config_from_dict({"strategy": "mirrored", "local_sgd": {"period": 8, **section}})
+
+
+def test_warmup_steps_auto_implies_autos_warm_up():
+    config = local_sgd(warmup_steps="auto")
+    assert config.local_sgd.warmup_steps == "auto"
+    assert config.local_sgd.warmup_compression.name == "auto"
+    averager = tfdist.local_sgd.ModelAverager.from_config(config.local_sgd)
+    assert isinstance(averager.warmup_exchange, AutoCompression)
+    assert averager.phased and averager.warmup_steps == NOT_YET
+    assert "warmup_steps='auto'" in repr(averager)
+    # auto may also exchange a warm-up of a fixed count
+    fixed = local_sgd(warmup_steps=16, warmup_compression="auto").local_sgd
+    assert fixed.warmup_steps == 16 and fixed.warmup_compression.name == "auto"
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"warmup_steps": "soon"}, r"warmup_steps: expected a count of steps or auto"),
+    ({"warmup_steps": "AUTO"}, "expected a count of steps or auto"),
+    ({"warmup_steps": -1}, "warmup_steps"),
+    ({"warmup_steps": "auto", "warmup_compression": {"name": "topk", "ratio": 0.01}},
+     "warmup_compression.name: warmup_steps: auto decides from compression: auto"),
+    ({"warmup_steps": "auto", "warmup_compression": {"name": "auto", "probe_steps": 3}},
+     "warmup_compression.probe_steps: unknown key 'probe_steps'"),
+    ({"warmup_steps": "auto", "warmup_compression": {"name": "auto", "ratio": 0.01}},
+     "chooses the method and its options itself; remove 'ratio'"),
+    ({"warmup_steps": "auto", "islands": 2},
+     "auto does not yet choose the exchange between islands"),
+    ({"warmup_steps": 8, "warmup_compression": "auto", "islands": 2},
+     "auto does not yet choose the exchange between islands")])
+def test_a_wrong_auto_warm_up_is_refused_where_it_is_written(section, message):
+    with pytest.raises(ConfigError, match=message):
+        local_sgd(**section)
+
+
+def test_the_python_api_refuses_what_the_config_refuses():
+    with pytest.raises(ConfigError, match="expected a count of steps or auto"):
+        tfdist.local_sgd.ModelAverager(8, warmup_steps="later")
+    with pytest.raises(ValueError, match="the warm-up exchanges as auto chooses"):
+        tfdist.local_sgd.ModelAverager(8, warmup_steps="auto",
+                                       warmup_compression=tfdist.compression.build("fp16"))
