@@ -41,28 +41,61 @@ def choices(run):
     """What auto chose, and the step local steps began at, from the chief's lines."""
     kept = [m.group(1) for line in run.get("said", ())
             for m in [re.search(r"(?:keeping|starting with|trying) ([\w+]+)", line)] if m]
-    began = run.get("local_from")
-    total = sum(1 for _ in run["epochs"]) * 40
+    if not run.get("said"):
+        return "its lines were not recorded"
+    if run["method"] != AUTO:
+        return f"{kept[-1] if kept else '?'}"
+    began, total = run.get("local_from"), len(run["epochs"]) * 40
     local = f"local from step {began}" if began is not None and began < total else "no local steps"
     return f"{kept[-1] if kept else '?'}; {local}"
 
 
+def verdicts(results):
+    """[(link bits/s, {method: mean seconds to TARGET}, the best fixed method, auto with
+    local steps over it, met)] per link, fastest first."""
+    runs = results["runs"]
+    out = []
+    for rate in sorted({r["rate_bits"] for r in runs}, reverse=True):
+        seconds = {m: mean_seconds(runs, m, rate) for m in METHODS}
+        fixed = {m: seconds[m] for m in FIXED if seconds[m] is not None}
+        best = min(fixed, key=fixed.get) if fixed else None
+        ratio = seconds[AUTO] / fixed[best] if best and seconds[AUTO] else None
+        out.append((rate, seconds, best, ratio, ratio is not None and ratio <= 1.05))
+    return out
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = verdicts(results)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / len(METHODS)
+    for i, method in enumerate(METHODS):
+        ax.bar([k + i * width for k in range(len(rows))],
+               [r[1][method] or 0 for r in rows], width, label=method)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(rows))])
+    ax.set_xticklabels([f"{r[0] / tta.MBIT:.0f} Mbit/s" for r in rows])
+    ax.set_ylabel(f"seconds to mean IoU {TARGET}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def markdown(results):
-    runs, rates = results["runs"], sorted({r["rate_bits"] for r in results["runs"]}, reverse=True)
+    runs = results["runs"]
     lines = [f"# Going local when it pays: `warmup_steps: auto` (measured {results['measured']})",
              "", __doc__.split("\n\n")[2].replace("\n", " "), "",
              "| link | " + " | ".join(METHODS) + " | auto with local steps vs the best fixed |",
              "|---|" + "---|" * (len(METHODS) + 1)]
-    verdicts = []
-    for rate in rates:
-        seconds = {m: mean_seconds(runs, m, rate) for m in METHODS}
-        fixed = [seconds[m] for m in FIXED if seconds[m] is not None]
-        best = min(fixed) if fixed else None
-        ratio = seconds[AUTO] / best if best and seconds[AUTO] else None
-        verdicts.append(ratio is not None and ratio <= 1.05)
+    judged = verdicts(results)
+    for rate, seconds, best, ratio, _ in judged:
         shown = [f"{s:.1f} s" if s is not None else "not reached" for s in seconds.values()]
         lines.append(f"| {rate / tta.MBIT:.0f} Mbit/s | " + " | ".join(shown) + " | "
-                     + (f"{ratio - 1:+.1%}" if ratio else "—") + " |")
+                     + (f"{ratio - 1:+.1%} ({best})" if ratio else "—") + " |")
     lines += ["", "Seconds of training to validation mean IoU 0.85, the mean over seeds "
               f"{sorted({r['seed'] for r in runs})}. What auto decided, per run:", ""]
     for r in sorted(runs, key=lambda r: (-r["rate_bits"], r["method"], r["seed"])):
@@ -70,7 +103,7 @@ def markdown(results):
             lines.append(f"- {r['rate_bits'] / tta.MBIT:.0f} Mbit/s, {r['method']}, seed "
                          f"{r['seed']}: {choices(r)}; {r[f'seconds_to_{TARGET}']} s to "
                          f"{TARGET}, final mean IoU {r['final_val_mean_iou']:.3f}")
-    met = "met" if verdicts and all(verdicts) else "MISSED"
+    met = "met" if judged and all(v[-1] for v in judged) else "MISSED"
     lines += ["", f"Target: auto with local steps within 5% of the best fixed method's time "
               f"to accuracy on every link measured: **{met}**."]
     return "\n".join(lines) + "\n"
@@ -99,6 +132,7 @@ def main():
         (tta.RESULTS / f"{NAME}-partial.json").unlink(missing_ok=True)
     results = json.loads(path.read_text())
     (tta.RESULTS / f"{NAME}.md").write_text(markdown(results))
+    plot(results, tta.RESULTS / f"{NAME}.png")
     print(markdown(results))
 
 

@@ -337,7 +337,25 @@ def limit_targets(results):
                         f"{got:.0f} s against {method}'s {fixed[method]:.0f} s"
                         if got is not None else "not reached by every seed",
                         got is not None and got <= 1.05 * fixed[method], "issue 33"))
+    out += auto_local_targets()
     return out
+
+
+def auto_local_targets():
+    """Issue 33 item 2 on same-day runs (auto_local.py): auto with local steps among its
+    candidates within 5% of the best fixed method, per link measured."""
+    path = RESULTS / "auto_local.json"
+    if not path.exists():
+        return []
+    import auto_local
+
+    results = json.loads(path.read_text())
+    return [(f"auto with local steps (`warmup_steps: auto`) at {rate / 1e6:.0f} Mbit/s within "
+             "5% of the best fixed method's time to mean IoU 0.85",
+             f"{seconds[auto_local.AUTO]:.0f} s against {best}'s {seconds[best]:.0f} s "
+             f"({ratio - 1:+.0%})" if ratio else "not reached by every seed", met,
+             f"issue 33; same-day runs ({results['measured']}), auto_local.py")
+            for rate, seconds, best, ratio, met in auto_local.verdicts(results)]
 
 
 def loss_at_fewer_bytes(runs, fewer=10, loss_fraction=0.10):
@@ -499,6 +517,7 @@ SAVED_SECTIONS = (
     ("buckets", "Gradient buckets: does the exchange overlap the backward pass?", "buckets.py"),
     ("error_feedback", "Why the error-fed compressors end with a higher loss",
      "error_feedback.py"),
+    ("auto_local", "Going local when it pays: `warmup_steps: auto`", "auto_local.py"),
 )
 
 

@@ -83,5 +83,6 @@ def run(method, rate_bits, steps, workdir, timeout=1800, epochs=1, seed=0, warmu
 
     metrics = json.loads((out / "metrics.json").read_text())
     said = (workdir / f"slow-log-{slug}-0").read_text().splitlines()
-    metrics["said"] = [line for line in said if line.startswith("tfdist ")]  # the chief's
+    metrics["said"] = [line.partition("] ")[2] for line in said  # the chief's own lines
+                       if line.partition("] ")[2].startswith("tfdist ")]
     return metrics

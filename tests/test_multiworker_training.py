@@ -68,8 +68,7 @@ ONE_LAUNCH = {
     "test_compression_auto_decides_alike_on_every_worker":
         lambda: ("--loop", "trainer", "--model", "plain", "--epochs", "4", "--auto", "20"),
     "test_warmup_steps_auto_judges_alike_on_every_worker":
-        lambda: ("--loop", "fit", "--model", "plain", "--epochs", "4", "--local_sgd", "4",
-                 "--warmup", "auto", "--diloco", "2,1"),
+        lambda workers: AUTO_WARMUP if workers == 2 else None,
     # the uninterrupted run the killed one is compared with (no dropout: the same weights
     # in a process that ran other jobs before)
     "test_killed_worker_resumes_diloco_with_its_outer_momentum":
@@ -78,6 +77,8 @@ ONE_LAUNCH = {
 }
 
 
+AUTO_WARMUP = ("--loop", "fit", "--model", "plain", "--epochs", "4", "--local_sgd", "4",
+               "--warmup", "auto", "--diloco", "2,1")
 #: The 4-worker runs never interrupted that the SIGTERM tests compare with, run by one
 #: launch (`four_worker_runs`).
 FOUR_WORKERS = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
@@ -86,6 +87,8 @@ FOUR_WORKER_CLEAN = {
         lambda loop, training: ("--loop", loop, "--model", "plain", "--epochs", "3", *training),
     "test_a_global_batch_four_workers_split_unevenly_trains_as_tf_weighs_it":
         lambda: ("--loop", "fit", *PLAIN, "--batch", "30"),
+    "test_warmup_steps_auto_judges_alike_on_every_worker":
+        lambda workers: AUTO_WARMUP if workers == 4 else None,
 }
 
 
@@ -557,20 +560,26 @@ def test_compression_auto_decides_alike_on_every_worker(request):
         np.testing.assert_array_equal(a, b)
 
 
-def test_warmup_steps_auto_judges_alike_on_every_worker(request):
-    """`warmup_steps: auto` on 2 workers: auto's decisions and the judgement of going local
-    (from numbers averaged over the workers) are the same on both, the chief says it once,
-    and the workers end with the same weights, whichever way it went."""
-    results, out, stdout = one_launch(request)
-    mine, theirs = results["worker-0"], results["worker-1"]
-    assert mine["auto"] == theirs["auto"] and mine["auto"][0]["step"] == 6
-    assert mine["going_local"] == theirs["going_local"] and len(mine["going_local"]) == 1
+@pytest.mark.parametrize("workers", [2, 4])
+def test_warmup_steps_auto_judges_alike_on_every_worker(request, workers):
+    """`warmup_steps: auto`: auto's decisions and the judgement of going local (from
+    numbers averaged over the workers) are the same on every worker, the chief says it
+    once, and the workers end with the same weights, whichever way it went."""
+    fixture, registry = (("two_worker_runs", ONE_LAUNCH) if workers == 2
+                         else ("four_worker_runs", FOUR_WORKER_CLEAN))
+    results, out, stdout = one_launch(request, fixture, registry)
+    assert len(results) == workers
+    mine = results["worker-0"]
+    assert mine["auto"][0]["step"] == 6 and len(mine["going_local"]) == 1
+    for task in results:
+        assert results[task]["auto"] == mine["auto"], task
+        assert results[task]["going_local"] == mine["going_local"], task
+        for a, b in zip(weights(out, "worker-0"), weights(out, task)):
+            np.testing.assert_array_equal(a, b, err_msg=task)
     judged = mine["going_local"][0]
     verdict = "local steps begin" if judged["local"] else "staying synchronous"
     assert stdout.count(f"tfdist local_sgd warmup_steps auto at step {judged['step']}:") == 1
     assert verdict in stdout and judged["synchronous"] == mine["auto"][-1]["choice"]
-    for a, b in zip(weights(out, "worker-0"), weights(out, "worker-1")):
-        np.testing.assert_array_equal(a, b)
     assert mine["history"]["loss"][-1] < mine["history"]["loss"][0]
 
 
