@@ -4,7 +4,7 @@ item 2: the DiLoCo family among auto's candidates).
     sudo python benchmarks/auto_local.py [--rates 1000 20] [--seeds 0 1] [--resume]
 
 The UNet on 2 workers as 2 hosts on a `tc tbf` link (time_to_accuracy.py's runs): fp16,
-top-k + EF, `compression: auto` and "auto, then Streaming DiLoCo 32" (synchronous as auto
+top-k + EF, PowerSGD + EF, `compression: auto` and "auto, then Streaming DiLoCo 32" (synchronous as auto
 chooses until local steps are predicted to pay). The machine's speed varies up to 3x
 between days, so these runs are compared only with each other. Writes
 results/auto_local.json (raw) and auto_local.md: time to mean IoU 0.85 per link, what
@@ -23,7 +23,7 @@ import tempfile
 import time_to_accuracy as tta
 
 NAME = "auto_local"
-FIXED = ["fp16", "topk+EF"]
+FIXED = ["fp16", "topk+EF", "powersgd+EF"]
 AUTO = "auto, then Streaming DiLoCo 32"
 METHODS = [*FIXED, "auto", AUTO]
 TARGET = 0.85
