@@ -311,6 +311,11 @@ TF_CONFIG_CASES = [
     ("cluster-null", {"cluster": None}, r"cluster must map"),
     ("10001-tasks", {"cluster": {"worker": ["a:1"] * 10001}}, r"10,001 tasks, more than 10,000"),
     ("2-mib", {"cluster": {}, "pad": "x" * 2 * MIB}, r"TF_CONFIG has 2,097,\d+ characters"),
+    # found by test_generated_tf_configs in CI: a job name's line break split the message
+    ("job-line-break", {"cluster": {"\n": [None]}}, r"cluster: '\\n':0: expected a"),
+    ("task-job-line-break", {"cluster": {"w\nx": ["a:1"]}, "task": {"type": "w\nx",
+                                                                      "index": 3}},
+     r"names task 'w\\nx':3, but its cluster has 1 'w\\nx' task"),
 ]
 
 
@@ -320,6 +325,7 @@ def test_a_hostile_tf_config_is_one_error_naming_it(value, pattern):
     with pytest.raises(ClusterError, match=pattern) as error:
         read_tf_config({"TF_CONFIG": json.dumps(value)})
     assert "TF_CONFIG" in str(error.value) and len(str(error.value)) < 2000
+    assert "\n" not in str(error.value)  # one line
 
 
 # --- the real command line ------------------------------------------------------------------

@@ -95,6 +95,12 @@ def parse_tf_config(raw):
     return parsed
 
 
+def _job(name):
+    """A job name for a one-line message: as written, or quoted and escaped (`shown`) if it
+    holds a line break or another unprintable character."""
+    return name if name.isprintable() and len(name) <= 60 else shown(name)
+
+
 def check_tf_config(parsed, raw=None, name="TF_CONFIG"):
     """Raises `ClusterError` unless `parsed` is a TF_CONFIG TensorFlow can use.
 
@@ -118,7 +124,7 @@ def check_tf_config(parsed, raw=None, name="TF_CONFIG"):
                            f"Received: {shown_raw}")
     for job, addresses in cluster.items():
         for index, text in enumerate(addresses):
-            _address(text, f"TF_CONFIG's cluster: {job}:{index}")
+            _address(text, f"TF_CONFIG's cluster: {_job(job)}:{index}")
     if not isinstance(task, dict):
         raise ClusterError("TF_CONFIG's task must be an object with type and index. "
                            f"Received: {shown_raw}")
@@ -130,8 +136,8 @@ def check_tf_config(parsed, raw=None, name="TF_CONFIG"):
         raise ClusterError("TF_CONFIG's task index must be an integer >= 0. "
                            f"Received: {shown_raw}")
     if job in cluster and index >= len(cluster[job]):
-        raise ClusterError(f"TF_CONFIG names task {job}:{shown(index)}, but its cluster has "
-                           f"{len(cluster[job])} {job} task(s). Received: {shown_raw}")
+        raise ClusterError(f"TF_CONFIG names task {_job(job)}:{shown(index)}, but its cluster "
+                           f"has {len(cluster[job])} {_job(job)} task(s). Received: {shown_raw}")
 
 
 def tf_config(cluster, task_type, task_index):
