@@ -103,7 +103,7 @@ def test_the_judgement_reads_autos_measurements_and_the_models_bytes(strategies)
     averager.build(strategy, variables)
     link = cost_model.Link(20e6, 1e-3)
     averager.warmup_exchange = types.SimpleNamespace(
-        decisions=[{"compute_seconds": 0.06, "measured": 0.1}], _stage="kept", link=link,
+        decisions=[{"compute_seconds": 0.06, "measured": 0.1}], kept=True, link=link,
         workers=2, choice="topk+EF", min_gain=0.05)
     averager._judge_going_local(steps_done=20)
     ring = 2 * (2 - 1) / 2 * 4 * 1024  # bytes one worker sends for 1024 floats
@@ -152,6 +152,21 @@ def test_local_steps_begin_at_the_step_judged(strategies, fixed_link, verdict, p
     assert averager.averages == fixed.averages > 0
     assert_same_everywhere(strategy, model, reference)
     assert averager.checkpoint_state()["warmup_steps"] == 4
+
+
+def test_a_fixed_warm_up_exchanged_by_auto_measures_and_trains_as_its_choice(strategies,
+                                                                               fixed_link):
+    """`warmup_compression: auto` with a count of warm-up steps: auto decides after its 4
+    measured steps (it is told of every step), and the run trains exactly as that warm-up
+    exchanged with auto's choice, then DiLoCo; its kept choice is in the backup's state."""
+    strategy = strategies("mirrored")
+    diloco = dict(period=PERIOD, outer="nesterov", warmup_steps=8)
+    model, averager = fit(strategy, warmup_compression=auto(), **diloco)
+    auto_hook = averager.warmup_exchange
+    assert auto_hook.kept and auto_hook.decisions[0]["step"] == 4 and not averager.going_local
+    reference, _ = fit(strategy, warmup_compression=METHODS[auto_hook.choice], **diloco)
+    assert_same_everywhere(strategy, model, reference)
+    assert averager.checkpoint_state()["auto"]["choice"] == auto_hook.choice
 
 
 def test_a_sigterm_after_going_local_resumes_every_replica_exactly(strategies, fixed_link,

@@ -211,6 +211,12 @@ class AutoCompression(TrainingHook):
     def get_config(self):
         return None  # the choice is made again from fresh measurements
 
+    @property
+    def kept(self):
+        """Whether the method in use was measured and kept (not a prior or a trial being
+        timed)."""
+        return self._stage == "kept"
+
     # --- the hook contract --------------------------------------------------------------
 
     def build(self, strategy, variables):

@@ -302,8 +302,9 @@ class ModelAverager(TrainingHook):
             state["attempts"] = int(self._attempts.numpy())
         if self.pace is not None:
             state["pace"] = self.pace.state()
-        if self.auto_warmup:  # when local steps began (None: not yet), and auto's choice
+        if self.auto_warmup:  # when local steps began (None: not yet)
             state["warmup_steps"] = None if self.warmup_steps == NOT_YET else self.warmup_steps
+        if isinstance(self.warmup_exchange, AutoCompression):  # auto's kept choice
             state["auto"] = self.warmup_exchange.checkpoint_state()
         return state
 
@@ -317,7 +318,8 @@ class ModelAverager(TrainingHook):
         keys = {"averages", "anchored", "differ", "in_flight"} | (
             {"attempts"} if self.island_verdict else set()) | (
             {"pace"} if self.pace is not None else set()) | (
-            {"warmup_steps", "auto"} if self.auto_warmup else set())
+            {"warmup_steps"} if self.auto_warmup else set()) | (
+            {"auto"} if isinstance(self.warmup_exchange, AutoCompression) else set())
         valid = (isinstance(state, dict) and set(state) == keys
                  and all(type(state.get(k, 0)) is int and state.get(k, 0) >= 0
                          for k in ("averages", "attempts"))
@@ -340,10 +342,10 @@ class ModelAverager(TrainingHook):
         if self.pace is not None:
             self.pace.restore(state["pace"])
         if self.auto_warmup:
-            decided = state["warmup_steps"]
-            self.warmup_steps = NOT_YET if decided is None else decided
-            if decided is None and state["auto"] is not None:
-                self.warmup_exchange.restore_checkpoint_state(state["auto"])
+            self.warmup_steps = (NOT_YET if state["warmup_steps"] is None
+                                 else state["warmup_steps"])
+        if "auto" in keys and state["auto"] is not None:
+            self.warmup_exchange.restore_checkpoint_state(state["auto"])
 
     def phase(self, step):
         """Synchronous during the warm-up (True; with auto's exchange, the name of the
@@ -450,8 +452,9 @@ class ModelAverager(TrainingHook):
             return
         self._last_steps_done = steps_done
         if steps_done <= self.warmup_steps:  # the steps so far were synchronous
-            if self.auto_warmup:
+            if isinstance(self.warmup_exchange, AutoCompression):  # auto measures, chooses
                 self.warmup_exchange.after_step(model, steps_done)
+            if self.auto_warmup:
                 self._judge_going_local(steps_done)
             return
         local = steps_done - self.warmup_steps
@@ -470,7 +473,7 @@ class ModelAverager(TrainingHook):
         Every worker judges the same numbers (auto's are averaged over the workers)."""
         auto = self.warmup_exchange
         decisions = [d for d in auto.decisions if "compute_seconds" in d]  # not restored
-        if (self.warmup_steps != NOT_YET or auto._stage != "kept" or not decisions
+        if (self.warmup_steps != NOT_YET or not auto.kept or not decisions
                 or len(self.going_local) == len(decisions)):
             return
         decision = decisions[-1]
