@@ -461,12 +461,14 @@ def test_after_a_sigkilled_launcher_the_next_launch_cleans_up(tmp_path, write_co
     proc = subprocess.Popen(cli(config, command=task("""
         if name == "worker:0":
             grandchild = subprocess.Popen(
-                [sys.executable, "-c", "import os, time; os.setsid(); time.sleep(60)"])
+                [sys.executable, "-c", "import os, time; os.setsid(); time.sleep(600)"])
             report("grandchild", str(grandchild.pid))
         report("pid", str(os.getpid()))
-        time.sleep(60)
+        time.sleep(600)
     """, tmp_path)), env=launch_env, cwd=tmp_path, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
+    # they sleep past any load on the machine (CI once saw a 60 s sleep end mid-test); the
+    # `env` fixture kills whatever carries the token if the test fails first
     pids = wait_for_pids(tmp_path, ["worker:0.pid", "worker:1.pid", "worker:0.grandchild"],
                          proc)
     proc.kill()
@@ -485,6 +487,15 @@ def test_after_a_sigkilled_launcher_the_next_launch_cleans_up(tmp_path, write_co
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
     assert "--task" in refused.stderr and alive(grandchild), refused.stderr
     assert os.listdir(launch_env["TMPDIR"]) == [stale]
+
+    # a launch with another TMPDIR (a parallel test, another user's job) is not ours to
+    # clean: CI saw a parallel test's launch kill this grandchild
+    elsewhere = dict(launch_env, TMPDIR=str(tmp_path / "elsewhere"))
+    os.mkdir(elsewhere["TMPDIR"])
+    other = subprocess.run(cli(config, command=[PY, "-c", "pass"]), env=elsewhere,
+                           cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)
+    assert other.returncode == 0 and "cleaned up" not in other.stderr, other.stderr
+    assert alive(grandchild) and os.listdir(launch_env["TMPDIR"]) == [stale]
 
     result = subprocess.run(cli(config, command=[PY, "-c", "pass"]), env=launch_env,
                             cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)

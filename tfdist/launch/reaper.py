@@ -205,7 +205,8 @@ def _launcher_alive(pid, started):
 def clean_stale(tmp_root):
     """Removes what launchers that died without cleaning up (SIGKILL, power loss) left:
     their private directories under `tmp_root` (this user's only) and every process whose
-    environment still carries a dead launcher's tag.
+    environment still carries the tag of a dead launcher whose directory was under
+    `tmp_root` (a launch with another TMPDIR, e.g. a parallel test, is left alone).
 
     Returns:
         (directories removed, processes killed).
@@ -236,7 +237,8 @@ def clean_stale(tmp_root):
         if tag is None:
             continue
         match = _DIR_NAME.match(os.path.basename(tag))
-        if match and not _launcher_alive(int(match[1]), int(match[2])):
+        if (match and os.path.dirname(tag) == tmp_root
+                and not _launcher_alive(int(match[1]), int(match[2]))):
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
