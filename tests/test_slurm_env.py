@@ -480,6 +480,7 @@ FAKE_SRUN = """#!/bin/bash
 trap 'echo TERM >> "$OUT/srun.log"; exit 143' TERM
 echo $$ > "$OUT/srun.pid"
 echo started >> "$OUT/srun.log"
+if [ -n "${EARLY:-}" ]; then kill -TERM "$PPID"; fi  # the batch shell's SIGTERM, at once
 while true; do sleep 0.05; done
 """
 # stands in for scancel: SLURM signals the step's tasks (here: the stand-in srun)
@@ -496,19 +497,25 @@ kill -TERM "$PPID"
 """
 
 
+@pytest.mark.parametrize("early", [False, True], ids=["while-training", "as-srun-starts"])
 def test_the_batch_script_passes_sigterm_to_the_step_and_requeues_a_preemption(write_config,
-                                                                                tmp_path):
+                                                                                tmp_path, early):
     """The generated script run by bash, with stand-ins for srun, scancel and scontrol:
     SIGTERM to the batch shell (what SLURM's --signal=B:TERM and preemption send) has
     SLURM signal the step's tasks; the step's 143 makes the script requeue its job and wait
     for SLURM to end it (here: the stand-in scontrol's SIGTERM, which the script no longer
-    traps). (tests/test_slurm.py does the same on a real SLURM.)"""
+    traps). (tests/test_slurm.py does the same on a real SLURM.) `as-srun-starts`: the
+    SIGTERM comes the moment the step exists — CI once saw it end a script whose trap was
+    set after `srun &`, and the orphaned step run on."""
     import os
     import signal
     import time
 
     path = write_config("cluster: {slurm: {}}\nstrategy: multi_worker_mirrored\n")
     script = cli("sbatch", path, "--", "python", "train.py").stdout
+    lines = script.splitlines()  # no moment without the trap once the step can exist
+    trap = lines.index("""trap 'scancel --signal=TERM "$SLURM_JOB_ID"' TERM""")
+    assert trap < next(i for i, line in enumerate(lines) if line.startswith("srun "))
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "srun").write_text(FAKE_SRUN)
@@ -517,18 +524,23 @@ def test_the_batch_script_passes_sigterm_to_the_step_and_requeues_a_preemption(w
     for tool in ("srun", "scancel", "scontrol"):
         (fake / tool).chmod(0o755)
     env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", OUT=str(tmp_path),
-               SLURM_JOB_ID="42")
+               SLURM_JOB_ID="42", **({"EARLY": "1"} if early else {}))
     job = subprocess.Popen(["bash", "-c", script], env=env, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
-        while not (tmp_path / "srun.log").exists():
+        while not (tmp_path / "srun.log").exists() and not early:
             assert time.monotonic() < deadline and job.poll() is None, "srun never started"
             time.sleep(0.05)
-        job.send_signal(signal.SIGTERM)
+        if not early:
+            job.send_signal(signal.SIGTERM)
         _, stderr = job.communicate(timeout=30)
     finally:
         if job.poll() is None:
             job.kill()
+        try:  # a stand-in srun the script left running
+            os.kill(int((tmp_path / "srun.pid").read_text()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
     assert job.returncode == -signal.SIGTERM, stderr  # ended by "SLURM", not by exiting
     assert (tmp_path / "scancel.log").read_text().split() == ["--signal=TERM", "42"]
     assert (tmp_path / "srun.log").read_text().split() == ["started", "TERM"]
