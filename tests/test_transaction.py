@@ -170,14 +170,14 @@ def test_twenty_refused_steps_in_a_row_each_leave_every_replica_as_it_was(strate
     run = Run(strategy, loop, "randomk", True)
     clean = Run(strategy, loop, "randomk", True)
     snapshot = Snapshot(run)
-    for attempt in range(20):  # each: a good step, then a refused one, in one fit
-        x, y = images(BATCH, seed=attempt)
+    good = [images(BATCH, seed=attempt) for attempt in range(20)]
+    for attempt, (x, y) in enumerate(good):  # each: a good step, then a refused one, in one fit
         bad = x.copy()
         bad[16 * (attempt % 2) + attempt % 16, 1, 1, 0] = np.nan
         with pytest.raises(tf.errors.InvalidArgumentError, match="NaN or Inf gradient"):
             run.step((np.concatenate([x, bad]), np.concatenate([y, y])), [snapshot])
         assert_same(run.state(), snapshot.state)
-        clean.step((x, y))
+    clean.step(tuple(np.concatenate(part) for part in zip(*good)))  # the 20 good steps
     assert_no_trace(run.state(), clean.state())
 
 
