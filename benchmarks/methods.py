@@ -79,6 +79,12 @@ for period, ratio in ((4, 0.1), (8, 0.1)):
 # Streaming DiLoCo's synchronous warm-up is most of its time to accuracy on a slow link
 METHODS["Streaming DiLoCo 32, warm-up 20"] = {"local_sgd": {
     **METHODS["Streaming DiLoCo 32"]["local_sgd"], "warmup_steps": 20}}
+# issue 33 item 4: less lag for fewer bytes saved. Error feedback's lag grows with what the
+# residual holds back; a richer approximation holds back less. PowerSGD at rank 6 (Vogels et
+# al. 2019 find accuracy rising with rank) and top-k at 4% both still send >= 10x fewer bytes
+# than none on the UNet (10.6x and 12.5x by their payloads)
+METHODS["powersgd+EF rank 6"] = {"compression": {"name": "powersgd", "rank": 6, **EF}}
+METHODS["topk+EF 4%"] = {"compression": {"name": "topk", "ratio": 0.04, **EF}}
 # issue 33 item 2: the DiLoCo family among auto's candidates (tfdist/local_sgd/go_local.py):
 # synchronous as auto chooses until local steps are predicted to pay, then Streaming DiLoCo
 METHODS["auto, then Streaming DiLoCo 32"] = {"local_sgd": {

@@ -40,7 +40,7 @@ ALL_METHODS = ["none", "fp16", "bf16", "int8", "qsgd", "sign+EF", "topk+EF", "ra
                "topk+EF from 80", "sign+EF from 80", "topk+EF from 80, frozen v",
                "sign+EF from 80, frozen v", "powersgd+EF from 80, frozen v", "auto",
                "local SGD 32, warm-up 80", "DiLoCo 32", "Streaming DiLoCo 32",
-               "Streaming DiLoCo 32, warm-up 20"]
+               "Streaming DiLoCo 32, warm-up 20", "powersgd+EF rank 6", "topk+EF 4%"]
 PLANS = {
     # The demo's schedule (480 steps of 32 samples) in epochs of 40 steps, 8 validation steps.
     # the fastest link first: its runs alone give every method's quality at convergence
@@ -187,18 +187,39 @@ def quality(rows, workload=UNET):
     return out
 
 
+def paired(rows, key):
+    """{method: (its mean `key`, none's mean `key`)} over the seeds both ran (each seed's
+    value the mean over its links), so that a seed only one of them ran weighs on neither."""
+    values = {}
+    for r in rows:
+        values.setdefault(r["method"], {}).setdefault(r["seed"], []).append(r[key])
+    none = {seed: statistics.mean(v) for seed, v in values.pop("none", {}).items()}
+    out = {}
+    for method, seeds in values.items():
+        common = sorted(set(seeds) & set(none))
+        if common:
+            out[method] = (statistics.mean(statistics.mean(seeds[s]) for s in common),
+                           statistics.mean(none[s] for s in common))
+    return out
+
+
+def loss_gaps(rows):
+    """{method: final loss / none's - 1}, on the seeds both ran (`paired`)."""
+    return {m: mine / none - 1 for m, (mine, none) in paired(rows, "final_loss").items()}
+
+
 def against_none(rows, workload=UNET):
     """{method: (times fewer bytes per step than none, final loss / none's - 1)}: the bytes
-    are each method's median over its links (the kB/step column), the loss as `quality`."""
+    are each method's median over its links (the kB/step column), the loss `loss_gaps`'."""
     cell = {}
     for r in summary(rows, workload):
         cell.setdefault(r["method"], []).append(r["bytes_per_step"])
-    scores = quality(rows, workload)
-    if "none" not in scores or "none" not in cell:
+    gaps = loss_gaps(rows)
+    if "none" not in cell:
         return {}
-    bytes0, loss0 = statistics.median(cell["none"]), scores["none"][2]
+    bytes0 = statistics.median(cell["none"])
     return {m: (bytes0 / statistics.median(b) if statistics.median(b) else float("inf"),
-                scores[m][2] / loss0 - 1) for m, b in cell.items() if m != "none"}
+                gaps[m]) for m, b in cell.items() if m in gaps}
 
 
 def markdown(results):
@@ -212,18 +233,19 @@ def markdown(results):
     methods = sorted(scores, key=lambda m: (m != "none", ALL_METHODS.index(m)
                                             if m in ALL_METHODS else len(ALL_METHODS), m))
     label = "mIoU" if workload is UNET else workload.label
-    header = ["method", f"final {label} (spread, seeds)", "vs none", "loss vs none", "kB/step"]
+    header = ["method", f"final {label} (spread, seeds)", "vs none (same seeds)",
+              "loss vs none (same seeds)", "kB/step"]
     first, second = workload.targets
     for rate in rates:
         header += [f"{rate / MBIT:.0f} Mbit/s: s to {first}", f"s to {second}", "s/step"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    iou0, _, loss0, _ = scores.get("none", (None, None, None, None))
+    gaps, final = loss_gaps(results["runs"]), paired(results["runs"], workload.final_key)
     for m in methods:
-        iou, spread, loss, n = scores[m]
+        iou, spread, _, n = scores[m]
         kb = statistics.median(cell[m, r]["bytes_per_step"] for r in rates if (m, r) in cell)
         cells = [m, f"{iou:.3f} ({spread:.3f}, {n})",
-                 "" if m == "none" or iou0 is None else workload.versus(iou, iou0),
-                 "" if m == "none" or loss0 is None else f"{loss / loss0 - 1:+.0%}",
+                 workload.versus(*final[m]) if m in final else "",
+                 f"{gaps[m]:+.0%}" if m in gaps else "",
                  f"{kb / 1e3:.0f}"]
         for rate in rates:
             r = cell.get((m, rate))
@@ -250,7 +272,8 @@ FAST, SLOW = 1000 * MBIT, 20 * MBIT
 
 def diloco_criteria(runs):
     """Issue 17's targets from the runs: {name: (measured text, met)}; empty without
-    DiLoCo runs. Medians over seeds per link; quality as in `quality`."""
+    DiLoCo runs. Medians over seeds per link; quality as in `quality`, against none on
+    the same seeds (`paired`)."""
     have = {(r["method"], r["rate_bits"]) for r in runs}
     if ("DiLoCo 32", FAST) not in have or ("none", FAST) not in have:
         return {}
@@ -259,8 +282,7 @@ def diloco_criteria(runs):
         and r.get(key) is not None)
     scores = quality(runs)
     out = {}
-    none_iou = scores["none"][0]
-    d_iou = scores["DiLoCo 32"][0]
+    d_iou, none_iou = paired(runs, UNET.final_key)["DiLoCo 32"]
     out["DiLoCo 32: final mean IoU within 1 point of synchronous"] = (
         f"{100 * (d_iou - none_iou):+.1f} pts", d_iou - none_iou >= -0.01)
     if "local SGD 32, warm-up 80" in scores:
