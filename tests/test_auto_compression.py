@@ -87,13 +87,15 @@ def test_the_quality_table_is_the_time_to_accuracy_measurement():
     results = pathlib.Path(__file__).parents[1] / "benchmarks" / "results"
     saved = next(f for f in (results / "time_to_accuracy.json",
                              results / "time_to_accuracy-partial.json") if f.exists())
-    runs = [r for r in json.loads(saved.read_text())["runs"] if r["rate_bits"] == 10**9]
+    seeds = {0, 1, 2}  # the table's; none has more (item 4's pairs), which it must not use
+    runs = [r for r in json.loads(saved.read_text())["runs"]
+            if r["rate_bits"] == 10**9 and r["seed"] in seeds]
 
     def mean(method, key):
         return statistics.mean(r[key] for r in runs if r["method"] == method)
 
     for method, points in QUALITY["points"].items():
-        assert {r["seed"] for r in runs if r["method"] == method} == {0, 1, 2}
+        assert {r["seed"] for r in runs if r["method"] == method} == seeds
         delta = 100 * (mean(method, "final_val_mean_iou") - mean("none", "final_val_mean_iou"))
         assert points == pytest.approx(delta, abs=0.051), method
         ratio = mean(method, "final_loss") / mean("none", "final_loss")
