@@ -146,31 +146,19 @@ def overhead(results):
     return math.exp(mean), (math.exp(mean - half), math.exp(mean + half)), n
 
 
-#: pass_through.py's measurements of today's Trainer (its logs read beside the backward
-#: pass, stop 41 on): their pairs pool, each pair being its own comparison whatever the day
-CURRENT_PASS_THROUGH = ("pass_through_logs_beside_backward.json", "pass_through_current.json")
-
-
-def pooled(*measurements):
-    """One measurement of the pairs of all `measurements` (None: absent; the same block
-    length), or None."""
-    given = [m for m in measurements if m]
-    if not given:
-        return None
-    if len({m["block_steps"] for m in given}) > 1:
-        raise ValueError("pass-through measurements of different block lengths do not pool")
-    return {**given[0], "block_median_seconds": {
-        loop: [t for m in given for t in m["block_median_seconds"][loop]]
-        for loop in given[0]["block_median_seconds"]}}
+#: pass_through.py's newest measurement of today's Trainer (`--name pass_through_current`).
+#: Measurements of other days are not pooled with it: the step's length moves with the
+#: machine's speed (0.33 s on 11-25, 0.073 s on 11-28), and tfdist's share with it.
+CURRENT_PASS_THROUGH = "pass_through_current.json"
 
 
 def saved_overhead():
-    """The pass-through of today's Trainer (`CURRENT_PASS_THROUGH`, pooled), else the
+    """The newest pass-through of today's Trainer (`CURRENT_PASS_THROUGH`), else the
     longest measurement with tfdist's default exchange (`overhead_issue16.json`), or None."""
-    current = pooled(*(json.loads((RESULTS / name).read_text())
-                       for name in CURRENT_PASS_THROUGH if (RESULTS / name).exists()))
-    path = RESULTS / "overhead_issue16.json"
-    return current or (json.loads(path.read_text())["one_buffer"] if path.exists() else None)
+    current, older = RESULTS / CURRENT_PASS_THROUGH, RESULTS / "overhead_issue16.json"
+    if current.exists():
+        return json.loads(current.read_text())
+    return json.loads(older.read_text())["one_buffer"] if older.exists() else None
 
 
 def most_pairs(*measurements):

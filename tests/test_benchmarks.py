@@ -235,22 +235,6 @@ def test_the_report_takes_the_overhead_measured_over_the_most_pairs():
     assert report.most_pairs(None, None) is None
 
 
-def test_pass_through_measurements_of_todays_trainer_pool_their_pairs():
-    """Each pair compares the two loops at one moment, so the pairs of two days pool; the
-    pooled ratio is the geometric mean over all of them (here 1.1 and 1.0: sqrt(1.1))."""
-    def measured(ratio, n, block=16):
-        return {"block_steps": block, "tfdist_loop": "trainer", "block_median_seconds": {
-            "plain tf.distribute": [0.2] * n, "tfdist": [0.2 * ratio] * n}}
-
-    both = report.pooled(measured(1.1, 3), None, measured(1.0, 3))
-    assert len(both["block_median_seconds"]["tfdist"]) == 6 and both["block_steps"] == 16
-    ratio, _, pairs = report.overhead({"overhead": both})
-    assert pairs == 6 and ratio == pytest.approx(1.1 ** 0.5)
-    assert report.pooled(None) is None
-    with pytest.raises(ValueError, match="block lengths"):
-        report.pooled(measured(1.0, 2), measured(1.0, 2, block=8))
-
-
 def test_diloco_periods_table_compares_each_period_on_the_same_seeds():
     import diloco_periods
 
