@@ -50,16 +50,16 @@ def choices(run):
     return f"{kept[-1] if kept else '?'}; {local}"
 
 
-def verdicts(results):
-    """[(link bits/s, {method: mean seconds to TARGET}, the best fixed method, auto with
-    local steps over it, met)] per link, fastest first."""
+def verdicts(results, candidate=AUTO):
+    """[(link bits/s, {method: mean seconds to TARGET}, the best fixed method, `candidate`
+    (auto with local steps, or plain auto) over it, met)] per link, fastest first."""
     runs = results["runs"]
     out = []
     for rate in sorted({r["rate_bits"] for r in runs}, reverse=True):
         seconds = {m: mean_seconds(runs, m, rate) for m in METHODS}
         fixed = {m: seconds[m] for m in FIXED if seconds[m] is not None}
         best = min(fixed, key=fixed.get) if fixed else None
-        ratio = seconds[AUTO] / fixed[best] if best and seconds[AUTO] else None
+        ratio = seconds[candidate] / fixed[best] if best and seconds[candidate] else None
         out.append((rate, seconds, best, ratio, ratio is not None and ratio <= 1.05))
     return out
 

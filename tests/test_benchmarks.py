@@ -326,3 +326,25 @@ def test_quality_refuses_a_learning_rate_that_is_not_a_positive_number(text):
     with pytest.raises((argparse.ArgumentTypeError, ValueError)):
         quality.positive_rate(text)
     assert quality.positive_rate("0.0015") == 0.0015
+
+
+def test_auto_local_judges_plain_auto_and_auto_with_local_steps_on_the_same_runs():
+    """Each candidate against the best fixed method of the same runs (mean over seeds; a
+    fixed method a seed never brought to the target is out)."""
+    import auto_local
+
+    def run(method, rate, seconds):
+        return {"method": method, "rate_bits": rate, f"seconds_to_{auto_local.TARGET}": seconds}
+
+    fast, slow = 10**9, 2 * 10**7
+    runs = [run("fp16", fast, 10.0), run("fp16", fast, 12.0), run("topk+EF", fast, 20.0),
+            run("auto", fast, 11.5), run(auto_local.AUTO, fast, 10.0),
+            run("fp16", slow, 50.0), run("fp16", slow, None), run("topk+EF", slow, 40.0),
+            run("auto", slow, 43.0), run(auto_local.AUTO, slow, None)]
+    plain = auto_local.verdicts({"runs": runs}, "auto")
+    assert [(rate, best, met) for rate, _, best, _, met in plain] == [
+        (fast, "fp16", True), (slow, "topk+EF", False)]  # 11.5 / 11; 43 / 40
+    assert plain[0][3] == pytest.approx(11.5 / 11)
+    local = auto_local.verdicts({"runs": runs})
+    assert [(ratio, met) for _, _, _, ratio, met in local] == [(pytest.approx(10 / 11), True),
+                                                               (None, False)]
