@@ -148,7 +148,7 @@ def overhead(results):
 
 #: pass_through.py's newest measurement of today's Trainer (`--name pass_through_current`).
 #: Measurements of other days are not pooled with it: the step's length moves with the
-#: machine's speed (0.33 s on 11-25, 0.073 s on 11-28), and tfdist's share with it.
+#: machine's speed (0.33 s when stop 41 measured, 0.073 s on 11-28), and tfdist's share with it.
 CURRENT_PASS_THROUGH = "pass_through_current.json"
 
 
@@ -159,12 +159,6 @@ def saved_overhead():
     if current.exists():
         return json.loads(current.read_text())
     return json.loads(older.read_text())["one_buffer"] if older.exists() else None
-
-
-def most_pairs(*measurements):
-    """Of the overhead measurements given (None: absent), the one with the most pairs."""
-    return max((m for m in measurements if m), default=None,
-               key=lambda m: len(m["block_median_seconds"]["tfdist"]))
 
 
 def t_quantile(p, df):

@@ -228,13 +228,6 @@ def test_time_to_accuracy_resumes_and_runs_again_what_was_timed_on_a_shared_cpu(
     assert kept["none", 0]["seconds_per_step"] == 0.9
 
 
-def test_the_report_takes_the_overhead_measured_over_the_most_pairs():
-    pairs = lambda n: {"block_median_seconds": {"tfdist": [0.1] * n,  # noqa: E731
-                                                "plain tf.distribute": [0.1] * n}}
-    assert report.most_pairs(pairs(4), None, pairs(40)) == pairs(40)
-    assert report.most_pairs(None, None) is None
-
-
 def test_diloco_periods_table_compares_each_period_on_the_same_seeds():
     import diloco_periods
 
