@@ -1,21 +1,37 @@
 """What tfdist's training loop adds to a step: plain tf.distribute and `tfdist.Trainer` in
 the same worker processes, in alternating blocks of steps.
 
-Each worker holds two copies of the UNet (same initial weights) under one
-`tf.distribute.MultiWorkerMirroredStrategy`: the custom loop of TensorFlow's tutorial
-(`plain_tf_distribute.py`) and `tfdist.Trainer` in pass-through mode (no compression, no
-local SGD). They train in turns, `--block` steps each, so both see the same machine, the
-same network and the same moment: run-to-run differences of this 2-core machine (10-40%
-between single runs) cancel. Run under a launcher that sets TF_CONFIG:
+Each worker holds copies of the UNet (same initial weights) under one
+`tf.distribute.MultiWorkerMirroredStrategy`, trained in turns, `--block` steps each, so
+every loop sees the same machine, the same network and the same moment: run-to-run
+differences of this 2-core machine (10-40% between single runs) cancel. Each round
+starts one loop later, so that no loop always runs right after the same one. The loops
+(`--rungs`, a ladder from plain tf.distribute to tfdist's Trainer, each adding one part):
+
+    plain         the custom loop of TensorFlow's tutorial (`plain_tf_distribute.py`)
+    plain_fresh   the same, starting a new input iterator each block (as a `fit` call does)
+    own           the tutorial's step with `tfdist.keras.DistributedOptimizer(Adam, "none")`
+                  under `tfdist.function` (tfdist's exchange and transactional update)
+    trainer_step  `tfdist.Trainer`'s compiled step, called in the same bare loop (adds the
+                  Trainer's graph: the non-trainable state's take-back, the metrics' read)
+    trainer_input the same, reading the dataset as the Trainer distributes it
+                  (`tfdist.training.data.distribute`: no autotuning thread, plain iterators)
+    trainer       `tfdist.Trainer.fit` per block (adds its Python loop and callbacks)
+
+Run under a launcher that sets TF_CONFIG:
 
     tfdist launch job.yaml -- python benchmarks/overhead.py --output_dir out
 
-The first worker writes metrics.json: the median step time of each block, per loop;
-with --profile, also one more block of each traced by TF's profiler (op_profile.py): wall
-and op milliseconds per step, ops run per step, op milliseconds by type.
+The first worker writes metrics.json: per loop, each block's median step time and the
+process's CPU time per step (CPU time leaves out waiting for the other worker); the
+graph ops each compiled step runs, by type; the Trainer's host milliseconds per step
+outside its compiled step; with --profile, one more block of each traced by TF's
+profiler (op_profile.py).
 """
 
 import argparse
+import collections
+import functools
 import json
 import os
 import time
@@ -32,6 +48,7 @@ import metrics
 from model import unet
 
 import tfdist
+from tfdist.training.data import distribute as distribute_as_trainer
 
 
 class StepTimer(keras.callbacks.Callback):
@@ -48,6 +65,46 @@ class StepTimer(keras.callbacks.Callback):
         self.seconds.append(time.perf_counter() - self.began)
 
 
+def graph_ops(function, *args):
+    """{op type: count} of the graph `function(*args)` runs, its functions' bodies included."""
+    graph = function.get_concrete_function(*args).graph.as_graph_def()
+    nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
+    return dict(collections.Counter(n.op for n in nodes).most_common())
+
+
+class HostTimer:
+    """Wraps a `HookDriver`'s `function` so that each compiled step's call is timed: the
+    step's wall time minus these is the host's time around it (the Python loop)."""
+
+    def __init__(self, driver):
+        self.seconds, self.make = [], driver.function
+
+        def function(make):
+            step = self.make(make)
+
+            def timed(*args):
+                began = time.perf_counter()
+                result = step(*args)
+                self.seconds.append(time.perf_counter() - began)
+                return result
+
+            timed.get_concrete_function = step.get_concrete_function
+            return timed
+
+        driver.function = function  # this driver (instance) only
+
+
+def only(driver):
+    """The one compiled step a `HookDriver` made (pass-through has one phase)."""
+    (function,) = driver._functions.values()
+    return function
+
+
+RUNGS = ("plain", "plain_fresh", "own", "trainer_step", "trainer_input", "trainer")
+#: The two loops report.overhead compares, under their historical names.
+NAMES = {"plain": "plain tf.distribute", "trainer": "tfdist"}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output_dir", required=True)
@@ -56,14 +113,23 @@ def main():
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--bucket_bytes", type=int, default=None,
                         help="tfdist's all-reduce buckets (default: tfdist's default; 0: one)")
-    parser.add_argument("--tfdist_loop", choices=["trainer", "own"], default="trainer",
-                        help="tfdist's side: tfdist.Trainer.fit per block, or the tutorial's "
-                        "own step under tfdist.function on one iterator (as plain's)")
+    parser.add_argument("--rungs", default="plain,trainer",
+                        help=f"comma-separated loops, of {', '.join(RUNGS)}")
+    parser.add_argument("--tfdist_loop", choices=["trainer", "own"], default=None,
+                        help="(older runs' flag) plain against this loop, named tfdist")
     parser.add_argument("--fresh_input", action="store_true",
-                        help="plain's blocks start a new input iterator each (as a fit call does)")
+                        help="(older runs' flag) plain starts a new input iterator each block")
     parser.add_argument("--profile", action="store_true",
                         help="trace one more block of each loop with TF's profiler")
     args = parser.parse_args()
+    rungs = args.rungs.split(",")
+    names = dict(NAMES)
+    if args.tfdist_loop or args.fresh_input:
+        rungs = ["plain_fresh" if args.fresh_input else "plain", args.tfdist_loop or "trainer"]
+        names = {rungs[0]: "plain tf.distribute", rungs[1]: "tfdist"}
+    unknown = sorted(set(rungs) - set(RUNGS))
+    if unknown or len(set(rungs)) != len(rungs):
+        parser.error(f"--rungs: unknown or repeated {unknown or rungs}; choose from {RUNGS}")
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
@@ -71,23 +137,21 @@ def main():
     train = types.SimpleNamespace(dataset="synthetic", seed=0, image_size=32,
                                   num_examples=4096, batch_size=args.batch_size)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    models, optimizers = [], []
-    for _ in range(2):  # the same initial weights
+    buckets = {} if args.bucket_bytes is None else {"bucket_bytes": args.bucket_bytes}
+
+    def model_and_optimizer(routed):  # the same initial weights each time
         keras.utils.set_random_seed(0)
         with strategy.scope():
-            models.append(unet(32, 4, 16, 3, 0.1))
-            optimizers.append(keras.optimizers.Adam(0.003))
-        if len(optimizers) == 2:  # tfdist's, routed through its exchange with these buckets
-            buckets = {} if args.bucket_bytes is None else {"bucket_bytes": args.bucket_bytes}
-            optimizers[1] = tfdist.keras.DistributedOptimizer(
-                optimizers[1], "none", strategy=strategy, **buckets)
-    plain_step, iterator = plain.train_step(strategy, models[0], optimizers[0], loss_fn, train)
-    trainer = tfdist.Trainer(models[1], optimizers[1], loss_fn, strategy=strategy,
-                             metrics=metrics.segmentation_metrics(4))
+            model, optimizer = unet(32, 4, 16, 3, 0.1), keras.optimizers.Adam(0.003)
+        if routed:  # tfdist's, routed through its exchange with these buckets
+            optimizer = tfdist.keras.DistributedOptimizer(optimizer, "none", strategy=strategy,
+                                                          **buckets)
+        return model, optimizer
 
-    own_step, own_iterator = plain.train_step(
-        strategy, models[1], optimizers[1], loss_fn, train,
-        function=lambda step: tfdist.function(step, model=models[1]))
+    def built(optimizer, model):  # as the Trainer builds its own
+        with strategy.scope():
+            optimizer.build(model.trainable_variables)
+        return optimizer
 
     def steps(step, batches):
         seconds = []
@@ -97,29 +161,69 @@ def main():
             seconds.append(time.perf_counter() - began)
         return seconds
 
-    def plain_block():
-        batches = iterator if not args.fresh_input else iter(
-            strategy.distribute_datasets_from_function(data.dataset_fn(train, "train")))
-        return steps(plain_step, batches)
+    def bare_loop(step, fresh=False, distribute=strategy.distribute_datasets_from_function):
+        iterator = iter(distribute(data.dataset_fn(train, "train")))
+        return lambda: steps(step, iterator if not fresh else iter(
+            distribute(data.dataset_fn(train, "train"))))
 
-    def tfdist_block():
-        if args.tfdist_loop == "own":
-            return steps(own_step, own_iterator)
-        timer = StepTimer()
-        trainer.fit(data.dataset_fn(train, "train"), epochs=1, steps_per_epoch=args.block,
-                    callbacks=[timer], verbose=0)
-        return timer.seconds
+    loops, compiled, host = {}, {}, None
+    for rung in rungs:
+        model, optimizer = model_and_optimizer(routed=rung not in ("plain", "plain_fresh"))
+        if rung in ("plain", "plain_fresh", "own"):
+            function = tf.function if rung != "own" else (
+                lambda step, model=model, optimizer=built(optimizer, model): tfdist.function(
+                    step, model=model, optimizer=optimizer))
+            step, _ = plain.train_step(strategy, model, optimizer, loss_fn, train, function)
+            loops[rung] = bare_loop(step, fresh=rung == "plain_fresh")
+            compiled[rung] = (lambda step=step: step) if rung != "own" else (
+                lambda step=step: only(step.driver))
+            continue
+        trainer = tfdist.Trainer(model, optimizer, loss_fn, strategy=strategy,
+                                 metrics=metrics.segmentation_metrics(4))
+        compiled[rung] = lambda trainer=trainer: only(trainer.driver)
+        if rung in ("trainer_step", "trainer_input"):
+            make = trainer._make_train_function  # the compiled step, as fit calls it
+            loops[rung] = bare_loop(
+                lambda batch, make=make, trainer=trainer: trainer.driver.function(make)(batch)[
+                    "loss"], distribute=functools.partial(distribute_as_trainer, strategy)
+                if rung == "trainer_input" else strategy.distribute_datasets_from_function)
+            continue
+        timer, host = StepTimer(), HostTimer(trainer.driver)
 
-    plain_block(), tfdist_block()  # traced steps: not measured
-    blocks = {"plain tf.distribute": [], "tfdist": []}
-    for _ in range(args.pairs):
-        blocks["plain tf.distribute"].append(float(np.median(plain_block())))
-        blocks["tfdist"].append(float(np.median(tfdist_block())))
-    result = {"block_steps": args.block, "block_median_seconds": blocks,
-              "tfdist_loop": args.tfdist_loop, "fresh_input": args.fresh_input}
+        def fit_block(trainer=trainer, timer=timer):
+            timer.seconds = []
+            trainer.fit(data.dataset_fn(train, "train"), epochs=1, steps_per_epoch=args.block,
+                        callbacks=[timer], verbose=0)
+            return timer.seconds
+
+        loops[rung] = fit_block
+
+    for loop in loops.values():  # traced steps: not measured
+        loop()
+    batch = next(iter(strategy.distribute_datasets_from_function(data.dataset_fn(train, "train"))))
+    ops = {names.get(r, r): graph_ops(compiled[r](), batch) for r in rungs}
+    wall, cpu, outside = {r: [] for r in rungs}, {r: [] for r in rungs}, []
+    for round_ in range(args.pairs):  # each round starts one rung later: no rung always
+        start = round_ % len(rungs)       # follows the same one (a new iterator's wake)
+        for rung in rungs[start:] + rungs[:start]:
+            loop = loops[rung]
+            began = time.process_time()
+            if host is not None:
+                host.seconds = []
+            seconds = loop()
+            cpu[rung].append((time.process_time() - began) / args.block)
+            wall[rung].append(float(np.median(seconds)))
+            if rung == "trainer":
+                outside.append(float(np.median(seconds)) - float(np.median(host.seconds)))
+    result = {"block_steps": args.block, "rungs": rungs,
+              "block_median_seconds": {names.get(r, r): wall[r] for r in rungs},
+              "block_cpu_seconds_per_step": {names.get(r, r): cpu[r] for r in rungs},
+              "graph_ops": ops, "tfdist_loop": args.tfdist_loop, "fresh_input": args.fresh_input}
+    if outside:
+        result["trainer_host_seconds_per_step"] = outside
     if args.profile:  # every worker traces (they meet in each step's collectives)
-        result["profile"] = {"plain tf.distribute": op_profile.profile(plain_block, args.block),
-                             "tfdist": op_profile.profile(tfdist_block, args.block)}
+        result["profile"] = {names.get(r, r): op_profile.profile(loop, args.block)
+                             for r, loop in loops.items()}
     if (strategy.cluster_resolver.task_id if strategy.cluster_resolver else 0) == 0:
         os.makedirs(args.output_dir, exist_ok=True)
         with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:

@@ -328,7 +328,8 @@ def limit_targets(results):
         out.append(("tfdist pass-through within 1% of plain tf.distribute (95% interval "
                     "inside ±1%)", f"{ratio - 1:+.1%}" + (
                         f" ({interval[0] - 1:+.1%} to {interval[1] - 1:+.1%})" if interval
-                        else ""), inside, "issue 33; overhead.py"))
+                        else ""), inside, "issue 33; overhead.py; where each millisecond "
+                    "goes: results/pass_through_current.md"))
     out += loss_at_fewer_bytes(results["time_to_accuracy"]["runs"])
     for rate in sorted({r["rate_bits"] for r in rows}, reverse=True):
         here = {r["method"]: r["seconds_to_0.85"] for r in rows if r["rate_bits"] == rate}
@@ -527,6 +528,9 @@ SAVED_SECTIONS = (
     ("error_feedback", "Why the error-fed compressors end with a higher loss",
      "error_feedback.py"),
     ("auto_local", "Going local when it pays: `warmup_steps: auto`", "auto_local.py"),
+    (CURRENT_PASS_THROUGH.removesuffix(".json"), "Where tfdist's milliseconds go: the Trainer "
+     "against plain tf.distribute", "pass_through.py --pairs 48 --rungs "
+     "plain,plain_fresh,own,trainer_step,trainer_input,trainer"),
 )
 
 

@@ -341,3 +341,39 @@ def test_auto_local_judges_plain_auto_and_auto_with_local_steps_on_the_same_runs
     local = auto_local.verdicts({"runs": runs})
     assert [(ratio, met) for _, _, _, ratio, met in local] == [(pytest.approx(10 / 11), True),
                                                                (None, False)]
+
+
+def test_the_pass_through_account_is_each_rungs_paired_difference_from_the_one_before():
+    """pass_through.py's account: per rung, the mean paired difference of block medians
+    (and of CPU per step) from its predecessor, in ms, with Student's 95% half-width; the
+    graph ops it adds, by type. Checked against differences computed here by hand."""
+    import pass_through
+
+    plain = [0.070, 0.072, 0.071, 0.069]
+    own = [p + d for p, d in zip(plain, [0.002, 0.001, 0.003, 0.002])]
+    trainer_step = [o + 0.0005 for o in own]  # a constant offset: no spread
+    metrics = {
+        "rungs": ["plain", "own", "trainer_step"],
+        "block_median_seconds": {"plain tf.distribute": plain, "own": own,
+                                 "trainer_step": trainer_step},
+        "block_cpu_seconds_per_step": {"plain tf.distribute": plain, "own": plain,
+                                       "trainer_step": trainer_step},
+        "graph_ops": {"plain tf.distribute": {"Conv2D": 10, "Const": 5},
+                      "own": {"Conv2D": 10, "Const": 9, "IsFinite": 3},
+                      "trainer_step": {"Conv2D": 10, "Const": 9, "IsFinite": 3, "SelectV2": 2}}}
+    rows = {rung: row for rung, *row in pass_through.account(metrics)}
+    assert set(rows) == {"own", "trainer_step"}  # plain has no predecessor
+    prior, (wall, half), (cpu, cpu_half), ops, top = rows["own"]
+    assert prior == "plain"
+    differences = [2.0, 1.0, 3.0, 2.0]  # ms
+    assert wall == pytest.approx(2.0)
+    assert half == pytest.approx(3.182 * statistics.stdev(differences) / 2, rel=1e-3)
+    assert (cpu, cpu_half) == (0.0, 0.0)
+    assert ops == 7 and dict(top) == {"Const": 4, "IsFinite": 3}
+    prior, (wall, half), (cpu, cpu_half), ops, top = rows["trainer_step"]
+    assert prior == "own" and wall == pytest.approx(0.5) and half == pytest.approx(0.0, abs=1e-9)
+    assert cpu == pytest.approx(statistics.mean(
+        1000 * (t - p) for t, p in zip(trainer_step, plain)))
+    assert ops == 2 and top == [("SelectV2", 2)]
+    lines = "\n".join(pass_through.account_lines(metrics))
+    assert "| plain → own |" in lines and "+2.00 (±" in lines

@@ -260,3 +260,34 @@ def test_a_hook_assignment_outside_a_step_is_plain_and_inside_a_refused_one_is_d
         transaction.assign(variable, [6.0, 7.0])
     np.testing.assert_array_equal(variable.numpy(), [6.0, 7.0])
     assert transaction.current() is None
+
+
+FINITE_CASES = {  # name: tensors (NumPy arrays)
+    "finite": [np.ones((3, 4), "float32"), np.arange(5, dtype="float32")],
+    "a NaN": [np.ones(3, "float32"), np.array([1.0, np.nan], "float32")],
+    "an Inf": [np.array([np.inf, 1.0], "float32")],
+    "Inf and -Inf in two tensors": [np.array([np.inf], "float32"),
+                                    np.array([-np.inf], "float32")],
+    "finite, but the sum overflows float32": [np.full(4, 3e38, "float32")],
+    "float16 whose sum overflows float16": [np.full(4, 60000, "float16")],
+    "a float16 Inf": [np.array([np.inf, 2], "float16")],
+    "bfloat16 and float32": [np.ones(3, "float32"), np.ones(2, "float32")],
+    "float64 beyond float32's range": [np.array([1e300, -1e300, 1e300])],
+    "a float64 NaN": [np.array([1e300, np.nan])],
+    "an empty tensor": [np.zeros((0, 3), "float32"), np.ones(2, "float32")],
+}
+
+
+@pytest.mark.parametrize("case", FINITE_CASES)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_all_finite_is_numpys_isfinite_all(case, compiled):
+    """The verdict's check (a sum first, each element only if the sum is not finite)
+    says what NumPy says, overflowing sums included."""
+    arrays = FINITE_CASES[case]
+    tensors = [tf.constant(a) for a in arrays]
+    if case.startswith("bfloat16"):
+        tensors[0] = tf.cast(tensors[0], tf.bfloat16)
+    check = tf.function(transaction.all_finite) if compiled else transaction.all_finite
+    expected = all(np.all(np.isfinite(a)) for a in arrays)
+    assert bool(check(tensors)) is expected
+    assert bool(transaction.all_finite([])) is True

@@ -123,11 +123,33 @@ def decide(grads):
     of its own when the step has none before it needs the verdict. Elsewhere (one replica,
     cross-replica context, no strategy) the local check is the verdict.
     """
-    checks = [tf.reduce_all(tf.math.is_finite(_values(g))) for g in grads if g is not None]
-    finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+    finite = all_finite([_values(g) for g in grads if g is not None])
     context = tf.distribute.get_replica_context()
     replicated = context is not None and context.num_replicas_in_sync > 1
     return Decision(1.0 - tf.cast(finite, tf.float32), replicated, preemption().rider())
+
+
+def all_finite(tensors):
+    """Whether every element of `tensors` is finite (a bool scalar).
+
+    The sum of all elements (in float32 or wider) is finite unless one is NaN or Inf or
+    the sum overflows; only then is each tensor checked element by element. A step pays
+    one reduction per tensor instead of two (IsFinite, then All): ~0.2 ms of the UNet's
+    step on one CPU core (benchmarks/results/pass_through_current.md)."""
+    if not tensors:
+        return tf.constant(True)
+    total = tf.add_n([_float32_sum(t) for t in tensors])
+
+    def each():
+        return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors]))
+
+    return tf.cond(tf.math.is_finite(total), lambda: tf.constant(True), each)
+
+
+def _float32_sum(tensor):
+    """The sum of `tensor`'s elements as float32, summed in float32 or wider."""
+    total = tf.reduce_sum(tensor if tensor.dtype.size >= 4 else tf.cast(tensor, tf.float32))
+    return total if total.dtype == tf.float32 else tf.cast(total, tf.float32)
 
 
 def all_reduce_sum(context, tensors):
@@ -178,7 +200,7 @@ def fail_if_refused(decision, hint=""):
         return None
     if decision.defer is not None:
         return decision.defer(decision.committed)
-    with tf.control_dependencies([tf.identity(_values(t)) for t in decision.done]):
+    with tf.control_dependencies([_values(t).op for t in decision.done]):  # no copies
         return tf.debugging.Assert(decision.committed, [REFUSED + hint, decision.refusals])
 
 
