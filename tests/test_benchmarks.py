@@ -377,3 +377,22 @@ def test_the_pass_through_account_is_each_rungs_paired_difference_from_the_one_b
     assert ops == 2 and top == [("SelectV2", 2)]
     lines = "\n".join(pass_through.account_lines(metrics))
     assert "| plain → own |" in lines and "+2.00 (±" in lines
+
+
+@pytest.mark.parametrize("rungs", ["plain,bogus", "plain,plain", "", "plain;trainer",
+                                   "plain,trainer,../etc"])
+def test_overhead_refuses_unknown_or_repeated_rungs_before_starting_tensorflow_work(
+        monkeypatch, capsys, rungs):
+    """overhead.py's --rungs: an unknown, empty or repeated loop name is a usage error
+    (exit code 2, naming the choices) before any strategy or model is made."""
+    import overhead
+
+    made = []
+    monkeypatch.setattr(overhead.tf.distribute, "MultiWorkerMirroredStrategy",
+                        lambda *a, **k: made.append(1))
+    monkeypatch.setattr(sys, "argv", ["overhead.py", "--output_dir", "/nonexistent",
+                                      "--rungs", rungs])
+    with pytest.raises(SystemExit) as exit_:
+        overhead.main()
+    assert exit_.value.code == 2 and not made
+    assert "--rungs" in capsys.readouterr().err
