@@ -1,12 +1,13 @@
 """`warmup_steps: auto` against the best fixed methods, all measured the same day (issue 33,
 item 2: the DiLoCo family among auto's candidates).
 
-    sudo python benchmarks/auto_local.py [--rates 1000 20] [--seeds 0 1] [--resume]
+    sudo python benchmarks/auto_local.py [--rates 1000 20] [--seeds 0 1] [--methods M ...]
+                                         [--resume]
 
 The UNet on 2 workers as 2 hosts on a `tc tbf` link (time_to_accuracy.py's runs): fp16,
-top-k + EF, PowerSGD + EF, `compression: auto` and "auto, then Streaming DiLoCo 32" (synchronous as auto
-chooses until local steps are predicted to pay). The machine's speed varies up to 3x
-between days, so these runs are compared only with each other. Writes
+top-k + EF, PowerSGD + EF, `compression: auto` and "auto, then Streaming DiLoCo 32"
+(synchronous as auto chooses until local steps are predicted to pay). The machine's speed
+varies up to 3x between days, so these runs are compared only with each other. Writes
 results/auto_local.json (raw) and auto_local.md: time to mean IoU 0.85 per link, what
 auto chose and when local steps began, and the target (auto with local steps within 5% of
 the best fixed method on each link) met or MISSED.
@@ -48,6 +49,18 @@ def choices(run):
     began, total = run.get("local_from"), len(run["epochs"]) * 40
     local = f"local from step {began}" if began is not None and began < total else "no local steps"
     return f"{kept[-1] if kept else '?'}; {local}"
+
+
+def seeds_of(runs):
+    """"seeds [0, 1]", or each method's seeds per link where they differ."""
+    ran = {}
+    for r in runs:
+        ran.setdefault((r["rate_bits"], r["method"]), set()).add(r["seed"])
+    if len({tuple(sorted(s)) for s in ran.values()}) <= 1:
+        return f"seeds {sorted({r['seed'] for r in runs})}"
+    return "each method's seeds: " + "; ".join(
+        f"{rate / tta.MBIT:.0f} Mbit/s {method} {sorted(seeds)}"
+        for (rate, method), seeds in sorted(ran.items(), key=lambda kv: (-kv[0][0], kv[0][1])))
 
 
 def verdicts(results, candidate=AUTO):
@@ -96,8 +109,8 @@ def markdown(results):
         shown = [f"{s:.1f} s" if s is not None else "not reached" for s in seconds.values()]
         lines.append(f"| {rate / tta.MBIT:.0f} Mbit/s | " + " | ".join(shown) + " | "
                      + (f"{ratio - 1:+.1%} ({best})" if ratio else "—") + " |")
-    lines += ["", "Seconds of training to validation mean IoU 0.85, the mean over seeds "
-              f"{sorted({r['seed'] for r in runs})}. What auto decided, per run:", ""]
+    lines += ["", f"Seconds of training to validation mean IoU 0.85, the mean over "
+              f"{seeds_of(runs)}. What auto decided, per run:", ""]
     for r in sorted(runs, key=lambda r: (-r["rate_bits"], r["method"], r["seed"])):
         if r["method"] in ("auto", AUTO):
             lines.append(f"- {r['rate_bits'] / tta.MBIT:.0f} Mbit/s, {r['method']}, seed "
@@ -113,18 +126,23 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rates", nargs="+", type=int, default=[1000, 20])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=METHODS,
+                        help="run only these (more seeds of some: each method's mean is over "
+                             "the seeds it ran, which the report lists)")
     parser.add_argument("--resume", action="store_true", help="keep the runs already saved")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
     path = tta.RESULTS / f"{NAME}.json"
     if not args.report_only:
+        if len(set(args.methods)) != len(args.methods):
+            parser.error(f"--methods: repeated {args.methods}")
         plan = dict(tta.PLANS["full"], rates=tuple(r * tta.MBIT for r in args.rates),
-                    seeds=tuple(args.seeds), methods=METHODS)
+                    seeds=tuple(args.seeds), methods=args.methods)
         done = json.loads(path.read_text())["runs"] if args.resume and path.exists() else []
         workdir = tempfile.mkdtemp(prefix="tfdist-auto-local-")
         try:
-            results = tta.measure(plan, workdir, METHODS, tta.RESULTS / f"{NAME}-partial.json",
-                                  done)
+            results = tta.measure(plan, workdir, args.methods,
+                                  tta.RESULTS / f"{NAME}-partial.json", done)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         results["measured"] = datetime.date.today().isoformat()

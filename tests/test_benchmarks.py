@@ -343,6 +343,35 @@ def test_auto_local_judges_plain_auto_and_auto_with_local_steps_on_the_same_runs
                                                                (None, False)]
 
 
+def test_auto_local_says_each_methods_seeds_where_they_differ():
+    """More seeds of some methods (--methods): the report lists the seeds each mean is over."""
+    import auto_local
+
+    def run(method, rate, seed):
+        return {"method": method, "rate_bits": rate, "seed": seed}
+
+    alike = [run(m, 2 * 10**7, s) for m in ("fp16", "auto") for s in (0, 1)]
+    assert auto_local.seeds_of(alike) == "seeds [0, 1]"
+    more = alike + [run("auto", 2 * 10**7, 2), run("fp16", 10**9, 0)]
+    assert auto_local.seeds_of(more) == ("each method's seeds: 1000 Mbit/s fp16 [0]; "
+                                         "20 Mbit/s auto [0, 1, 2]; 20 Mbit/s fp16 [0, 1]")
+
+
+@pytest.mark.parametrize("methods", [["bogus"], ["auto", "auto"], ["auto", "../fp16"], []])
+def test_auto_local_refuses_unknown_repeated_or_no_methods_before_any_run(
+        monkeypatch, capsys, methods):
+    """auto_local.py's --methods: a usage error (exit code 2) before anything runs."""
+    import auto_local
+
+    ran = []
+    monkeypatch.setattr(auto_local.tta, "measure", lambda *a, **k: ran.append(1))
+    monkeypatch.setattr(sys, "argv", ["auto_local.py", "--methods", *methods])
+    with pytest.raises(SystemExit) as exit_:
+        auto_local.main()
+    assert exit_.value.code == 2 and not ran
+    assert "--methods" in capsys.readouterr().err
+
+
 def test_the_pass_through_account_is_each_rungs_paired_difference_from_the_one_before():
     """pass_through.py's account: per rung, the mean paired difference of block medians
     (and of CPU per step) from its predecessor, in ms, with Student's 95% half-width; the
