@@ -59,6 +59,28 @@ def make_step(strategy, model, optimizer, distributed):
     return tf.function(step)
 
 
+def unet_steps(batch_size, image_size, classes, make_model):
+    """({"plain": Keras' Adam step, "tfdist": `DistributedOptimizer(Adam, "none")`'s},
+    the strategy, a fixed batch): MirroredStrategy on 2 logical CPUs, the same initial
+    weights (`make_model()` after the same seed), steps not traced yet."""
+    strategy = tfdist.get_strategy("mirrored", logical_cpus=2)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch_size, image_size, image_size, 3)).astype("float32")
+    y = rng.integers(0, classes, size=(batch_size, image_size, image_size))
+    batch = next(iter(strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensors((x, y)))))
+    steps = {}
+    for name, distributed in (("plain", False), ("tfdist", True)):
+        with strategy.scope():
+            keras.utils.set_random_seed(1)
+            model, optimizer = make_model(), keras.optimizers.Adam(1e-3)
+            if distributed:
+                optimizer = tfdist.keras.DistributedOptimizer(optimizer, "none")
+            optimizer.build(model.trainable_variables)
+        steps[name] = make_step(strategy, model, optimizer, distributed)
+    return steps, strategy, batch
+
+
 def plot(blocks, path):
     """Each block's median step time, per loop, in the order they ran."""
     import matplotlib
@@ -87,24 +109,11 @@ def main():
     parser.add_argument("--image_size", type=int, default=64)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
-    strategy = tfdist.get_strategy("mirrored", logical_cpus=2)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(args.batch_size, args.image_size, args.image_size, 3)).astype("float32")
-    y = rng.integers(0, 3, size=(args.batch_size, args.image_size, args.image_size))
-    batch = next(iter(strategy.experimental_distribute_dataset(
-        tf.data.Dataset.from_tensors((x, y)))))
-    steps = {}
-    for name, distributed in (("plain", False), ("tfdist", True)):
-        with strategy.scope():
-            keras.utils.set_random_seed(1)
-            model = unet(args.image_size, 3)
-            optimizer = keras.optimizers.Adam(1e-3)
-            if distributed:
-                optimizer = tfdist.keras.DistributedOptimizer(optimizer, "none")
-            optimizer.build(model.trainable_variables)
-        steps[name] = make_step(strategy, model, optimizer, distributed)
+    steps, strategy, batch = unet_steps(args.batch_size, args.image_size, 3,
+                                        lambda: unet(args.image_size, 3))
+    for step in steps.values():
         for _ in range(3):  # trace and warm up
-            steps[name](*batch)
+            step(*batch)
     blocks = {name: [] for name in steps}
     for pair in range(args.pairs):
         order = list(steps) if pair % 2 == 0 else list(reversed(list(steps)))

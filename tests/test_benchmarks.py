@@ -425,3 +425,23 @@ def test_overhead_refuses_unknown_or_repeated_rungs_before_starting_tensorflow_w
         overhead.main()
     assert exit_.value.code == 2 and not made
     assert "--rungs" in capsys.readouterr().err
+
+
+def test_executor_nodes_counts_the_lowered_conds_of_the_graph_that_runs():
+    """executor_nodes.py's count is of the graphs the executor runs: each `tf.cond` of a
+    step is there as Switch and Merge nodes (the profiler records neither), and a step's
+    counted nodes grow with its conds; the report's added nodes are the difference."""
+    import executor_nodes
+
+    counts = {k: executor_nodes.executed_nodes(executor_nodes.conds_step(k)) for k in (0, 5)}
+    assert counts[0]["Switch"] == 0 and counts[0]["Merge"] == 0
+    assert counts[5]["Merge"] == 5 and counts[5]["Switch"] >= 5
+    assert counts[5]["AssignAddVariableOp"] == 5  # each branch's state change runs
+    result = {"nodes": {"plain": dict(counts[0]), "tfdist": dict(counts[5])},
+              "microseconds_per_node": 0.5, "nodes_timed": 0, "measured": "today"}
+    added = dict(executor_nodes.added_by_tfdist(result))
+    assert added["Merge"] == 5 and sum(added.values()) == (sum(counts[5].values())
+                                                           - sum(counts[0].values()))
+    more = sum(added.values())
+    assert f"tfdist's {more} more nodes a step are then {more * 0.5 / 1000:.2f} ms" in (
+        executor_nodes.markdown(result))
