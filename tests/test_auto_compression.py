@@ -3,6 +3,7 @@
 hooks' own byte counts, the choice, and training through the choice on 2 replicas."""
 
 import pathlib
+import time
 
 import numpy as np
 import pytest
@@ -291,6 +292,31 @@ def test_auto_chooses_from_the_link_and_trains_through_its_choice(strategies, ba
                 < decision["prior_seconds"] * QUALITY["steps"][first])
         assert hook.entered == [first, expected]
     assert "rejected" not in decision
+
+
+class SlowTrace(SlowLinkAuto):
+    """Its exchange takes `seconds` more to trace (a Python sleep: it runs when the step
+    is traced, never when it runs)."""
+
+    seconds = 1.0
+
+    def exchange(self, grads, variables, step):
+        time.sleep(self.seconds)
+        return super().exchange(grads, variables, step)
+
+
+def test_auto_measures_the_first_steps_trace(strategies):
+    """`trace_seconds` (what `warmup_steps: auto` weighs a switch by): the first step's
+    time over a steady one, from the end of the link's timing: at least the second the
+    trace sleeps, at most the whole run's wall time."""
+    strategy = strategies("mirrored")
+    hook = SlowTrace(1e12, probe_steps=6)
+    began = time.perf_counter()
+    train(strategy, hook, steps=8)
+    wall = time.perf_counter() - began
+    decision, = hook.decisions
+    assert SlowTrace.seconds <= decision["trace_seconds"] == hook.trace_seconds < wall
+    assert decision["trace_seconds"] > 100 * decision["prior_seconds"]  # not a step
 
 
 def test_auto_goes_back_to_its_prior_when_its_choice_measures_slower(strategies):

@@ -44,8 +44,8 @@ def verdict(monkeypatch):
     calls = []
 
     def force(going):
-        def goes_local(local_step, synchronous_to_target, min_gain=0.05):
-            calls.append((local_step, synchronous_to_target, min_gain))
+        def goes_local(local, synchronous, min_gain=0.05):
+            calls.append((local, synchronous, min_gain))
             return going
 
         monkeypatch.setattr(go_local, "goes_local", goes_local)
@@ -81,12 +81,36 @@ def assert_same_everywhere(strategy, model, reference):
 
 def test_a_local_step_costs_its_compute_and_what_the_overlap_does_not_hide():
     # 4 fragments of 0.2 s each per period of 32 steps of 0.1 s compute
-    assert go_local.local_step_seconds(0.1, 0.8, 32) == pytest.approx(0.1 + 0.8 / 32)
+    compute = 0.1 * go_local.LOCAL_OVERHEAD  # the synchronisations' work beside the steps
+    assert go_local.local_step_seconds(0.1, 0.8, 32) == pytest.approx(compute + 0.8 / 32)
     assert go_local.local_step_seconds(0.1, 0.8, 32, fragments=4, overlap_steps=1) == \
-        pytest.approx(0.1 + 4 * (0.2 - 0.1) / 32)
-    assert go_local.local_step_seconds(0.1, 0.8, 32, fragments=4, overlap_steps=2) == 0.1
-    assert go_local.goes_local(0.05, 0.1) and not go_local.goes_local(0.08, 0.1)
-    assert not go_local.goes_local(0.1 / go_local.LOCAL_STEPS, 0.1, min_gain=0.0)
+        pytest.approx(compute + 4 * (0.2 - 0.1) / 32)
+    assert go_local.local_step_seconds(0.1, 0.8, 32, fragments=4, overlap_steps=2) == \
+        pytest.approx(compute)
+
+
+def test_going_local_weighs_its_one_time_cost_over_what_is_left_of_the_run():
+    """Synchronous steps of 0.1 s needing 1.5x none's steps, against local steps of 0.05 s
+    after a switch of 4 s: per step of none's, the local phase is predicted 0.05 x 1.36
+    against 0.15 — but over 30 planned steps (20 of none's) the switch is not repaid."""
+    local_steps = go_local.LOCAL_STEPS
+    rates = go_local.seconds_to_target(0.05, 0.1, 1.5)
+    assert rates == pytest.approx((0.05 * local_steps, 0.15))
+    assert go_local.goes_local(*rates)
+    long = go_local.seconds_to_target(0.05, 0.1, 1.5, remaining=3000, switch=4.0)
+    assert long == pytest.approx((4.0 + 2000 * local_steps * 0.05, 300.0))
+    assert go_local.goes_local(*long)
+    short = go_local.seconds_to_target(0.05, 0.1, 1.5, remaining=30, switch=4.0)
+    assert short == pytest.approx((4.0 + 20 * local_steps * 0.05, 3.0))
+    assert not go_local.goes_local(*short)
+    # without a switch to pay for, the run's length does not change the verdict
+    for remaining in (30, 3000):
+        local, synchronous = go_local.seconds_to_target(0.05, 0.1, 1.5, remaining)
+        assert local / synchronous == pytest.approx(rates[0] / rates[1])
+    # the margin: min_gain of what synchronous training would take
+    assert go_local.goes_local(0.94, 1.0) and not go_local.goes_local(0.96, 1.0)
+    assert not go_local.goes_local(1.0, 1.0, min_gain=0.0)
+    assert go_local.switch_seconds(5.0) == pytest.approx(go_local.SWITCH_TRACES * 5.0)
 
 
 def test_the_judgement_reads_autos_measurements_and_the_models_bytes(strategies):
@@ -108,14 +132,43 @@ def test_the_judgement_reads_autos_measurements_and_the_models_bytes(strategies)
     averager._judge_going_local(steps_done=20)
     ring = 2 * (2 - 1) / 2 * 4 * 1024  # bytes one worker sends for 1024 floats
     sync = 8 * ring / 20e6 + 2 * (2 * (2 - 1)) * 1e-3  # 2 fragments, 2 messages each
-    local = 0.06 + sync / PERIOD
+    local = 0.06 * go_local.LOCAL_OVERHEAD + sync / PERIOD
     judged = averager.going_local[-1]
     assert judged["sync_seconds"] == pytest.approx(sync)
     assert judged["local_seconds"] == pytest.approx(local)
+    assert judged["remaining_steps"] is None  # no length planned: the rates alone
     going = local * go_local.LOCAL_STEPS < 0.95 * 0.1 * auto_module.QUALITY["steps"]["topk+EF"]
     assert judged["local"] is going is True and averager.warmup_steps == 20
     averager._judge_going_local(steps_done=24)  # judged once per auto decision
     assert len(averager.going_local) == 1
+
+
+@pytest.mark.parametrize("planned, going", [(60, False), (20000, True)])
+def test_the_judgement_weighs_the_switch_over_the_steps_the_run_plans(strategies, planned,
+                                                                      going):
+    """The first step's trace (auto measured 5 s over a step) predicts the switch's one-time
+    cost; 40 steps before the run's planned end it is not repaid, 19980 steps before it is."""
+    import tensorflow as tf
+    import types
+
+    strategy = strategies("mirrored")
+    averager = tfdist.local_sgd.ModelAverager(PERIOD, warmup_steps="auto")
+    with strategy.scope():
+        averager.build(strategy, [tf.Variable(tf.zeros([1000]))])
+    averager.plan(planned)
+    averager.warmup_exchange = types.SimpleNamespace(
+        decisions=[{"compute_seconds": 0.06, "measured": 0.1, "trace_seconds": 5.0}],
+        kept=True, link=cost_model.Link(20e6, 1e-3), workers=2, choice="topk+EF",
+        min_gain=0.05)
+    averager._judge_going_local(steps_done=20)
+    judged = averager.going_local[-1]
+    assert judged["remaining_steps"] == planned - 20
+    assert judged["switch_seconds"] == pytest.approx(5.0 * go_local.SWITCH_TRACES)
+    factor = auto_module.QUALITY["steps"]["topk+EF"]
+    local = (judged["switch_seconds"] + (planned - 20) / factor * go_local.LOCAL_STEPS
+             * judged["local_seconds"])
+    assert judged["to_target"] == pytest.approx((local, (planned - 20) * 0.1))
+    assert judged["local"] is going and (averager.warmup_steps == 20) is going
 
 
 # --- the switch -------------------------------------------------------------------------

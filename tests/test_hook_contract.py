@@ -40,6 +40,10 @@ class Recorder(tfdist.TrainingHook):
     def phase(self, step):
         return step >= PHASE_STEP
 
+    def plan(self, steps):
+        super().plan(steps)
+        self.events.append(("plan", steps))
+
     def enter_phase(self, phase):
         super().enter_phase(phase)
         self.events.append(("enter_phase", phase))
@@ -80,11 +84,14 @@ class Moments(keras.callbacks.Callback):
         self.events.append(("train_end",))
 
 
-def expected_events(variables):
-    """The documented sequence: phases entered before the first step and when they change,
-    `after_step` after each step, `before_read` before a checkpoint (every 2 steps here)
-    and validation — once per change, so not again at the epoch's or training's end."""
-    events = [("build", variables), ("enter_phase", False)]
+def expected_events(variables, loop):
+    """The documented sequence: the step the loop plans to end at (fit and the Trainer
+    count the dataset's batches; your own loop plans no length), phases entered before the
+    first step and when they change, `after_step` after each step, `before_read` before a
+    checkpoint (every 2 steps here) and validation — once per change, so not again at the
+    epoch's or training's end."""
+    planned = [] if loop == "own" else [("plan", EPOCHS * STEPS)]
+    events = [("build", variables), *planned, ("enter_phase", False)]
     for epoch in range(EPOCHS):
         for batch in range(STEPS):
             step = epoch * STEPS + batch
@@ -180,7 +187,8 @@ def trained(loop, strategy, tmp_path_factory):
 def test_every_hook_method_is_called_the_same_in_every_loop(strategies, tmp_path_factory, loop):
     strategy = strategies("mirrored")
     recorder, model = trained(loop, strategy, tmp_path_factory)
-    assert recorder.events == expected_events(len(model.trainable_variables))
+    assert recorder.events == expected_events(len(model.trainable_variables), loop)
+    assert recorder.planned_steps == (None if loop == "own" else EPOCHS * STEPS)
     steps = EPOCHS * STEPS
     replicas = strategy.num_replicas_in_sync
     assert int(recorder.before.numpy()) == int(recorder.after.numpy()) == steps * replicas
@@ -201,3 +209,26 @@ def test_the_three_loops_train_the_same_model(strategies, tmp_path_factory):
     for loop in LOOPS[1:]:
         for a, b in zip(weights["fit"], weights[loop]):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_fit_plans_the_step_it_ends_at_from_where_it_starts(strategies, accumulation):
+    """`plan` counts optimizer updates (batches over the gradient accumulation) from the
+    count the fit starts at: a second fit ends its plan after the first's updates; data of
+    unknown length plans none."""
+    from models import conv_model, dataset, loss
+
+    strategy = strategies("mirrored")
+    events = []
+    with strategy.scope():
+        model = conv_model(seed=1, batchnorm=False, dropout=0)
+        sgd = keras.optimizers.SGD(0.05, gradient_accumulation_steps=accumulation
+                                   if accumulation > 1 else None)
+        model.compile(tfdist.keras.DistributedOptimizer(sgd, hooks=[Recorder(events)]), loss())
+    train, hooks = dataset(BATCH * STEPS, BATCH), tfdist.callbacks.TrainingHooks()
+    model.fit(train, epochs=1, callbacks=[hooks], verbose=0)
+    model.fit(train, epochs=3, initial_epoch=1, callbacks=[hooks], verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 3 * STEPS // accumulation  # as planned
+    model.fit(train.filter(lambda x, y: True), epochs=1, callbacks=[hooks], verbose=0)
+    plans = [event[1] for event in events if event[0] == "plan"]
+    assert plans == [STEPS // accumulation, 3 * STEPS // accumulation, None]

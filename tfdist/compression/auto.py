@@ -211,6 +211,7 @@ class AutoCompression(TrainingHook):
         self.choice, self.decisions, self.active = "probe", [], None
         self.link, self._link_seconds = None, None
         self._since, self._stage, self._times = None, "prior", []
+        self._began, self._first_step, self.trace_seconds = None, None, None
 
     def get_config(self):
         return None  # the choice is made again from fresh measurements
@@ -286,6 +287,8 @@ class AutoCompression(TrainingHook):
     def after_step(self, model, steps_done):
         if self._since is None:  # timing starts at this process's first step (after a
             self._since = steps_done - 1  # restart the step count comes from the backup)
+            if self._began is not None:  # the first step: its trace, and one step
+                self._first_step = time.perf_counter() - self._began
         self._times = self._times[-self.check_every:] + [time.perf_counter()]
         ran = steps_done - self._since
         if self._stage != "kept" and ran == SHORTEST_WINDOW < self.probe_steps:
@@ -343,11 +346,14 @@ class AutoCompression(TrainingHook):
         self._stage, self._window = "prior", self.probe_steps
         self._say(f"at step {step}: link {self.link} (timed in {self._link_seconds:.1f} s); "
                   f"starting with {self.choice}, timed over its first steps")
+        self._began = time.perf_counter()
 
     def _decide(self, steps_done, measured):
         """From `measured` seconds per step of the method in use: the compute time, every
         method's prediction, and the choice (a trial, if not the method in use)."""
         current = self.choice
+        if self.trace_seconds is None and self._first_step is not None:  # every worker's
+            self.trace_seconds = self._mean_over_workers(max(self._first_step - measured, 0.0))
         exchange = self._exchange_seconds(self.link)
         compute = max(measured - exchange[current], 0.0) / (1 + COST_SHARE.get(current, 0.0))
         predicted, to_target = predict(compute, exchange)
@@ -360,6 +366,7 @@ class AutoCompression(TrainingHook):
                                "bucket_bytes": self.hooks[self.choice].bucket_bytes,
                                "predicted": predicted, "to_target": to_target,
                                "link_seconds": self._link_seconds, "choice": self.choice,
+                               "trace_seconds": self.trace_seconds,
                                "measured": measured if self.choice == current else None})
         shown = ", ".join(f"{m} {predicted[m]:.3f} x {QUALITY['steps'][m]:.2f}"
                           for m in sorted(to_target, key=to_target.get))

@@ -50,6 +50,16 @@ class HookDriver:
         """Updates done so far by the (first) optimizer (the one step counter)."""
         return _steps(self.optimizer)
 
+    def plan(self, step_calls):
+        """Tells every hook the step the loop plans to end at: `step_calls` more calls
+        of the step (None: not known), each optimizer's updates over its gradient
+        accumulation, from its count now."""
+        for optimizer, pipeline in zip(self.optimizers, self.pipelines):
+            accumulation = getattr(optimizer, "gradient_accumulation_steps", None) or 1
+            end = None if step_calls is None else _steps(optimizer) + step_calls // accumulation
+            for hook in pipeline.hooks:
+                hook.plan(end)
+
     def begin_step(self):
         """Enters each hook's phase for the next step (every hook's before the first step a
         pipeline runs, then those that change); returns the phases (a cache key)."""

@@ -11,6 +11,7 @@ moments under `model.fit`, `tfdist.Trainer` and your own loop (`tfdist.function`
     on_step_end(step)                         after the update (cross-replica context)
 
     in Python, on every worker (the loop's `HookDriver`, `tfdist.core.driver`, calls them):
+    plan(steps)                               before training: the step it plans to end at
     enter_phase(phase)                        before the first step, and before a step
                                               whose phase differs
     after_step(model, steps_done)             after each step
@@ -57,6 +58,8 @@ class TrainingHook:
     #: The pipeline's `tfdist.core.wire.WireMeter` (set when the pipeline builds): a hook
     #: that exchanges outside the step (a model average) counts its bytes there.
     wire_meter = None
+    #: The optimizer step the loop plans to end at (`plan`), or None: not known.
+    planned_steps = None
 
     def build(self, strategy, variables):
         """Creates the hook's state; called once, under `strategy.scope()`."""
@@ -66,6 +69,13 @@ class TrainingHook:
         without side effects. Collectives cannot sit inside `tf.cond` in replica context,
         so a hook whose exchange changes at some step says so here."""
         return None
+
+    def plan(self, steps):
+        """Called by the driver before training, on every worker, with the optimizer step
+        the loop plans to end at (`model.fit`'s and `tfdist.Trainer.fit`'s epochs and
+        steps per epoch), or None when it plans no length (your own loop, or data read
+        until it ends)."""
+        self.planned_steps = steps
 
     def enter_phase(self, phase):
         """Called by the driver, in Python on every worker, before the first step and before

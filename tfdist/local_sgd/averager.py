@@ -480,21 +480,32 @@ class ModelAverager(TrainingHook):
         sync = go_local.sync_seconds(self, auto.link, auto.workers)
         local = go_local.local_step_seconds(decision["compute_seconds"], sync, self.period,
                                             self.fragments, self.overlap_steps)
+        switch = go_local.switch_seconds(decision.get("trace_seconds") or 0.0)
+        remaining = (None if self.planned_steps is None
+                     else max(self.planned_steps - steps_done, 0))
         steps = QUALITY["steps"][auto.choice]
-        synchronous = decision["measured"] * steps
-        going = go_local.goes_local(local, synchronous, auto.min_gain)
+        to_target = go_local.seconds_to_target(local, decision["measured"], steps, remaining,
+                                               switch)
+        going = go_local.goes_local(*to_target, auto.min_gain)
         self.going_local.append({"step": steps_done, "local_seconds": local,
                                  "sync_seconds": sync, "synchronous": auto.choice,
-                                 "synchronous_seconds": decision["measured"], "local": going})
+                                 "synchronous_seconds": decision["measured"],
+                                 "switch_seconds": switch, "remaining_steps": remaining,
+                                 "to_target": to_target, "local": going})
         if going:
             self.warmup_steps = steps_done
         if is_chief(self.strategy):
             verdict = "local steps begin" if going else "staying synchronous"
+            weighed = ("per step of none's (the run's length is not planned: the switch's "
+                       f"{switch:.1f} s not weighed)" if remaining is None else
+                       f"over the {remaining} steps the run plans, switching {switch:.1f} s "
+                       f"({go_local.SWITCH_TRACES} x the first step's trace)")
             print(f"tfdist local_sgd warmup_steps auto at step {steps_done}: local steps "
                   f"predicted {local:.3f} s x {go_local.LOCAL_STEPS:.2f} steps to accuracy "
                   f"(synchronisation {sync:.3f} s every {self.period}) against "
-                  f"{auto.choice} measured {decision['measured']:.3f} s x {steps:.2f}; "
-                  f"{verdict}", flush=True)
+                  f"{auto.choice} measured {decision['measured']:.3f} s x {steps:.2f}: "
+                  f"{to_target[0]:.2f} s against {to_target[1]:.2f} s {weighed}; {verdict}",
+                  flush=True)
 
     def _say_pace(self, local):
         """One line on the chief's standard output when measured counts change."""

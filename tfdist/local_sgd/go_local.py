@@ -5,26 +5,43 @@ they would not.
 The DiLoCo family joins auto's candidates here, where the config allows local steps (a
 `local_sgd:` section): after auto has timed the link and measured its own choice's step
 (`tfdist.compression.auto`, no uncompressed step spent), a local step is predicted to cost
-the step's compute plus the part of each synchronisation the next steps do not hide, and
-the local phase to need `LOCAL_STEPS` times the steps synchronous training needs to the
-same accuracy (the warm-up's short: Streaming DiLoCo after 20 synchronous steps, Douillard
-et al. 2025). It goes local when that beats auto's measured choice by `min_gain`.
+the step's compute (and the synchronisations' work beside it, `LOCAL_OVERHEAD`) plus the
+part of each synchronisation the next steps do not hide, and the local phase to need
+`LOCAL_STEPS` times the steps synchronous training needs to the same accuracy (Streaming
+DiLoCo, Douillard et al. 2025, after a short warm-up). Going local also costs once: the
+local step and each fragment's synchronisation are traced (`SWITCH_TRACES` times the first
+step's trace). Over what is left of the run the loop plans (`model.fit`'s epochs x steps,
+`tfdist.Trainer.fit`'s), it goes local when that beats auto's measured choice by
+`min_gain`; a loop that plans no length (your own) weighs the rates alone.
 """
 
 from tfdist.compression import cost_model
 
-#: Steps to validation mean IoU 0.85 of Streaming DiLoCo (period 32, 4 fragments, 2 steps
-#: of overlap, Nesterov 0.7/0.9, int4) after a 20-step synchronous warm-up, against
-#: synchronous training's: 320 and 360 against 280 and 280, seeds 0 and 1
-#: (benchmarks/results/time_to_accuracy.json, UNet example on 2 workers).
-LOCAL_STEPS = 1.21
+#: Steps to validation mean IoU 0.85 of auto's synchronous warm-up (20 steps) then
+#: Streaming DiLoCo (period 32, 4 fragments, 2 steps of overlap, Nesterov 0.7/0.9, int4),
+#: against fp16's (none's quality, `QUALITY`): 9.5 against 7.0 validations of 40 steps, the
+#: mean over seeds 0-2 at 100 and 20 Mbit/s (benchmarks/results/auto_local.json, UNet
+#: example on 2 workers). A warm-up of 20 uncompressed steps measured 1.21 (2 seeds).
+LOCAL_STEPS = 1.36
+#: A local step's wall time against the compute time auto estimated from its synchronous
+#: steps: the median of the same runs at 100 and 20 Mbit/s (6, from 0.95 to 1.18). On cores
+#: the step fills, each fragment's send and apply, and the exchange beside the steps, take
+#: their share of them.
+LOCAL_OVERHEAD = 1.08
+#: Seconds going local costs once against the first step's trace (its time over a steady
+#: step, as auto measured it): 1.2 to 1.5 at 20 Mbit/s, 3 seeds (the same UNet runs, 12
+#: epochs: steps 20-100's time over the steady step's, against plain auto's, 4.4 to 4.9 s
+#: against traces of 3.3 to 3.8 s). The local step is traced, and each fragment's send,
+#: exchange and apply, and the average before validation.
+SWITCH_TRACES = 1.3
 
 
 def local_step_seconds(compute, sync_seconds, period, fragments=1, overlap_steps=0):
-    """Wall seconds per local step: `compute`, plus each of the `fragments` exchanges of a
-    period (`sync_seconds` in all) less what `overlap_steps` steps of compute hide of it."""
+    """Wall seconds per local step: `compute` (times `LOCAL_OVERHEAD`), plus each of the
+    `fragments` exchanges of a period (`sync_seconds` in all) less what `overlap_steps`
+    steps of compute hide of it."""
     exposed = max(sync_seconds / fragments - overlap_steps * compute, 0.0) * fragments
-    return compute + exposed / period
+    return compute * LOCAL_OVERHEAD + exposed / period
 
 
 def sync_seconds(averager, link, workers):
@@ -36,8 +53,23 @@ def sync_seconds(averager, link, workers):
     return cost_model.exchange_seconds(cost_model.sent_bytes(whole, workers), messages, link)
 
 
-def goes_local(local_step, synchronous_to_target, min_gain=0.05):
-    """Whether local steps of `local_step` seconds reach the target more than `min_gain`
-    sooner than `synchronous_to_target` (seconds per step times steps to accuracy against
-    none, of the synchronous exchange measured)."""
-    return local_step * LOCAL_STEPS < (1 - min_gain) * synchronous_to_target
+def switch_seconds(first_trace):
+    """Seconds going local costs once, from the first step's trace (`first_trace`)."""
+    return SWITCH_TRACES * first_trace
+
+
+def seconds_to_target(local_step, synchronous_step, steps_factor, remaining=None, switch=0.0):
+    """(local, synchronous) seconds to accuracy: of `remaining` planned steps at
+    `synchronous_step` seconds (what the synchronous method needs, `steps_factor` times
+    none's), against `switch` seconds once and as many of none's steps times `LOCAL_STEPS`
+    at `local_step` seconds; per step of none's (`switch` not weighed) if `remaining` is
+    None."""
+    if remaining is None:
+        return local_step * LOCAL_STEPS, synchronous_step * steps_factor
+    none_steps = remaining / steps_factor
+    return switch + none_steps * LOCAL_STEPS * local_step, remaining * synchronous_step
+
+
+def goes_local(local, synchronous, min_gain=0.05):
+    """Whether `local` seconds to accuracy are more than `min_gain` under `synchronous`."""
+    return local < (1 - min_gain) * synchronous

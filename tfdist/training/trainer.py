@@ -231,6 +231,8 @@ class Trainer:
         self.model.stop_training = False
         callbacks.on_train_begin()
         initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
+        steps = _steps_per_epoch(dataset_or_fn, steps_per_epoch)
+        self.driver.plan(None if steps is None else max(epochs - initial_epoch, 0) * steps)
         iterator, logs = iter(train_data), {}
         for epoch in range(initial_epoch, epochs):
             self._reset_metrics()
@@ -367,6 +369,15 @@ class Trainer:
         if steps is None and self.coordinator is not None:
             raise ValueError(f"under ParameterServerStrategy, give {name}: workers read "
                              "repeated per-worker datasets, so an epoch has no natural end")
+
+
+def _steps_per_epoch(dataset_or_fn, steps_per_epoch):
+    """`steps_per_epoch`, or a dataset's batches if it has a known, finite number (as
+    Keras' fit counts them); None otherwise."""
+    if steps_per_epoch is not None or not isinstance(dataset_or_fn, tf.data.Dataset):
+        return steps_per_epoch
+    batches = int(dataset_or_fn.cardinality())
+    return batches if batches > 0 else None
 
 
 _COUNTS = {"epochs": functools.partial(checks.integer, minimum=0),

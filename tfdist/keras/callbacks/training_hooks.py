@@ -32,7 +32,7 @@ class TrainingHooks(keras.callbacks.Callback):
 
     def __init__(self):
         super().__init__()
-        self.driver, self.epoch = None, 0
+        self.driver, self.epoch, self._planned = None, 0, False
         self._logs = {}  # the last trained step's logs (a call that trains nothing gives them)
 
     def on_train_begin(self, logs=None):
@@ -42,6 +42,7 @@ class TrainingHooks(keras.callbacks.Callback):
         elif (self.driver is None or self.driver.optimizers != optimizers
               or not self.driver.owns(self.model.train_function)):
             self.driver = HookDriver(self.model)  # first fit, or compiled again
+        self._planned = False
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
@@ -49,6 +50,9 @@ class TrainingHooks(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         # fit reads `train_function` at every step; a step that trained before a
         # preemption is left to BackupAndRestore, which reads its data and drops it
+        if self.driver is not None and not self._planned:  # after a backup's restore
+            self.driver.plan(_calls_left(self.params, self.epoch, batch))
+            self._planned = True
         if self.driver is not None and not skipping(self.model, self.epoch, batch):
             self.model.train_function = self.driver.function(self._make_train_function)
             if self.driver.skips_next():  # a slower island: this call trains nothing
@@ -85,6 +89,14 @@ class TrainingHooks(keras.callbacks.Callback):
         trained step's (with their keys, fit reads the epoch's metrics over every worker
         at its end)."""
         return self._logs
+
+
+def _calls_left(params, epoch, batch):
+    """fit's step calls from `batch` of `epoch` to its end (None: steps not known)."""
+    steps, epochs = params.get("steps"), params.get("epochs")
+    if not steps or epochs is None:
+        return None
+    return max((epochs - epoch) * steps - batch, 0)
 
 
 class HookPhases(TrainingHooks):
