@@ -53,7 +53,7 @@ def account(metrics):
         a, b = NAMES.get(rung, rung), NAMES.get(prior, prior)
         kinds = set(ops[a]) | set(ops[b])
         by_type = {k: ops[a].get(k, 0) - ops[b].get(k, 0) for k in kinds}
-        top = sorted((k for k in by_type if by_type[k]), key=lambda k: -abs(by_type[k]))[:6]
+        top = sorted((k for k in by_type if by_type[k]), key=lambda k: (-abs(by_type[k]), k))[:6]
         rows.append((rung, prior, difference(wall[a], wall[b]), difference(cpu[a], cpu[b]),
                      sum(by_type.values()), [(k, by_type[k]) for k in top]))
     return rows
@@ -114,7 +114,7 @@ def table(profile, rows=12):
     kinds = set(plain["by_type_ms"]) | set(mine["by_type_ms"])
     diff = {k: mine["by_type_ms"].get(k, 0) - plain["by_type_ms"].get(k, 0) for k in kinds}
     lines += ["", "| op type | plain ms/step | tfdist ms/step | difference |", "|---|---|---|---|"]
-    for kind in sorted(diff, key=lambda k: -abs(diff[k]))[:rows]:
+    for kind in sorted(diff, key=lambda k: (-abs(diff[k]), k))[:rows]:
         lines.append(f"| {kind} | {plain['by_type_ms'].get(kind, 0):.3f} | "
                      f"{mine['by_type_ms'].get(kind, 0):.3f} | {diff[kind]:+.3f} |")
     return lines

@@ -20,8 +20,9 @@ from tfdist.compression import cost_model
 #: Steps to validation mean IoU 0.85 of auto's synchronous warm-up (20 steps) then
 #: Streaming DiLoCo (period 32, 4 fragments, 2 steps of overlap, Nesterov 0.7/0.9, int4),
 #: against fp16's (none's quality, `QUALITY`): 9.5 against 7.0 validations of 40 steps, the
-#: mean over seeds 0-2 at 100 and 20 Mbit/s (benchmarks/results/auto_local.json, UNet
-#: example on 2 workers). A warm-up of 20 uncompressed steps measured 1.21 (2 seeds).
+#: mean over seeds 0-2 at 100 and 20 Mbit/s (benchmarks/results/auto_local.json as of commit
+#: 84d286f, UNet example on 2 workers). A warm-up of 20 uncompressed steps measured 1.21
+#: (2 seeds).
 LOCAL_STEPS = 1.36
 #: A local step's wall time against the compute time auto estimated from its synchronous
 #: steps: the median of the same runs at 100 and 20 Mbit/s (6, from 0.95 to 1.18). On cores
