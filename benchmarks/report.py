@@ -528,6 +528,8 @@ SAVED_SECTIONS = (
     ("error_feedback", "Why the error-fed compressors end with a higher loss",
      "error_feedback.py"),
     ("auto_local", "Going local when it pays: `warmup_steps: auto`", "auto_local.py"),
+    ("go_local_costs", "What going local costs: the constants of `warmup_steps: auto`",
+     "go_local_costs.py"),
     (CURRENT_PASS_THROUGH.removesuffix(".json"), "Where tfdist's milliseconds go: the Trainer "
      "against plain tf.distribute", "pass_through.py --pairs 48 --rungs "
      "plain,plain_fresh,own,trainer_step,trainer_input,trainer"),

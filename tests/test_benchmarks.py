@@ -445,3 +445,65 @@ def test_executor_nodes_counts_the_lowered_conds_of_the_graph_that_runs():
     more = sum(added.values())
     assert f"tfdist's {more} more nodes a step are then {more * 0.5 / 1000:.2f} ms" in (
         executor_nodes.markdown(result))
+
+
+def test_go_local_costs_recover_a_known_switch_and_local_step():
+    """go_local_costs.py on step times built by hand: validations every 40 steps (0.5 s
+    each, the first traced in both runs, +0.3 s), synchronisations every 8 local steps
+    (+0.01 s); the local run pays 2.4 + 0.5 + 0.7 s once after local steps begin at 20."""
+    import go_local_costs
+
+    def durations(local):
+        out = []
+        for k in range(480):
+            step = 0.05 if local and k >= 20 else 0.07
+            step += 0.5 * (k > 0 and k % 40 == 0) + 0.3 * (k == 40)
+            step += 0.01 * (local and k >= 20 and k % 8 == 4)
+            step += {20: 2.4, 27: 0.5, 40: 0.7}.get(k, 0.0) if local else 0.0
+            out.append(step)
+        return out
+
+    lines = ["tfdist compression auto at step 20: topk+EF measured 0.069 s/step, compute "
+             "0.046 s/step on link 18 Mbit/s",
+             "tfdist local_sgd warmup_steps auto at step 20: local steps predicted ... over "
+             "the 460 steps the run plans, switching 3.9 s (1.3 x the first step's trace, "
+             "3.000 s); local steps begin"]
+    got = go_local_costs.costs({"durations": durations(False), "said": lines[:1]},
+                               {"durations": durations(True), "said": lines})
+    assert got["began"] == 20 and got["trace"] == 3.0 and got["compute"] == 0.046
+    assert got["switch"] == pytest.approx(2.4 + 0.5 + 0.7)
+    assert got["switch_traces"] == pytest.approx(3.6 / 3.0)
+    steady = [k for k in range(100, 300) if k % 40]  # validating steps left out
+    step = 0.05 + 0.01 * sum(k % 8 == 4 for k in steady) / len(steady)  # syncs counted in
+    assert got["local_step"] == pytest.approx(step)
+    assert got["local_overhead"] == pytest.approx(step / 0.046)
+
+
+def test_go_locals_constants_are_the_measured_medians():
+    """tfdist/local_sgd/go_local.py's SWITCH_TRACES and LOCAL_OVERHEAD are the medians
+    go_local_costs.py measured (results/go_local_costs.json)."""
+    import json
+
+    import go_local_costs
+
+    from tfdist.local_sgd import go_local
+
+    results = json.loads((BENCHMARKS / "results" / "go_local_costs.json").read_text())
+    measured = go_local_costs.summary(results)
+    assert len(measured["seeds"]) >= 3
+    assert go_local.SWITCH_TRACES == round(measured["switch_traces"], 1)
+    assert go_local.LOCAL_OVERHEAD == round(measured["local_overhead"], 2)
+
+
+@pytest.mark.parametrize("seeds", [["0", "0"], ["-1"], ["x"], [], ["1.5"]])
+def test_go_local_costs_refuses_bad_seeds_before_any_run(monkeypatch, capsys, seeds):
+    """go_local_costs.py's --seeds: a usage error (exit code 2) before anything runs."""
+    import go_local_costs
+
+    ran = []
+    monkeypatch.setattr(go_local_costs, "run", lambda *a, **k: ran.append(1))
+    monkeypatch.setattr(sys, "argv", ["go_local_costs.py", "--seeds", *seeds])
+    with pytest.raises(SystemExit) as exit_:
+        go_local_costs.main()
+    assert exit_.value.code == 2 and not ran
+    assert "--seeds" in capsys.readouterr().err

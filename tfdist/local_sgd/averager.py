@@ -480,7 +480,8 @@ class ModelAverager(TrainingHook):
         sync = go_local.sync_seconds(self, auto.link, auto.workers)
         local = go_local.local_step_seconds(decision["compute_seconds"], sync, self.period,
                                             self.fragments, self.overlap_steps)
-        switch = go_local.switch_seconds(decision.get("trace_seconds") or 0.0)
+        trace = decision.get("trace_seconds") or 0.0
+        switch = go_local.switch_seconds(trace)
         remaining = (None if self.planned_steps is None
                      else max(self.planned_steps - steps_done, 0))
         steps = QUALITY["steps"][auto.choice]
@@ -499,7 +500,7 @@ class ModelAverager(TrainingHook):
             weighed = ("per step of none's (the run's length is not planned: the switch's "
                        f"{switch:.1f} s not weighed)" if remaining is None else
                        f"over the {remaining} steps the run plans, switching {switch:.1f} s "
-                       f"({go_local.SWITCH_TRACES} x the first step's trace)")
+                       f"({go_local.SWITCH_TRACES} x the first step's trace, {trace:.3f} s)")
             print(f"tfdist local_sgd warmup_steps auto at step {steps_done}: local steps "
                   f"predicted {local:.3f} s x {go_local.LOCAL_STEPS:.2f} steps to accuracy "
                   f"(synchronisation {sync:.3f} s every {self.period}) against "

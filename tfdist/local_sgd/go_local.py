@@ -24,17 +24,16 @@ from tfdist.compression import cost_model
 #: 84d286f, UNet example on 2 workers). A warm-up of 20 uncompressed steps measured 1.21
 #: (2 seeds).
 LOCAL_STEPS = 1.36
-#: A local step's wall time against the compute time auto estimated from its synchronous
-#: steps: the median of the same runs at 100 and 20 Mbit/s (6, from 0.95 to 1.18). On cores
-#: the step fills, each fragment's send and apply, and the exchange beside the steps, take
-#: their share of them.
-LOCAL_OVERHEAD = 1.08
-#: Seconds going local costs once against the first step's trace (its time over a steady
-#: step, as auto measured it): 1.2 to 1.5 at 20 Mbit/s, 3 seeds (the same UNet runs, 12
-#: epochs: steps 20-100's time over the steady step's, against plain auto's, 4.4 to 4.9 s
-#: against traces of 3.3 to 3.8 s). The local step is traced, and each fragment's send,
-#: exchange and apply, and the average before validation.
-SWITCH_TRACES = 1.3
+#: A steady local step's wall time (synchronisations included) against the compute time
+#: auto estimated from its synchronous steps: on cores the step fills, each fragment's send
+#: and apply, and the exchange beside the steps, take their share. The median of 3 seeds at
+#: 20 Mbit/s, 0.99 to 1.10 (benchmarks/go_local_costs.py, results/go_local_costs.md).
+LOCAL_OVERHEAD = 1.06
+#: Seconds going local costs once (the local step traced, and each fragment's send,
+#: exchange and apply, and the average before validation) against the first step's trace
+#: (its time over a steady step, as auto measured it): the median of the same runs, 1.45 to
+#: 1.53 (4.95 to 5.64 s against traces of 3.25 to 3.68 s).
+SWITCH_TRACES = 1.5
 
 
 def local_step_seconds(compute, sync_seconds, period, fragments=1, overlap_steps=0):
