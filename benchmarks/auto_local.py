@@ -148,10 +148,7 @@ def main():
         results["measured"] = datetime.date.today().isoformat()
         path.write_text(json.dumps(results, indent=1))
         (tta.RESULTS / f"{NAME}-partial.json").unlink(missing_ok=True)
-    results = json.loads(path.read_text())
-    (tta.RESULTS / f"{NAME}.md").write_text(markdown(results))
-    plot(results, tta.RESULTS / f"{NAME}.png")
-    print(markdown(results))
+    tta.write_files(NAME, json.loads(path.read_text()), markdown, plot)
 
 
 if __name__ == "__main__":

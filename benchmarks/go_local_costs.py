@@ -25,7 +25,6 @@ import argparse
 import datetime
 import json
 import re
-import shutil
 import statistics
 import tempfile
 
@@ -139,17 +138,11 @@ def main():
     if not args.report_only:
         if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
             parser.error(f"--seeds: distinct counts from 0, got {args.seeds}")
-        workdir = tempfile.mkdtemp(prefix="tfdist-go-local-")
-        try:
+        with tempfile.TemporaryDirectory(prefix="tfdist-go-local-") as workdir:
             runs = [run(method, seed, workdir) for seed in args.seeds for method in PAIR]
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
         path.write_text(json.dumps({"measured": datetime.date.today().isoformat(),
                                     "rate_bits": RATE, "runs": runs}, indent=1))
-    results = json.loads(path.read_text())
-    (tta.RESULTS / f"{NAME}.md").write_text(markdown(results))
-    plot(results, tta.RESULTS / f"{NAME}.png")
-    print(markdown(results))
+    tta.write_files(NAME, json.loads(path.read_text()), markdown, plot)
 
 
 if __name__ == "__main__":

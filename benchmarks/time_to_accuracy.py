@@ -461,10 +461,16 @@ def main():
 
 def write_report(results):
     """time_to_accuracy[_lm].md and .png from `results`; prints the table."""
-    name = stem(results.get("workload", "unet"))
-    (RESULTS / f"{name}.md").write_text(markdown(results))
+    write_files(stem(results.get("workload", "unet")), results, markdown, plot)
+
+
+def write_files(name, results, markdown, plot):
+    """results/`name`.md (`markdown(results)`) and .png (`plot(results, path)`) of a
+    benchmark's results; prints the markdown."""
+    text = markdown(results)
+    (RESULTS / f"{name}.md").write_text(text)
     plot(results, RESULTS / f"{name}.png")
-    print(markdown(results))
+    print(text)
 
 
 if __name__ == "__main__":
