@@ -309,7 +309,8 @@ def limit_targets(results):
         out.append((f"time to mean IoU 0.85 at {min(best) / 1e6:.0f} Mbit/s ≤ 1.25× the best "
                     f"at {max(best) / 1e6:.0f} Mbit/s", f"{slow:.0f} s ({slow_method}) against "
                     f"{fast:.0f} s ({fast_method}): {slow / fast:.2f}×", slow <= 1.25 * fast,
-                    "issue 33; medians over seeds"))
+                    "issue 33; medians over seeds of runs of other days, before auto and "
+                    "local steps: the same-day row below replaces it"))
     shipped = RESULTS / "shipped_configs.json"
     if shipped.exists():
         import shipped_configs
@@ -350,14 +351,15 @@ def limit_targets(results):
 
 def auto_local_targets():
     """Issue 33 item 2 on same-day runs (auto_local.py): plain auto, and auto with local
-    steps among its candidates, within 5% of the best fixed method, per link measured."""
+    steps among its candidates, within 5% of the best fixed method, per link measured; and
+    the slowest link's best against the fastest link's (issue 33's limit)."""
     path = RESULTS / "auto_local.json"
     if not path.exists():
         return []
     import auto_local
 
     results = json.loads(path.read_text())
-    return [(f"{label} at {rate / 1e6:.0f} Mbit/s within 5% of the best fixed method's time "
+    rows = [(f"{label} at {rate / 1e6:.0f} Mbit/s within 5% of the best fixed method's time "
              "to mean IoU 0.85",
              f"{seconds[candidate]:.0f} s against {best}'s {seconds[best]:.0f} s "
              f"({ratio - 1:+.1%})" if ratio else "not reached by every seed", met,
@@ -366,6 +368,15 @@ def auto_local_targets():
                                      (auto_local.AUTO, "auto with local steps "
                                                        "(`warmup_steps: auto`)"))
             for rate, seconds, best, ratio, met in auto_local.verdicts(results, candidate)]
+    limit = auto_local.slow_link_limit(results)
+    if limit:
+        (slow, *_), (fast, *_) = limit["slow"], limit["fast"]
+        rows.append((f"time to mean IoU 0.85 at {slow / 1e6:.0f} Mbit/s ≤ {auto_local.LIMIT}× "
+                     f"the best at {fast / 1e6:.0f} Mbit/s, any method", auto_local.describe_limit(
+                         limit), limit["met"], f"issue 33; same-day runs ({results['measured']}), "
+                     "auto_local.py; the slow link's step is the fast link's: its steps "
+                     "are the gap"))
+    return rows
 
 
 def loss_at_fewer_bytes(runs, fewer=10, loss_fraction=0.10):

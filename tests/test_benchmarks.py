@@ -343,6 +343,38 @@ def test_auto_local_judges_plain_auto_and_auto_with_local_steps_on_the_same_runs
                                                                (None, False)]
 
 
+def test_auto_local_measures_the_slow_link_against_the_fast_links_best_of_any_method():
+    """Issue 33's limit on same-day runs: the slowest link's best (auto with local steps
+    included) over the fastest link's best, with the steps each took to the target (the
+    first epoch whose validation reached it) and the step time after any switch."""
+    import auto_local
+
+    def run(method, rate, seconds, reached_at, step, local_step=None):
+        ious = [0.5] * reached_at + [auto_local.TARGET, 0.9]
+        return {"method": method, "rate_bits": rate, "seconds_per_step": step,
+                "local_seconds_per_step": local_step, f"seconds_to_{auto_local.TARGET}": seconds,
+                "epochs": [{"val_mean_iou": v} for v in ious]}
+
+    fast, slow = 10**9, 2 * 10**7
+    runs = [run("fp16", fast, 10.0, 5, 0.05), run("fp16", fast, 12.0, 6, 0.05),
+            run("topk+EF", fast, 20.0, 9, 0.05), run("topk+EF", slow, 40.0, 9, 0.07),
+            run(auto_local.AUTO, slow, 14.0, 7, 0.06, 0.04),
+            run(auto_local.AUTO, slow, 16.0, 8, 0.06, 0.06)]
+    results = {"runs": runs, "plan": {"steps": 10}}
+    limit = auto_local.slow_link_limit(results)
+    assert limit["slow"] == (slow, auto_local.AUTO, 15.0, 85, pytest.approx(0.05))
+    assert limit["fast"] == (fast, "fp16", 11.0, 65, pytest.approx(0.05))
+    assert limit["ratio"] == pytest.approx(15 / 11) and not limit["met"]
+    assert limit["steps_ratio"] == pytest.approx(85 / 65)
+    # the fast run's other seconds: 11 - 65 x 0.05 = 7.75; the slow's steps 85 x 0.05
+    assert limit["steps_bound"] == pytest.approx((85 * 0.05 + 7.75) / 11)
+    assert "1.36× (target ≤ 1.25×)" in auto_local.describe_limit(limit)
+    runs[-1][f"seconds_to_{auto_local.TARGET}"] = 12.0  # mean 13 s: 1.18x
+    assert auto_local.slow_link_limit(results)["met"]
+    one_link = {"runs": [r for r in runs if r["rate_bits"] == slow], "plan": {"steps": 10}}
+    assert auto_local.slow_link_limit(one_link) is None
+
+
 def test_auto_local_says_each_methods_seeds_where_they_differ():
     """More seeds of some methods (--methods): the report lists the seeds each mean is over."""
     import auto_local
