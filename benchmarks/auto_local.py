@@ -64,16 +64,23 @@ def seeds_of(runs):
         for (rate, method), seeds in sorted(ran.items(), key=lambda kv: (-kv[0][0], kv[0][1])))
 
 
+def compared(results):
+    """(methods, the fixed ones among them) a results file compares: its own lists (a
+    benchmark built on this one, slow_link_limit.py), else this one's."""
+    return results.get("methods", METHODS), results.get("fixed", FIXED)
+
+
 def verdicts(results, candidate=AUTO):
     """[(link bits/s, {method: mean seconds to TARGET}, the best fixed method, `candidate`
     (auto with local steps, or plain auto) over it, met)] per link, fastest first."""
     runs = results["runs"]
+    methods, fixed_methods = compared(results)
     out = []
     for rate in sorted({r["rate_bits"] for r in runs}, reverse=True):
-        seconds = {m: mean_seconds(runs, m, rate) for m in METHODS}
-        fixed = {m: seconds[m] for m in FIXED if seconds[m] is not None}
+        seconds = {m: mean_seconds(runs, m, rate) for m in methods}
+        fixed = {m: seconds[m] for m in fixed_methods if seconds[m] is not None}
         best = min(fixed, key=fixed.get) if fixed else None
-        ratio = seconds[candidate] / fixed[best] if best and seconds[candidate] else None
+        ratio = seconds.get(candidate) / fixed[best] if best and seconds.get(candidate) else None
         out.append((rate, seconds, best, ratio, ratio is not None and ratio <= 1.05))
     return out
 
@@ -97,7 +104,7 @@ def slow_link_limit(results):
         return None
 
     def best(rate):
-        seconds = {m: mean_seconds(runs, m, rate) for m in METHODS}
+        seconds = {m: mean_seconds(runs, m, rate) for m in compared(results)[0]}
         method = min((m for m in seconds if seconds[m] is not None), key=seconds.get,
                      default=None)
         if method is None:
@@ -136,9 +143,10 @@ def plot(results, path):
     import matplotlib.pyplot as plt
 
     rows = verdicts(results)
+    methods = compared(results)[0]
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    width = 0.8 / len(METHODS)
-    for i, method in enumerate(METHODS):
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
         ax.bar([k + i * width for k in range(len(rows))],
                [r[1][method] or 0 for r in rows], width, label=method)
     ax.set_xticks([k + 0.4 - width / 2 for k in range(len(rows))])
@@ -150,19 +158,49 @@ def plot(results, path):
     plt.close(fig)
 
 
+def per_method(results):
+    """[(link bits/s, method, mean steps to TARGET, mean step ms after any switch, mean
+    final mean IoU, mean final loss)] of the methods compared, fastest link first."""
+    runs, per_epoch = results["runs"], results["plan"]["steps"]
+    out = []
+    for rate in sorted({r["rate_bits"] for r in runs}, reverse=True):
+        for method in compared(results)[0]:
+            mine = [r for r in runs if r["method"] == method and r["rate_bits"] == rate]
+            if not mine:
+                continue
+            steps = [steps_to_target(r, per_epoch) for r in mine]
+            out.append((rate, method, None if None in steps else statistics.mean(steps),
+                        1000 * statistics.mean(r["local_seconds_per_step"]
+                                               or r["seconds_per_step"] for r in mine),
+                        statistics.mean(r["final_val_mean_iou"] for r in mine),
+                        statistics.mean(r["final_loss"] for r in mine)))
+    return out
+
+
 def markdown(results):
     runs = results["runs"]
-    lines = [f"# Going local when it pays: `warmup_steps: auto` (measured {results['measured']})",
-             "", __doc__.split("\n\n")[2].replace("\n", " "), "",
-             "| link | " + " | ".join(METHODS) + " | auto with local steps vs the best fixed |",
-             "|---|" + "---|" * (len(METHODS) + 1)]
+    methods = compared(results)[0]
+    title = results.get("title", "Going local when it pays: `warmup_steps: auto`")
+    lines = [f"# {title} (measured {results['measured']})",
+             "", results.get("about", __doc__.split("\n\n")[2].replace("\n", " ")), "",
+             "| link | " + " | ".join(methods) + " | auto with local steps vs the best fixed |",
+             "|---|" + "---|" * (len(methods) + 1)]
     judged = verdicts(results)
     for rate, seconds, best, ratio, _ in judged:
         shown = [f"{s:.1f} s" if s is not None else "not reached" for s in seconds.values()]
         lines.append(f"| {rate / tta.MBIT:.0f} Mbit/s | " + " | ".join(shown) + " | "
                      + (f"{ratio - 1:+.1%} ({best})" if ratio else "—") + " |")
     lines += ["", f"Seconds of training to validation mean IoU 0.85, the mean over "
-              f"{seeds_of(runs)}. What auto decided, per run:", ""]
+              f"{seeds_of(runs)}. Per method (means over seeds; steps until the first "
+              "validation, every epoch, that reached it; the step after any switch to local "
+              "steps):", "",
+              "| link | method | steps to 0.85 | step | final mean IoU | final loss |",
+              "|---|---|---|---|---|---|"]
+    for rate, method, steps, step, iou, loss in per_method(results):
+        lines.append(f"| {rate / tta.MBIT:.0f} Mbit/s | {method} | "
+                     f"{'not reached' if steps is None else f'{steps:.0f}'} | {step:.1f} ms | "
+                     f"{iou:.3f} | {loss:.4f} |")
+    lines += ["", "What auto decided, per run:", ""]
     for r in sorted(runs, key=lambda r: (-r["rate_bits"], r["method"], r["seed"])):
         if r["method"] in ("auto", AUTO):
             lines.append(f"- {r['rate_bits'] / tta.MBIT:.0f} Mbit/s, {r['method']}, seed "
@@ -178,33 +216,38 @@ def markdown(results):
     return "\n".join(lines) + "\n"
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rates", nargs="+", type=int, default=[1000, 20])
+def main(name=NAME, methods=METHODS, fixed=FIXED, rates=(1000, 20), about=None):
+    """Runs (or, --report-only, reports) `methods` against the `fixed` ones; a benchmark
+    built on this one names its own results file and says what it measures (`about`:
+    {title, about}, kept in the results)."""
+    parser = argparse.ArgumentParser(description=(about or {}).get("title", __doc__.split("\n")[0]))
+    parser.add_argument("--rates", nargs="+", type=int, default=list(rates))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=METHODS,
+    parser.add_argument("--methods", nargs="+", choices=methods, default=methods,
                         help="run only these (more seeds of some: each method's mean is over "
                              "the seeds it ran, which the report lists)")
     parser.add_argument("--resume", action="store_true", help="keep the runs already saved")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
-    path = tta.RESULTS / f"{NAME}.json"
+    path = tta.RESULTS / f"{name}.json"
     if not args.report_only:
         if len(set(args.methods)) != len(args.methods):
             parser.error(f"--methods: repeated {args.methods}")
         plan = dict(tta.PLANS["full"], rates=tuple(r * tta.MBIT for r in args.rates),
                     seeds=tuple(args.seeds), methods=args.methods)
         done = json.loads(path.read_text())["runs"] if args.resume and path.exists() else []
-        workdir = tempfile.mkdtemp(prefix="tfdist-auto-local-")
+        workdir = tempfile.mkdtemp(prefix=f"tfdist-{name}-")
         try:
             results = tta.measure(plan, workdir, args.methods,
-                                  tta.RESULTS / f"{NAME}-partial.json", done)
+                                  tta.RESULTS / f"{name}-partial.json", done)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         results["measured"] = datetime.date.today().isoformat()
+        if (methods, fixed) != (METHODS, FIXED):
+            results.update(methods=list(methods), fixed=list(fixed), **(about or {}))
         path.write_text(json.dumps(results, indent=1))
-        (tta.RESULTS / f"{NAME}-partial.json").unlink(missing_ok=True)
-    tta.write_files(NAME, json.loads(path.read_text()), markdown, plot)
+        (tta.RESULTS / f"{name}-partial.json").unlink(missing_ok=True)
+    tta.write_files(name, json.loads(path.read_text()), markdown, plot)
 
 
 if __name__ == "__main__":

@@ -345,37 +345,41 @@ def limit_targets(results):
                         got is not None and got <= 1.05 * fixed[method],
                         "issue 33; auto as it was before item 2 (its uncompressed probe "
                         "steps), against runs of other days: the same-day rows below replace it"))
-    out += auto_local_targets()
+    out += auto_local_targets() + auto_local_targets("slow_link_limit")
     return out
 
 
-def auto_local_targets():
-    """Issue 33 item 2 on same-day runs (auto_local.py): plain auto, and auto with local
-    steps among its candidates, within 5% of the best fixed method, per link measured; and
-    the slowest link's best against the fastest link's (issue 33's limit)."""
-    path = RESULTS / "auto_local.json"
+def auto_local_targets(name="auto_local"):
+    """Issue 33 item 2 on same-day runs (auto_local.py, or a benchmark built on it:
+    slow_link_limit.py): plain auto, and auto with local steps among its candidates, within
+    5% of the best fixed method, per link measured; and the slowest link's best against the
+    fastest link's (issue 33's limit)."""
+    path = RESULTS / f"{name}.json"
     if not path.exists():
         return []
     import auto_local
 
     results = json.loads(path.read_text())
+    methods, fixed = auto_local.compared(results)
+    against = "" if name == "auto_local" else f" ({', '.join(fixed)})"
+    source = f"issue 33; same-day runs ({results['measured']}), {name}.py"
     rows = [(f"{label} at {rate / 1e6:.0f} Mbit/s within 5% of the best fixed method's time "
-             "to mean IoU 0.85",
+             f"to mean IoU 0.85{against}",
              f"{seconds[candidate]:.0f} s against {best}'s {seconds[best]:.0f} s "
-             f"({ratio - 1:+.1%})" if ratio else "not reached by every seed", met,
-             f"issue 33; same-day runs ({results['measured']}), auto_local.py")
+             f"({ratio - 1:+.1%})" if ratio else "not reached by every seed", met, source)
             for candidate, label in (("auto", "auto (`compression: auto`)"),
                                      (auto_local.AUTO, "auto with local steps "
                                                        "(`warmup_steps: auto`)"))
-            for rate, seconds, best, ratio, met in auto_local.verdicts(results, candidate)]
+            for rate, seconds, best, ratio, met in auto_local.verdicts(results, candidate)
+            if any(r["method"] == candidate and r["rate_bits"] == rate  # where it ran
+                   for r in results["runs"])]
     limit = auto_local.slow_link_limit(results)
     if limit:
         (slow, *_), (fast, *_) = limit["slow"], limit["fast"]
         rows.append((f"time to mean IoU 0.85 at {slow / 1e6:.0f} Mbit/s ≤ {auto_local.LIMIT}× "
-                     f"the best at {fast / 1e6:.0f} Mbit/s, any method", auto_local.describe_limit(
-                         limit), limit["met"], f"issue 33; same-day runs ({results['measured']}), "
-                     "auto_local.py; the slow link's step is the fast link's: its steps "
-                     "are the gap"))
+                     f"the best at {fast / 1e6:.0f} Mbit/s, any method"
+                     + ("" if name == "auto_local" else f" ({', '.join(methods)})"),
+                     auto_local.describe_limit(limit), limit["met"], source))
     return rows
 
 
@@ -541,6 +545,8 @@ SAVED_SECTIONS = (
     ("auto_local", "Going local when it pays: `warmup_steps: auto`", "auto_local.py"),
     ("go_local_costs", "What going local costs: the constants of `warmup_steps: auto`",
      "go_local_costs.py"),
+    ("slow_link_limit", "The slow link against the free link, local SGD from the first step "
+     "included", "slow_link_limit.py --seeds 0 1 2"),
     (CURRENT_PASS_THROUGH.removesuffix(".json"), "Where tfdist's milliseconds go: the Trainer "
      "against plain tf.distribute", "pass_through.py --pairs 48 --rungs "
      "plain,plain_fresh,own,trainer_step,trainer_input,trainer"),

@@ -1,6 +1,7 @@
 """The benchmark report's arithmetic: the analytic byte model against tfdist's own
 CommStats (two independent computations), and the derived figures of the report."""
 
+import json
 import math
 import pathlib
 import statistics
@@ -373,6 +374,46 @@ def test_auto_local_measures_the_slow_link_against_the_fast_links_best_of_any_me
     assert auto_local.slow_link_limit(results)["met"]
     one_link = {"runs": [r for r in runs if r["rate_bits"] == slow], "plan": {"steps": 10}}
     assert auto_local.slow_link_limit(one_link) is None
+
+
+def test_a_benchmark_built_on_auto_local_compares_its_own_methods(monkeypatch, tmp_path):
+    """slow_link_limit.py's results name their methods and fixed ones: the verdicts, the
+    per-method table and the report's rows use those (Streaming local SGD 16 among the
+    fixed), and the report's rows say which fixed methods they were judged against."""
+    import auto_local
+    import slow_link_limit
+
+    def run(method, rate, seed, seconds, reached_at, step):
+        ious = [0.5] * reached_at + [auto_local.TARGET]
+        return {"method": method, "rate_bits": rate, "seed": seed, "seconds_per_step": step,
+                "local_seconds_per_step": None, "final_val_mean_iou": 0.9, "final_loss": 0.05,
+                f"seconds_to_{auto_local.TARGET}": seconds,
+                "epochs": [{"val_mean_iou": v} for v in ious]}
+
+    fast, slow = 10**9, 2 * 10**7
+    runs = [run("fp16", fast, 0, 18.0, 6, 0.05), run("topk+EF", slow, 0, 30.0, 9, 0.07),
+            run(slow_link_limit.LOCAL, slow, 0, 17.0, 6, 0.05),
+            run(auto_local.AUTO, slow, 0, 27.0, 9, 0.05)]
+    results = {"runs": runs, "plan": {"steps": 40}, "measured": "today",
+               "methods": slow_link_limit.METHODS, "fixed": slow_link_limit.FIXED,
+               **slow_link_limit.ABOUT}
+    slow_verdict = auto_local.verdicts(results)[1]
+    assert slow_verdict[2] == slow_link_limit.LOCAL  # the best fixed at 20 Mbit/s
+    assert slow_verdict[3] == pytest.approx(27 / 17) and not slow_verdict[4]
+    assert auto_local.per_method(results)[0][:3] == (fast, "fp16", 280)
+    assert auto_local.slow_link_limit(results)["met"]  # 17 s against 18 s
+    text = auto_local.markdown(results)
+    assert text.startswith(f"# {slow_link_limit.ABOUT['title']} (measured today)")
+    assert f"| 20 Mbit/s | {slow_link_limit.LOCAL} | 280 | 50.0 ms | 0.900 | 0.0500 |" in text
+    (tmp_path / "slow_link_limit.json").write_text(json.dumps(results))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    rows = {name: met for name, _, met, _ in report.auto_local_targets("slow_link_limit")}
+    against = f"({', '.join(slow_link_limit.FIXED)})"
+    assert rows == {  # no row where a candidate did not run (plain auto: nowhere)
+        f"auto with local steps (`warmup_steps: auto`) at 20 Mbit/s within 5% of the best "
+        f"fixed method's time to mean IoU 0.85 {against}": False,
+        f"time to mean IoU 0.85 at 20 Mbit/s ≤ 1.25× the best at 1000 Mbit/s, any method "
+        f"({', '.join(slow_link_limit.METHODS)})": True}
 
 
 def test_auto_local_says_each_methods_seeds_where_they_differ():

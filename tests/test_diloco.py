@@ -141,6 +141,25 @@ def test_outer_nesterov_steps_equal_numpy(strategies, fragments, overlap, mix):
         assert averager.outer_optimizer.iterations.numpy() == steps // period
 
 
+@pytest.mark.parametrize("fragments,overlap,mix", [(2, 2, 0.5), (2, 0, 0.0)])
+def test_streamed_local_sgd_without_an_outer_step_equals_numpy(strategies, fragments,
+                                                                overlap, mix):
+    """Plain local SGD from the first step, synchronised in fragments beside the next steps
+    and mixed with the local weights (configs/unet_streaming_local_sgd.yaml's shape): each
+    fragment's replicas become the mean, as an outer SGD step of rate 1 without momentum
+    would make them."""
+    strategy = strategies("mirrored")
+    period, steps = 4, 12
+    model, start, averager = train(strategy, steps, period=period, fragments=fragments,
+                                   overlap_steps=overlap, overlap_mix=mix)
+    assert averager.outer_optimizer is None
+    expected = NumpyDiLoCo(start, period, 1.0, 0.0, averager.groups, overlap, mix)
+    expected.run(*data(steps), steps)
+    for replica in replicas_of(model):
+        for got, want in zip(replica, expected.anchor):
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
 def test_the_outer_step_is_not_plain_averaging(strategies):
     strategy = strategies("mirrored")
     diloco, _, _ = train(strategy, 8, period=4, outer="nesterov")
