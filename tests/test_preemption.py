@@ -113,9 +113,11 @@ def per_replica(strategy, model):
     (dict(period=3, outer="nesterov"), "mixed_float16"),
     (dict(period=3, warmup_steps=9, warmup_compression={
         "name": "topk", "ratio": 0.25, "error_feedback": True, "min_size": 0}),
+     "mixed_float16"),
+    (dict(period=3, fragments=2, overlap_steps=1, overlap_mix=0.5, compression="int8"),
      "mixed_float16")],
     ids=["local-sgd", "streaming-diloco-overlapped", "diloco-mixed-float16",
-         "topk-warm-up-mixed-float16"])
+         "topk-warm-up-mixed-float16", "streaming-local-sgd-mixed-float16"])
 def test_a_sigterm_between_two_synchronisations_resumes_every_replica_exactly(
         strategies, tmp_path, averager, policy, request):
     """Local SGD (period 3 over epochs of 4 steps) with Adam: the signal after step 2 of
