@@ -115,7 +115,7 @@ def report(raw):
 
     blocks = raw["block_median_seconds"]
     median = {name: float(np.median(values)) for name, values in blocks.items()}
-    plain, guarded = median["no guard (plain Keras)"], median["transactional (tfdist)"]
+    plain = median["no guard (plain Keras)"]
     pairs = [g / p - 1 for p, g in zip(blocks["no guard (plain Keras)"],
                                        blocks["transactional (tfdist)"])]
     summary = {"step_seconds": median, "overhead_median": float(np.median(pairs)),

@@ -22,7 +22,10 @@ from tfdist.compression import cost_model
 #: against fp16's (none's quality, `QUALITY`): 9.5 against 7.0 validations of 40 steps, the
 #: mean over seeds 0-2 at 100 and 20 Mbit/s (benchmarks/results/auto_local.json as of commit
 #: 84d286f, UNet example on 2 workers). A warm-up of 20 uncompressed steps measured 1.21
-#: (2 seeds).
+#: (2 seeds). The factor belongs to the method: plain local SGD from the first step
+#: (period 16, streamed the same way, no outer step) needed 0.95 (benchmarks/results/
+#: slow_link_limit.md), which `warmup_steps: auto`, deciding after synchronous steps, does
+#: not reach.
 LOCAL_STEPS = 1.36
 #: A steady local step's wall time (synchronisations included) against the compute time
 #: auto estimated from its synchronous steps: on cores the step fills, each fragment's send
