@@ -494,7 +494,11 @@ def time_to_accuracy_section(results):
             "training seconds until validation mean IoU first reaches the target (every step "
             "and what runs between steps, tracing included; validation excluded), median over "
             "seeds (\"k/n seeds\" when not every seed reached it); s/step = wall time per step "
-            "after the first 10; kB/step = bytes one host received on the link per step.", "",
+            "after the first 10; kB/step = bytes one host received on the link per step. A "
+            "local SGD method without a warm-up of its own (local SGD 8) is synchronous and "
+            f"uncompressed for the first {time_to_accuracy.LOCAL_SGD_WARMUP * steps // 480} "
+            "steps (post-local SGD); from the first step, see the section on the slow link "
+            "against the free link.", "",
             time_to_accuracy.markdown(results["time_to_accuracy"]).rstrip(), "",
             "![time to accuracy](../benchmarks/results/report_time_to_accuracy.png)"]
 
