@@ -445,6 +445,25 @@ def test_auto_local_refuses_unknown_repeated_or_no_methods_before_any_run(
     assert "--methods" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("methods", [["powersgd+EF"], ["auto"], ["fp16", "fp16"],
+                                     ["../fp16"], []])
+def test_slow_link_limit_refuses_methods_it_does_not_compare_before_any_run(
+        monkeypatch, capsys, methods):
+    """slow_link_limit.py's --methods: only its own four (auto_local's PowerSGD and plain
+    auto are not among them), each once; a usage error before anything runs."""
+    import auto_local
+    import slow_link_limit
+
+    ran = []
+    monkeypatch.setattr(auto_local.tta, "measure", lambda *a, **k: ran.append(1))
+    monkeypatch.setattr(sys, "argv", ["slow_link_limit.py", "--methods", *methods])
+    with pytest.raises(SystemExit) as exit_:
+        auto_local.main(slow_link_limit.NAME, slow_link_limit.METHODS, slow_link_limit.FIXED,
+                        about=slow_link_limit.ABOUT)
+    assert exit_.value.code == 2 and not ran
+    assert "--methods" in capsys.readouterr().err
+
+
 def test_the_pass_through_account_is_each_rungs_paired_difference_from_the_one_before():
     """pass_through.py's account: per rung, the mean paired difference of block medians
     (and of CPU per step) from its predecessor, in ms, with Student's 95% half-width; the
