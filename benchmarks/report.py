@@ -367,9 +367,9 @@ def auto_local_targets(name="auto_local"):
              f"to mean IoU 0.85{against}",
              f"{seconds[candidate]:.0f} s against {best}'s {seconds[best]:.0f} s "
              f"({ratio - 1:+.1%})" if ratio else "not reached by every seed", met, source)
-            for candidate, label in (("auto", "auto (`compression: auto`)"),
-                                     (auto_local.AUTO, "auto with local steps "
-                                                       "(`warmup_steps: auto`)"))
+            for candidate, label in [("auto", "auto (`compression: auto`)")] + [
+                (m, f"auto with local steps (`warmup_steps: auto`, {m.split(', then ')[1]})")
+                for m in auto_local.candidates(results)]
             for rate, seconds, best, ratio, met in auto_local.verdicts(results, candidate)
             if any(r["method"] == candidate and r["rate_bits"] == rate  # where it ran
                    for r in results["runs"])]

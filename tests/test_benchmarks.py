@@ -393,7 +393,9 @@ def test_a_benchmark_built_on_auto_local_compares_its_own_methods(monkeypatch, t
     fast, slow = 10**9, 2 * 10**7
     runs = [run("fp16", fast, 0, 18.0, 6, 0.05), run("topk+EF", slow, 0, 30.0, 9, 0.07),
             run(slow_link_limit.LOCAL, slow, 0, 17.0, 6, 0.05),
-            run(auto_local.AUTO, slow, 0, 27.0, 9, 0.05)]
+            run(auto_local.AUTO, slow, 0, 27.0, 9, 0.05),
+            run(slow_link_limit.METHODS[-1], slow, 0, 17.5, 6, 0.05),  # local from step 0
+            run(slow_link_limit.METHODS[-1], fast, 0, 18.5, 6, 0.05)]  # synchronous
     results = {"runs": runs, "plan": {"steps": 40}, "measured": "today",
                "methods": slow_link_limit.METHODS, "fixed": slow_link_limit.FIXED,
                **slow_link_limit.ABOUT}
@@ -405,13 +407,25 @@ def test_a_benchmark_built_on_auto_local_compares_its_own_methods(monkeypatch, t
     text = auto_local.markdown(results)
     assert text.startswith(f"# {slow_link_limit.ABOUT['title']} (measured today)")
     assert f"| 20 Mbit/s | {slow_link_limit.LOCAL} | 280 | 50.0 ms | 0.900 | 0.0500 |" in text
+    # one column and one target line per candidate with local steps
+    assert auto_local.candidates(results) == [auto_local.AUTO, slow_link_limit.METHODS[-1]]
+    assert ("| 20 Mbit/s | not reached | 30.0 s | 17.0 s | 27.0 s | 17.5 s | "
+            f"+58.8% ({slow_link_limit.LOCAL}) | +2.9% ({slow_link_limit.LOCAL}) |") in text
+    assert f"Target: {auto_local.AUTO} within 5% of the best fixed method's time to " \
+        "accuracy on every link measured: **MISSED**." in text
+    assert f"Target: auto, then {slow_link_limit.LOCAL} within 5% of the best fixed method's " \
+        "time to accuracy on every link measured: **met**." in text
     (tmp_path / "slow_link_limit.json").write_text(json.dumps(results))
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     rows = {name: met for name, _, met, _ in report.auto_local_targets("slow_link_limit")}
     against = f"({', '.join(slow_link_limit.FIXED)})"
     assert rows == {  # no row where a candidate did not run (plain auto: nowhere)
-        f"auto with local steps (`warmup_steps: auto`) at 20 Mbit/s within 5% of the best "
-        f"fixed method's time to mean IoU 0.85 {against}": False,
+        f"auto with local steps (`warmup_steps: auto`, Streaming DiLoCo 32) at 20 Mbit/s "
+        f"within 5% of the best fixed method's time to mean IoU 0.85 {against}": False,
+        f"auto with local steps (`warmup_steps: auto`, {slow_link_limit.LOCAL}) at 20 Mbit/s "
+        f"within 5% of the best fixed method's time to mean IoU 0.85 {against}": True,
+        f"auto with local steps (`warmup_steps: auto`, {slow_link_limit.LOCAL}) at 1000 Mbit/s "
+        f"within 5% of the best fixed method's time to mean IoU 0.85 {against}": True,
         f"time to mean IoU 0.85 at 20 Mbit/s ≤ 1.25× the best at 1000 Mbit/s, any method "
         f"({', '.join(slow_link_limit.METHODS)})": True}
 

@@ -23,6 +23,7 @@ from tfdist.local_sgd.averager import NOT_YET
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
 PERIOD, STEPS = 4, 16
+QUALITY_STEPS = auto_module.QUALITY["steps"]
 
 
 def auto():
@@ -171,6 +172,104 @@ def test_the_judgement_weighs_the_switch_over_the_steps_the_run_plans(strategies
     assert judged["local"] is going and (averager.warmup_steps == 20) is going
 
 
+def test_local_from_the_first_step_must_win_whatever_a_step_computes():
+    """`starts_local`: before any step is timed, plain local steps begin only if they beat
+    the best synchronous method by min_gain at every compute time weighed. By hand: with
+    one method whose exchange takes 1 s, a local step of compute c (nothing exposed) is
+    predicted c x LOCAL_OVERHEAD x 0.95 against c + 1."""
+    factor = go_local.LOCAL_OVERHEAD * go_local.FROM_FIRST_STEP["steps"]
+    going, ratio = go_local.starts_local({"none": 1.0}, 0.0, 16, computes=(0.1, 1.0))
+    assert ratio == pytest.approx(1.0 * factor / 2.0) and going
+    # one compute time where the exchange is nearly free decides it: no
+    going, ratio = go_local.starts_local({"none": 1.0}, 0.0, 16, computes=(0.1, 1000.0))
+    assert ratio == pytest.approx(1000 * factor / 1001) and not going
+    # the best synchronous method is the bar, not the first: fp16 at 0.01 s
+    going, ratio = go_local.starts_local({"none": 1.0, "fp16": 0.01}, 0.0, 16,
+                                         computes=(1.0,))
+    fp16 = (1.0 * (1 + auto_module.COST_SHARE["fp16"]) + 0.01) * QUALITY_STEPS["fp16"]
+    assert ratio == pytest.approx(factor / fp16) and going is (ratio < 0.95)
+    # what the overlap does not hide of a synchronisation counts: 4 fragments of 0.5 s
+    # each beside 2 steps of 0.1 s, every 16 steps
+    going, ratio = go_local.starts_local({"none": 1.0}, 2.0, 16, fragments=4,
+                                         overlap_steps=2, computes=(0.1,))
+    local = 0.1 * go_local.LOCAL_OVERHEAD + 4 * (0.5 - 0.2) / 16
+    assert ratio == pytest.approx(local * go_local.FROM_FIRST_STEP["steps"] / 1.1)
+
+
+@pytest.mark.parametrize("outer, period, measured", [
+    (None, 16, True), (None, 4, True), (None, 32, False), ("nesterov", 16, False)])
+def test_only_the_measured_shape_may_begin_at_the_first_step(outer, period, measured):
+    assert go_local.measured_from_first_step(outer, period) is measured
+
+
+@pytest.fixture
+def slow_link(monkeypatch):
+    """A 1 Mbit/s link with 50 ms a message: local steps from the first step win even for
+    the tests' small model."""
+    monkeypatch.setattr(AutoCompression, "_time_link",
+                        lambda self: (cost_model.Link(1e6, 0.05), 0.0))
+
+
+@pytest.mark.parametrize("policy", [None, "mixed_float16"])
+def test_on_a_slow_link_plain_local_steps_begin_at_the_first_step(strategies, slow_link,
+                                                                  policy, request, capsys):
+    """No synchronous step is traced (auto never measures one) and the run trains exactly
+    as local SGD without a warm-up, on every replica."""
+    if policy:
+        keras.mixed_precision.set_global_policy(policy)
+        request.addfinalizer(lambda: keras.mixed_precision.set_global_policy("float32"))
+    strategy = strategies("mirrored")
+    shape = dict(period=PERIOD, fragments=2, overlap_steps=1)
+    hook = AutoCompression(probe_steps=4, probe_seconds=0)  # min_gain 0.05
+    model, averager = fit(strategy, warmup_steps="auto", warmup_compression=hook, **shape)
+    judged = averager.going_local
+    assert [(j["step"], j["first_step"], j["local"]) for j in judged] == [(0, True, True)]
+    assert judged[0]["ratio"] < 0.95 and averager.warmup_steps == 0
+    assert not averager.warmup_exchange.decisions  # no synchronous step measured
+    said = capsys.readouterr().out
+    assert said.count("tfdist local_sgd warmup_steps auto at step 0: local steps from the "
+                      "first step predicted at most") == 1 and "; local steps begin" in said
+    reference, fixed = fit(strategy, **shape)
+    assert averager.averages == fixed.averages > 0
+    assert_same_everywhere(strategy, model, reference)
+    assert averager.checkpoint_state()["warmup_steps"] == 0
+
+
+@pytest.mark.parametrize("link, outer", [("fixed_link", None), ("slow_link", "nesterov")])
+def test_a_fast_link_or_an_outer_optimizer_waits_for_autos_measurement(strategies, link,
+                                                                       outer, request, capsys):
+    """On a fast link (1 Gbit/s) plain local steps do not win at every compute time: the
+    first step stays synchronous, and local steps are judged again after auto's 4 steps.
+    Unmeasured from the first step (DiLoCo's outer Nesterov), they are judged only then."""
+    request.getfixturevalue(link)
+    strategy = strategies("mirrored")
+    _, averager = fit(strategy, warmup_steps="auto", warmup_compression=auto(),
+                      period=PERIOD, outer=outer)
+    judged = [(j["step"], j["first_step"]) for j in averager.going_local]
+    assert averager.warmup_exchange.decisions[0]["step"] == 4
+    said = capsys.readouterr().out.count("at step 0: local steps from the first step")
+    if outer is None:
+        assert judged == [(0, True), (4, False)] and said == 1
+        assert averager.going_local[0]["ratio"] >= 0.95 and not averager.going_local[0]["local"]
+    else:
+        assert judged == [(4, False)] and said == 0
+
+
+def test_the_first_steps_verdict_keeps_autos_quality_rule(strategies, slow_link, monkeypatch,
+                                                          capsys):
+    """Measured 2 points under none, local steps from the first step are out of auto's
+    default max_quality_loss (1 point) and in with 3."""
+    monkeypatch.setitem(go_local.FROM_FIRST_STEP, "points", -2.0)
+    strategy = strategies("mirrored")
+    for allowed, going in ((1.0, False), (3.0, True)):
+        hook = AutoCompression(probe_steps=4, probe_seconds=0, max_quality_loss=allowed)
+        _, averager = fit(strategy, warmup_steps="auto", warmup_compression=hook,
+                          period=PERIOD)
+        assert averager.going_local[0]["local"] is going
+        assert (averager.warmup_steps == 0) is going
+    assert "outside max_quality_loss 1.0" in capsys.readouterr().out
+
+
 # --- the switch -------------------------------------------------------------------------
 
 def test_staying_synchronous_trains_exactly_as_autos_choice(strategies, fixed_link, verdict):
@@ -179,7 +278,7 @@ def test_staying_synchronous_trains_exactly_as_autos_choice(strategies, fixed_li
     model, averager = fit(strategy, period=PERIOD, warmup_steps="auto",
                           warmup_compression=auto())
     assert len(calls) == 1 and averager.warmup_steps == NOT_YET
-    assert averager.going_local[0]["step"] == 4 and not averager.going_local[0]["local"]
+    assert [(j["step"], j["local"]) for j in averager.going_local] == [(0, False), (4, False)]
     choice = averager.warmup_exchange.choice
     reference, _ = fit(strategy, period=PERIOD, warmup_steps=STEPS,
                        warmup_compression=METHODS[choice])
@@ -222,11 +321,12 @@ def test_a_fixed_warm_up_exchanged_by_auto_measures_and_trains_as_its_choice(str
     assert averager.checkpoint_state()["auto"]["choice"] == auto_hook.choice
 
 
-def test_a_sigterm_after_going_local_resumes_every_replica_exactly(strategies, fixed_link,
-                                                                    verdict, tmp_path, request):
-    """The decision (local from step 4) and the replicas' own weights and Adam moments are
-    in the backup; the resumed run ends where a run never interrupted ends, on every
-    replica (mixed_float16)."""
+@pytest.mark.parametrize("when", ["after auto's steps", "from the first step"])
+def test_a_sigterm_after_going_local_resumes_every_replica_exactly(strategies, verdict,
+                                                                    tmp_path, request, when):
+    """The decision (DiLoCo local from step 4, or plain local SGD from step 0 on a slow
+    link) and the replicas' own weights and Adam moments are in the backup; the resumed run
+    ends where a run never interrupted ends, on every replica (mixed_float16)."""
     from test_preemption import BATCH, SignalAt, compiled, data, per_replica
 
     from tfdist.core.preemption import Preempted
@@ -234,14 +334,19 @@ def test_a_sigterm_after_going_local_resumes_every_replica_exactly(strategies, f
     keras.mixed_precision.set_global_policy("mixed_float16")
     request.addfinalizer(lambda: keras.mixed_precision.set_global_policy("float32"))
     strategy = strategies("mirrored")
-    verdict(True)
+    first = when == "from the first step"
+    request.getfixturevalue("slow_link" if first else "fixed_link")
+    if not first:
+        verdict(True)
     x, y = data()
     backup, averagers = str(tmp_path / "backup"), []
 
     def run(*callbacks):
         model = compiled(strategy, None)
+        hook = AutoCompression(probe_steps=4, probe_seconds=0) if first else auto()
         local_sgd = tfdist.callbacks.LocalSGD(period=3, warmup_steps="auto",
-                                              warmup_compression=auto(), outer="nesterov")
+                                              warmup_compression=hook,
+                                              outer=None if first else "nesterov")
         averagers.append(local_sgd.averager)
         model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0, shuffle=False,
                   callbacks=[*callbacks, local_sgd])
@@ -250,7 +355,8 @@ def test_a_sigterm_after_going_local_resumes_every_replica_exactly(strategies, f
     with pytest.raises(Preempted, match="after step 3 of epoch 1"):
         run(SignalAt(epoch=1, batch=1), tfdist.callbacks.BackupAndRestore(backup))
     decided = averagers[0].warmup_steps
-    assert decided < 6  # local before the signal, after the step auto measured
+    # local before the signal: after the steps auto measured, or from the first
+    assert decided == 0 if first else 0 < decided < 6
     resumed, averager = run(tfdist.callbacks.BackupAndRestore(backup))
     assert averager.warmup_steps == decided and not averager.going_local  # restored
     clean, fresh = run()

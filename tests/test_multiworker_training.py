@@ -68,7 +68,7 @@ ONE_LAUNCH = {
     "test_compression_auto_decides_alike_on_every_worker":
         lambda: ("--loop", "trainer", "--model", "plain", "--epochs", "4", "--auto", "20"),
     "test_warmup_steps_auto_judges_alike_on_every_worker":
-        lambda workers: AUTO_WARMUP if workers == 2 else None,
+        lambda workers, shape: AUTO_WARMUP[shape] if workers == 2 else None,
     # the uninterrupted run the killed one is compared with (no dropout: the same weights
     # in a process that ran other jobs before)
     "test_killed_worker_resumes_diloco_with_its_outer_momentum":
@@ -77,8 +77,11 @@ ONE_LAUNCH = {
 }
 
 
-AUTO_WARMUP = ("--loop", "fit", "--model", "plain", "--epochs", "4", "--local_sgd", "4",
-               "--warmup", "auto", "--diloco", "2,1")
+_AUTO_PLAIN = ("--loop", "fit", "--model", "plain", "--epochs", "4", "--local_sgd", "4",
+               "--warmup", "auto")
+#: `warmup_steps: auto` with DiLoCo (judged after auto's steps) and with plain local SGD
+#: (judged before the first step too).
+AUTO_WARMUP = {"diloco": (*_AUTO_PLAIN, "--diloco", "2,1"), "plain": _AUTO_PLAIN}
 #: The 4-worker runs never interrupted that the SIGTERM tests compare with, run by one
 #: launch (`four_worker_runs`).
 FOUR_WORKERS = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
@@ -88,7 +91,7 @@ FOUR_WORKER_CLEAN = {
     "test_a_global_batch_four_workers_split_unevenly_trains_as_tf_weighs_it":
         lambda: ("--loop", "fit", *PLAIN, "--batch", "30"),
     "test_warmup_steps_auto_judges_alike_on_every_worker":
-        lambda workers: AUTO_WARMUP if workers == 4 else None,
+        lambda workers, shape: AUTO_WARMUP[shape] if workers == 4 else None,
 }
 
 
@@ -560,26 +563,35 @@ def test_compression_auto_decides_alike_on_every_worker(request):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("workers", [2, 4])
-def test_warmup_steps_auto_judges_alike_on_every_worker(request, workers):
-    """`warmup_steps: auto`: auto's decisions and the judgement of going local (from
-    numbers averaged over the workers) are the same on every worker, the chief says it
-    once, and the workers end with the same weights, whichever way it went."""
+@pytest.mark.parametrize("workers, shape", [(2, "diloco"), (4, "diloco"), (4, "plain")])
+def test_warmup_steps_auto_judges_alike_on_every_worker(request, workers, shape):
+    """`warmup_steps: auto`: auto's decisions and the judgements of going local (from
+    numbers averaged over the workers; plain local SGD is judged before the first step
+    too) are the same on every worker, the chief says each once, and the workers end with
+    the same weights, whichever way it went."""
     fixture, registry = (("two_worker_runs", ONE_LAUNCH) if workers == 2
                          else ("four_worker_runs", FOUR_WORKER_CLEAN))
     results, out, stdout = one_launch(request, fixture, registry)
     assert len(results) == workers
     mine = results["worker-0"]
-    assert mine["auto"][0]["step"] == 6 and len(mine["going_local"]) == 1
     for task in results:
         assert results[task]["auto"] == mine["auto"], task
         assert results[task]["going_local"] == mine["going_local"], task
         for a, b in zip(weights(out, "worker-0"), weights(out, task)):
             np.testing.assert_array_equal(a, b, err_msg=task)
-    judged = mine["going_local"][0]
-    verdict = "local steps begin" if judged["local"] else "staying synchronous"
-    assert stdout.count(f"tfdist local_sgd warmup_steps auto at step {judged['step']}:") == 1
-    assert verdict in stdout and judged["synchronous"] == mine["auto"][-1]["choice"]
+    first = [j for j in mine["going_local"] if j["first_step"]]
+    assert len(first) == (shape == "plain")
+    if first and first[0]["local"]:  # local from step 0: auto never measured a step
+        assert not mine["auto"] and mine["going_local"] == first
+    else:
+        assert mine["auto"][0]["step"] == 6 and len(mine["going_local"]) == len(first) + 1
+        judged = mine["going_local"][-1]
+        assert judged["synchronous"] == mine["auto"][-1]["choice"]
+    for judged in mine["going_local"]:
+        verdict = ("local steps begin" if judged["local"] else "staying synchronous")
+        said = [line for line in stdout.splitlines()
+                if f"tfdist local_sgd warmup_steps auto at step {judged['step']}:" in line]
+        assert len(said) == 1 and verdict in said[0], said
     assert mine["history"]["loss"][-1] < mine["history"]["loss"][0]
 
 

@@ -205,8 +205,8 @@ class AutoCompression(TrainingHook):
         self.probe_steps, self.check_every, self.drift = (a["probe_steps"], a["check_every"],
                                                           a["drift"])
         self.probe_seconds, self._window = a["probe_seconds"], a["probe_steps"]
-        self.min_gain = a["min_gain"]
-        self.methods = eligible(a["max_quality_loss"])
+        self.min_gain, self.max_quality_loss = a["min_gain"], a["max_quality_loss"]
+        self.methods = eligible(self.max_quality_loss)
         self.hooks = {m: _hook(METHODS[m], a["seed"]) for m in self.methods}
         self.choice, self.decisions, self.active = "probe", [], None
         self.link, self._link_seconds = None, None
@@ -310,7 +310,7 @@ class AutoCompression(TrainingHook):
         times = self._times[-(last + 1):]
         return statistics.median(b - a for a, b in zip(times, times[1:]))
 
-    def _exchange_seconds(self, link):
+    def exchange_seconds(self, link):
         """{method: seconds its exchange takes per step on `link`} (the cost model)."""
         return {m: cost_model.exchange_seconds(
             cost_model.sent_bytes(self.hooks[m].bytes_per_step(), self.workers),
@@ -341,7 +341,7 @@ class AutoCompression(TrainingHook):
     def _start(self, step):
         """Before the first step: the link timed, the prior chosen for it."""
         self.link, self._link_seconds = self._time_link()
-        self.choice = prior(self._exchange_seconds(self.link))
+        self.choice = prior(self.exchange_seconds(self.link))
         self._size_buckets(self.choice)
         self._stage, self._window = "prior", self.probe_steps
         self._say(f"at step {step}: link {self.link} (timed in {self._link_seconds:.1f} s); "
@@ -354,7 +354,7 @@ class AutoCompression(TrainingHook):
         current = self.choice
         if self.trace_seconds is None and self._first_step is not None:  # every worker's
             self.trace_seconds = self._mean_over_workers(max(self._first_step - measured, 0.0))
-        exchange = self._exchange_seconds(self.link)
+        exchange = self.exchange_seconds(self.link)
         compute = max(measured - exchange[current], 0.0) / (1 + COST_SHARE.get(current, 0.0))
         predicted, to_target = predict(compute, exchange)
         to_target[current] = measured * QUALITY["steps"][current]  # measured, not predicted

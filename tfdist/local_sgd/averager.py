@@ -353,7 +353,10 @@ class ModelAverager(TrainingHook):
         if step >= self.warmup_steps:
             return False
         if isinstance(self.warmup_exchange, AutoCompression):
-            return self.warmup_exchange.phase(step)
+            method = self.warmup_exchange.phase(step)  # the first step's: the link timed
+            if self.auto_warmup and step == 0 and self._judge_local_from_first_step():
+                return False
+            return method
         return True
 
     def enter_phase(self, phase):
@@ -474,7 +477,7 @@ class ModelAverager(TrainingHook):
         auto = self.warmup_exchange
         decisions = [d for d in auto.decisions if "compute_seconds" in d]  # not restored
         if (self.warmup_steps != NOT_YET or not auto.kept or not decisions
-                or len(self.going_local) == len(decisions)):
+                or sum(not j["first_step"] for j in self.going_local) == len(decisions)):
             return
         decision = decisions[-1]
         sync = go_local.sync_seconds(self, auto.link, auto.workers)
@@ -488,7 +491,7 @@ class ModelAverager(TrainingHook):
         to_target = go_local.seconds_to_target(local, decision["measured"], steps, remaining,
                                                switch)
         going = go_local.goes_local(*to_target, auto.min_gain)
-        self.going_local.append({"step": steps_done, "local_seconds": local,
+        self.going_local.append({"step": steps_done, "first_step": False, "local_seconds": local,
                                  "sync_seconds": sync, "synchronous": auto.choice,
                                  "synchronous_seconds": decision["measured"],
                                  "switch_seconds": switch, "remaining_steps": remaining,
@@ -507,6 +510,39 @@ class ModelAverager(TrainingHook):
                   f"{auto.choice} measured {decision['measured']:.3f} s x {steps:.2f}: "
                   f"{to_target[0]:.2f} s against {to_target[1]:.2f} s {weighed}; {verdict}",
                   flush=True)
+
+    def _judge_local_from_first_step(self):
+        """`warmup_steps: auto`, before the first step, once auto has timed the link:
+        whether plain local steps begin at once (`go_local.starts_local`), so no synchronous
+        step is traced to be thrown away. Every worker judges the same numbers."""
+        auto = self.warmup_exchange
+        if (self.going_local or auto.link is None or self.islands is not None
+                or not go_local.measured_from_first_step(self.outer, self.period)):
+            return False
+        sync = go_local.sync_seconds(self, auto.link, auto.workers)
+        faster, ratio = go_local.starts_local(
+            auto.exchange_seconds(auto.link), sync, self.period, self.fragments,
+            self.overlap_steps, auto.min_gain)
+        points = go_local.FROM_FIRST_STEP["points"]
+        going = faster and points >= -auto.max_quality_loss
+        self.going_local.append({"step": 0, "first_step": True, "sync_seconds": sync,
+                                 "ratio": ratio, "local": going})
+        if going:
+            self.warmup_steps = 0
+        if is_chief(self.strategy):
+            verdict = ("local steps begin" if going else
+                       "staying synchronous while auto measures" if not faster else
+                       f"staying synchronous: their measured quality ({points:+.1f} points "
+                       f"of mean IoU against none) is outside max_quality_loss "
+                       f"{auto.max_quality_loss}")
+            computes = go_local.PRIOR_COMPUTE
+            print(f"tfdist local_sgd warmup_steps auto at step 0: local steps from the first "
+                  f"step predicted at most {ratio:.2f} x the best synchronous method's time to "
+                  f"accuracy for a step computing {computes[0]:g} to {computes[-1]:g} s "
+                  f"(x {go_local.FROM_FIRST_STEP['steps']:.2f} steps, synchronisation "
+                  f"{sync:.3f} s every {self.period}) on link {auto.link}; {verdict}",
+                  flush=True)
+        return going
 
     def _say_pace(self, local):
         """One line on the chief's standard output when measured counts change."""

@@ -13,9 +13,18 @@ local step and each fragment's synchronisation are traced (`SWITCH_TRACES` times
 step's trace). Over what is left of the run the loop plans (`model.fit`'s epochs x steps,
 `tfdist.Trainer.fit`'s), it goes local when that beats auto's measured choice by
 `min_gain`; a loop that plans no length (your own) weighs the rates alone.
+
+Where the local steps are plain local SGD (no outer optimizer, a period of at most
+`FROM_FIRST_STEP["longest_period"]`), they may also begin *at the first step*: any decision
+made after a step is traced costs a trace that is thrown away, ≥ 15% of a short run. Right
+after auto has timed the link, before any step, they do when they are predicted to reach
+accuracy `min_gain` sooner than every synchronous method auto may choose, whatever the
+step's compute time (the range auto's prior weighs, `tfdist.compression.auto.PRIOR_COMPUTE`),
+and their measured quality is within auto's `max_quality_loss` (`starts_local`).
 """
 
 from tfdist.compression import cost_model
+from tfdist.compression.auto import PRIOR_COMPUTE, predict
 
 #: Steps to validation mean IoU 0.85 of auto's synchronous warm-up (20 steps) then
 #: Streaming DiLoCo (period 32, 4 fragments, 2 steps of overlap, Nesterov 0.7/0.9, int4),
@@ -37,6 +46,15 @@ LOCAL_OVERHEAD = 1.06
 #: (its time over a steady step, as auto measured it): the median of the same runs, 1.45 to
 #: 1.53 (4.95 to 5.64 s against traces of 3.25 to 3.68 s).
 SWITCH_TRACES = 1.5
+#: Plain local SGD from the first step (period 16, in 4 fragments of int4 each exchanged
+#: beside 2 steps, mixed half and half; no outer optimizer, no warm-up), against fp16 (none's
+#: steps, `QUALITY`): 0.95x the steps to validation mean IoU 0.85 (267 against 280), final
+#: mean IoU 0.907 against none's 0.905 (`QUALITY`'s conditions: +0.2 points; fp16 ended 2.0
+#: points higher the same day), final loss 0.0471, 1.17x none's 0.0404; 3 seeds at 1 Gbit/s
+#: and 20 Mbit/s (benchmarks/results/slow_link_limit.md). Taken for plain averaging up to
+#: that period (a shorter one is nearer synchronous training); an outer optimizer or a
+#: longer period was not measured from the first step, and does not begin there.
+FROM_FIRST_STEP = {"steps": 0.95, "points": 0.2, "loss": 1.17, "longest_period": 16}
 
 
 def local_step_seconds(compute, sync_seconds, period, fragments=1, overlap_steps=0):
@@ -76,3 +94,24 @@ def seconds_to_target(local_step, synchronous_step, steps_factor, remaining=None
 def goes_local(local, synchronous, min_gain=0.05):
     """Whether `local` seconds to accuracy are more than `min_gain` under `synchronous`."""
     return local < (1 - min_gain) * synchronous
+
+
+def measured_from_first_step(outer, period):
+    """Whether local steps of this shape (`outer`: None for plain averaging) have a
+    measured cost from the first step (`FROM_FIRST_STEP`)."""
+    return outer is None and period <= FROM_FIRST_STEP["longest_period"]
+
+
+def starts_local(exchange, sync_seconds, period, fragments=1, overlap_steps=0,
+                 min_gain=0.05, computes=PRIOR_COMPUTE):
+    """(whether plain local steps from the first step are predicted to reach accuracy more
+    than `min_gain` sooner than the best of the synchronous methods `exchange` ({method:
+    seconds of its exchange per step}) at every compute time of `computes`, the largest
+    ratio of their time to accuracy to that best one's). No step has been timed: the
+    verdict must hold whatever a step computes."""
+    worst = 0.0
+    for compute in computes:
+        _, synchronous = predict(compute, exchange)
+        local = local_step_seconds(compute, sync_seconds, period, fragments, overlap_steps)
+        worst = max(worst, local * FROM_FIRST_STEP["steps"] / min(synchronous.values()))
+    return worst < 1 - min_gain, worst
