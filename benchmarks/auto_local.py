@@ -48,6 +48,8 @@ def choices(run):
     if not run["method"].startswith("auto, then"):
         return f"{kept[-1] if kept else '?'}"
     began, total = run.get("local_from"), len(run["epochs"]) * 40
+    if began == 0:  # judged before the first step: auto's prior never ran
+        return "local from step 0 (no synchronous step)"
     local = f"local from step {began}" if began is not None and began < total else "no local steps"
     return f"{kept[-1] if kept else '?'}; {local}"
 

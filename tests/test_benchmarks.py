@@ -430,6 +430,25 @@ def test_a_benchmark_built_on_auto_local_compares_its_own_methods(monkeypatch, t
         f"({', '.join(slow_link_limit.METHODS)})": True}
 
 
+def test_auto_local_says_what_auto_chose_and_when_local_steps_began():
+    """From the chief's lines: auto's last choice, and the step local steps began at (step
+    0: judged before the first step, so the prior auto announced never ran)."""
+    import auto_local
+
+    def run(method, said, local_from):
+        return {"method": method, "said": said, "local_from": local_from,
+                "epochs": [{}] * 12}
+
+    started = ["tfdist compression auto at step 0: link ...; starting with topk+EF, timed"]
+    kept = started + ["tfdist compression auto at step 6: ...; keeping topk+EF"]
+    local = auto_local.AUTO
+    assert auto_local.choices(run("auto", kept, 0)) == "topk+EF"  # plain auto: no local
+    assert auto_local.choices(run(local, started, 0)) == "local from step 0 (no synchronous step)"
+    assert auto_local.choices(run(local, kept, 20)) == "topk+EF; local from step 20"
+    assert auto_local.choices(run(local, kept, 480)) == "topk+EF; no local steps"
+    assert auto_local.choices(run(local, [], None)) == "its lines were not recorded"
+
+
 def test_auto_local_says_each_methods_seeds_where_they_differ():
     """More seeds of some methods (--methods): the report lists the seeds each mean is over."""
     import auto_local
