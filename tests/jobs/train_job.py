@@ -10,6 +10,9 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
     --local_sgd PERIOD --warmup W    local SGD; records a weight checksum after each step
                                      (W auto: warmup_steps auto, auto probing 6 steps;
                                      records its judgements and auto's decisions)
+    --link MBIT                      with --warmup auto: auto takes the link as MBIT Mbit/s
+                                     with 50 ms a message instead of timing it (a slow link
+                                     loopback cannot be)
     --diloco F,TAU                   with --local_sgd: DiLoCo (outer Nesterov), F fragments,
                                      exchanges overlapped with TAU steps, int4-compressed
     --islands N                      with --local_sgd: N equal islands of workers
@@ -56,6 +59,14 @@ import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
 from models import conv_model, dataset, dict_model, loss  # noqa: E402
+from tfdist.compression import cost_model  # noqa: E402
+
+
+class FixedLink(tfdist.compression.AutoCompression):
+    """auto taking the link as `fixed_link` Mbit/s with 50 ms a message (--link)."""
+
+    def _time_link(self):
+        return cost_model.Link(self.fixed_link * 1e6, 0.05), 0.0
 
 
 def parse():
@@ -71,6 +82,7 @@ def parse():
     p.add_argument("--ratio", type=float)
     p.add_argument("--error_feedback", action="store_true")
     p.add_argument("--auto", type=int, help="compression: auto with this many probe steps")
+    p.add_argument("--link", type=float, help="with --warmup auto: the link auto takes")
     p.add_argument("--rank", type=int)
     p.add_argument("--local_sgd", type=int, help="period")
     p.add_argument("--warmup", type=lambda text: text if text == "auto" else int(text),
@@ -334,8 +346,9 @@ def main():
         if args.islands:
             diloco["islands"] = args.islands
         if args.warmup == "auto":
-            diloco["warmup_compression"] = tfdist.compression.AutoCompression(
-                probe_steps=6, probe_seconds=0)
+            auto = FixedLink if args.link else tfdist.compression.AutoCompression
+            diloco["warmup_compression"] = auto(probe_steps=6, probe_seconds=0)
+            diloco["warmup_compression"].fixed_link = args.link
         if args.loop == "fit":
             callbacks.append(tfdist.callbacks.LocalSGD(args.local_sgd, args.warmup, **diloco))
             averager = callbacks[-1].averager
