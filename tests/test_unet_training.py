@@ -105,9 +105,24 @@ def few_steps(name, out):
     # is that the config runs end to end: a UNet of one level (the sweep: 677 -> 387 CPU-s)
     if config.compression:  # compress from the first step
         flags += ["--start_step", "0"]
-    if config.local_sgd:  # local from the second step
+    if config.local_sgd and config.local_sgd.warmup_steps != "auto":  # local from step 2
         flags += ["--warmup_steps", "1"]
     return TRAIN, flags
+
+
+def chief_says(stdout, name):
+    """The chief's lines of configs/`name`'s run: in a launch of several runs
+    (tests/jobs/runs.py), those after its mark and before the next one."""
+    from runs import MARK  # tests/jobs (the jobs_path fixture)
+
+    lines = [line[len("[worker:0] "):] for line in stdout.splitlines()
+             if line.startswith("[worker:0] ")] or stdout.splitlines()
+    marks = [i for i, line in enumerate(lines) if line.startswith(MARK)] + [len(lines)]
+    if len(marks) == 1:
+        return "\n".join(lines)
+    mine = [i for i, j in zip(marks, marks[1:]) if f"configs/{name}" in lines[i]]
+    assert len(mine) == 1, f"{name}: {len(mine)} runs marked"
+    return "\n".join(lines[mine[0]:marks[marks.index(mine[0]) + 1]])
 
 
 def on_two_workers(name):
@@ -137,6 +152,7 @@ def two_worker_runs(request, tmp_path_factory):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.usefixtures("jobs_path")
 @pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.matrix] * (
     name == "unet_compression_topk.yaml")) for name in CONFIGS])  # top-k + EF on every pair
 def test_every_config_runs_a_few_steps(request, tmp_path, name):
@@ -153,26 +169,33 @@ def test_every_config_runs_a_few_steps(request, tmp_path, name):
         script = [sys.executable, str(path), *flags]
         result = run([sys.executable, "-m", "tfdist", "launch", f"configs/{name}", "--", *script]
                      if config.cluster else script)
-        assert not name.startswith("unet_") or "wrote predictions.png" in result.stdout
+        stdout = result.stdout
+        assert not name.startswith("unet_") or "wrote predictions.png" in stdout
     metrics = json.loads((out / "metrics.json").read_text())
     if name.startswith("unet_"):
         assert metrics["steps"] == 3 and metrics["strategy"] == config.strategy.name
         assert metrics["policy"] == config.section("train").get("policy", "float32")
         ratio = metrics["bytes_exchanged"]["compression_ratio"]
-        if config.compression and config.compression.name == "auto":
+        said = chief_says(stdout, name)
+        local_auto = config.local_sgd and config.local_sgd.warmup_steps == "auto"
+        judged = re.findall(r"tfdist local_sgd warmup_steps auto at step 0: local steps from "
+                            r"the first step .*; (local steps begin|staying synchronous)", said)
+        assert len(judged) == (1 if local_auto else 0), said[-3000:]  # said once, before
+        local = not local_auto or judged[0] == "local steps begin"  # the first step
+        if (config.compression and config.compression.name == "auto") or not local:
             # still timing its prior, which it started with from the first step (the link
             # timed before it): what it sends is the prior's (the NaN guard's verdict, a
             # few bytes a step, rides along: what is sent, counted)
             started = re.findall(r"tfdist compression auto at step 0: .*starting with (\S+),",
-                                 stdout)
-            assert len(started) == 1, stdout[-3000:]  # the chief says it, once
+                                 said)
+            assert len(started) == 1, said[-3000:]  # the chief says it, once
             assert ratio == pytest.approx(1.0, rel=1e-3) if started[0] == "none" else ratio > 1.5
         elif config.compression:
             assert metrics["compression"] == config.compression.name
             assert ratio > 1.5
-        if config.local_sgd:  # measured: one synchronous warm-up step, two local steps that
-            # send nothing, and one synchronisation of the model before validation reads it,
-            # where synchronous training all-reduces the gradients 3 times
+        if config.local_sgd and local:  # measured: one synchronous warm-up step, two local
+            # steps that send nothing, and one synchronisation of the model before
+            # validation reads it, where synchronous training all-reduces the gradients 3 times
             assert ratio >= 1.5 * 0.99
         if not (config.compression or config.local_sgd):  # the gradients and the verdict
             assert ratio == pytest.approx(1.0, rel=1e-3)  # the verdict: 1.4e-4 of a small UNet
