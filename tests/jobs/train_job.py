@@ -63,10 +63,14 @@ from tfdist.compression import cost_model  # noqa: E402
 
 
 class FixedLink(tfdist.compression.AutoCompression):
-    """auto taking the link as `fixed_link` Mbit/s with 50 ms a message (--link)."""
+    """auto taking the link as `mbit` Mbit/s with 50 ms a message (--link)."""
+
+    def __init__(self, mbit, **options):
+        super().__init__(**options)
+        self.mbit = mbit
 
     def _time_link(self):
-        return cost_model.Link(self.fixed_link * 1e6, 0.05), 0.0
+        return cost_model.Link(self.mbit * 1e6, 0.05), 0.0
 
 
 def parse():
@@ -346,9 +350,9 @@ def main():
         if args.islands:
             diloco["islands"] = args.islands
         if args.warmup == "auto":
-            auto = FixedLink if args.link else tfdist.compression.AutoCompression
-            diloco["warmup_compression"] = auto(probe_steps=6, probe_seconds=0)
-            diloco["warmup_compression"].fixed_link = args.link
+            diloco["warmup_compression"] = (
+                FixedLink(args.link, probe_steps=6, probe_seconds=0) if args.link else
+                tfdist.compression.AutoCompression(probe_steps=6, probe_seconds=0))
         if args.loop == "fit":
             callbacks.append(tfdist.callbacks.LocalSGD(args.local_sgd, args.warmup, **diloco))
             averager = callbacks[-1].averager
