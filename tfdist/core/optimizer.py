@@ -326,9 +326,14 @@ def _routed_copy(optimizer, pipeline):
 def _count_atomically(counter):
     """Makes Keras' `iterations.assign_add` one atomic add: Keras reads, adds and assigns,
     so workers of a parameter-server job that step at once lose counts (23 of 36 measured);
-    the optimizer's count is tfdist's one step counter. (This instance only.)"""
+    the optimizer's count is tfdist's one step counter. Keras counts the step after its
+    update; in a refused one (`tfdist.core.transaction`) it adds 0. (This instance only.)"""
     def assign_add(delta):
-        return underlying(counter).assign_add(tf.cast(delta, counter.dtype))
+        delta = tf.cast(delta, counter.dtype)
+        decision = transaction.current()
+        if decision is not None:  # in a step: a refused one does not count
+            delta *= tf.cast(decision.committed, counter.dtype)
+        return underlying(counter).assign_add(delta)
 
     counter.assign_add = assign_add
 
@@ -381,13 +386,16 @@ def _apply(self, grads, trainable_variables=None):
     decision = transaction.decide(list(grads))
     with transaction.active(decision):
         _base(self).apply(self, grads, trainable_variables)
-    # Keras counted the step; a refused one is taken back (nothing read the count since).
-    taken_back = tf.cast(decision.committed, tf.int64) - 1
-    decision.done.append(underlying(self._iterations).assign_add(taken_back))
-    float16 = self.__dict__.get("_tfdist_float16") or any(
-        g is not None and g.dtype == tf.float16 for g in grads)
-    transaction.fail_if_refused(decision, transaction.FLOAT16_HINT if float16 else "")
+    if decision.guard is None:  # the updates did not wait for the failure (`_update_step`)
+        transaction.fail_if_refused(decision, _refusal_hint(self, grads))
     return decision.committed
+
+
+def _refusal_hint(optimizer, grads):
+    """`transaction.FLOAT16_HINT` where the step computes in float16, else ""."""
+    float16 = optimizer.__dict__.get("_tfdist_float16") or any(
+        g is not None and g.dtype == tf.float16 for g in grads)
+    return transaction.FLOAT16_HINT if float16 else ""
 
 
 def _apply_gradients(self, grads, trainable_variables):
@@ -507,17 +515,21 @@ def _update_step(self, grads, trainable_variables, learning_rate):
             decision.settle()  # if the exchange did not carry the verdict (local SGD), now
         self._tfdist_pipeline.meter.traced(record)
         decision.done += [g for g, _ in grads_and_vars if g is not None]
+    guard = decision.fail_first(_refusal_hint(self, grads))
     tf.__internal__.distribute.interim.maybe_merge_call(
         self._tfdist_update_variables, self._distribution_strategy, grads_and_vars,
-        learning_rate, decision.committed, decision.preempted)
+        learning_rate, decision.committed if guard is None else guard, decision.preempted,
+        guard is not None)
 
 
 def _update_variables(self, distribution, grads_and_vars, learning_rate, committed,
-                      preempted=None):
+                      preempted=None, guarded=False):
     """Cross-replica: weight decay and `update_step` of each variable, on its devices,
-    if `committed`; then the hooks' `on_step_end`. With a push codec (parameter servers),
-    each gradient is encoded here, on the worker, and decoded inside the update, which
-    runs on the variable's parameter server: the encoded payload is what crosses."""
+    if `committed` — `guarded`: after it, which a refused step never reaches
+    (`Decision.fail_first`), else in a `tf.cond`; then the hooks' `on_step_end`. With a
+    push codec (parameter servers), each gradient is encoded here, on the worker, and
+    decoded inside the update, which runs on the variable's parameter server: the encoded
+    payload is what crosses."""
     push = self._tfdist_pipeline.push_codec()
     frozen_step = self._tfdist_pipeline.frozen_variance_step()
 
@@ -536,6 +548,9 @@ def _update_variables(self, distribution, grads_and_vars, learning_rate, committ
                                         frozen_step)
             return tf.constant(True)
 
+        if guarded:
+            with tf.control_dependencies([commit]):
+                return apply()
         return tf.cond(commit, apply, lambda: tf.constant(False))
 
     pushed, pushes = 0, capabilities_of(distribution).push
