@@ -10,6 +10,8 @@ where a run that never saw the bad batch ends (an independent computation of "no
 The two-process version is in test_multiworker_training.py.
 """
 
+import collections
+
 import keras
 import numpy as np
 import pytest
@@ -247,6 +249,53 @@ def test_the_decision_is_the_same_on_every_replica(strategies):
         assert [bool(c) for c in strategy.experimental_local_results(committed)] == [expected] * 2
         assert [float(r) for r in strategy.experimental_local_results(refusals)] == \
             [0.0 if expected else 1.0] * 2
+
+
+def step_ops(strategy, loss_scale):
+    """{op type: count} of the compiled step of a custom loop with tfdist's `none` optimizer
+    (the conv model's Adam), also inside Keras' `LossScaleOptimizer`; bodies of functions
+    and of both branches of every `tf.cond` included."""
+    from models import conv_model, images
+
+    with strategy.scope():
+        model = conv_model(seed=3)
+        optimizer = keras.optimizers.Adam(0.01)
+        if loss_scale:
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer = tfdist.keras.DistributedOptimizer(optimizer, "none", strategy=strategy)
+        optimizer.build(model.trainable_variables)
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                y, model(x, training=True), from_logits=True))
+            scaled = optimizer.scale_loss(loss) if loss_scale else loss
+        optimizer.apply_gradients(zip(tape.gradient(scaled, model.trainable_variables),
+                                      model.trainable_variables))
+
+    step = tfdist.function(lambda x, y: strategy.run(replica_step, args=(x, y)), model=model,
+                           optimizer=optimizer)
+    x, y = images(BATCH, seed=1)
+    step(x, y)  # the driver traces the step for the hooks' phase
+    graph = step.driver.function(None).get_concrete_function(x, y).graph.as_graph_def()
+    nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
+    return collections.Counter(n.op for n in nodes), len(model.trainable_variables)
+
+
+def test_where_a_refused_step_fails_no_update_is_in_a_cond(strategies):
+    """Float32, no loss scaling: a refused step fails, so the updates wait for that check
+    (`Decision.fail_first`) instead of a `tf.cond` each, and the finiteness check has none
+    either (the pass-through's cost, issue 33: ~460 graph ops a step on the UNet). Under
+    dynamic loss scaling a refused step is skipped, not failed: every variable's update
+    stays conditional. (That the guarded updates never run in a refused step is what the
+    tests above check, on every replica.)"""
+    strategy = strategies("mirrored")
+    failing, variables = step_ops(strategy, loss_scale=False)
+    skipping, _ = step_ops(strategy, loss_scale=True)
+    conds = ("If", "StatelessIf")
+    assert sum(failing[op] for op in conds) == 0, failing
+    assert sum(skipping[op] for op in conds) >= 2 * variables, skipping  # on each replica
+    assert failing["Assert"] >= 2  # each replica's refusal
 
 
 def test_a_hook_assignment_outside_a_step_is_plain_and_inside_a_refused_one_is_dropped():

@@ -211,7 +211,9 @@ def fail_if_refused(decision, hint=""):
     if decision.defer is not None:
         return decision.defer(decision.committed)
     with tf.control_dependencies([_values(t).op for t in decision.done]):  # no copies
-        return tf.debugging.Assert(decision.committed, [REFUSED + hint, decision.refusals])
+        # string and int32 data only: TF's Assert then needs no cond around it
+        count = tf.cast(decision.refusals, tf.int32)
+        return tf.debugging.Assert(decision.committed, [REFUSED + hint, count])
 
 
 _skipping = ThreadRegion()
