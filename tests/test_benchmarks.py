@@ -286,6 +286,30 @@ def test_the_limits_are_the_best_times_the_shipped_configs_pass_through_and_auto
     assert passing[0][0].startswith("+0.5% (") and passing[0][1] is True
 
 
+def test_the_pass_through_is_judged_against_plain_and_against_plain_starting_iterators():
+    """Two target rows: tfdist against plain's loop with one iterator, and against the
+    `plain_fresh` rung (a new iterator each block, as each `fit` call starts), each from
+    the paired blocks (geometric mean, Student's 95% interval); a run without that rung
+    gives only the first. The newest day's measurement in the most pairs is the one read."""
+    plain = [0.050, 0.051, 0.049, 0.050, 0.052, 0.050]
+    fresh = [p * 1.02 for p in plain]
+    tfdist = [f * r for f, r in zip(fresh, [1.004, 1.006, 1.005, 1.005, 1.004, 1.006])]
+    blocks = {"tfdist": tfdist, "plain tf.distribute": plain, "plain_fresh": fresh}
+    ratio, interval, pairs = report.fresh_overhead({"overhead": {"block_median_seconds": blocks}})
+    assert ratio == pytest.approx(1.005, abs=1e-4) and pairs == 6
+    assert 0.99 < interval[0] < ratio < interval[1] < 1.01
+    rows = [(name, got, met) for name, got, met, _ in report.limit_targets(
+        {"time_to_accuracy": {"runs": []}, "overhead": {"block_median_seconds": blocks}})
+        if name.startswith("tfdist pass-through")]
+    assert [(got[:6], met) for _, got, met in rows] == [("+2.5% ", False), ("+0.5% ", True)]
+    assert "as often as `fit` does" in rows[1][0]
+    del blocks["plain_fresh"]
+    assert report.fresh_overhead({"overhead": {"block_median_seconds": blocks}})[0] is None
+    assert report.saved_overhead()["block_median_seconds"].keys() >= {"plain_fresh", "tfdist"}
+    many = json.loads((report.RESULTS / report.CURRENT_PASS_THROUGH_PAIRS).read_text())
+    assert report.saved_overhead() == many
+
+
 def test_issue_33_item_4_asks_for_a_loss_within_10_percent_at_10x_fewer_bytes():
     """Per method: none's bytes over its own (the median over its links), its final loss
     over none's (seeds averaged over their links, then over seeds); the rows name the best
