@@ -298,6 +298,41 @@ def test_where_a_refused_step_fails_no_update_is_in_a_cond(strategies):
     assert failing["Assert"] >= 2  # each replica's refusal
 
 
+def test_under_xla_a_refused_step_keeps_its_conds_and_changes_nothing():
+    """XLA (`jit_compile=True`; Keras' "auto" on a GPU without a strategy) drops
+    `tf.debugging.Assert`, so updates that only waited for it would apply a NaN: there
+    each update stays in its `tf.cond` and the refused step is skipped (without the error,
+    which XLA drops too). The context is TensorFlow's private seam: checked here."""
+    assert transaction.compiled_by_xla() is False
+    seen = {}
+
+    def traced(jit):
+        seen[jit] = transaction.compiled_by_xla()
+        return tf.constant(0)
+
+    for jit in (False, True):
+        tf.function(lambda jit=jit: traced(jit), jit_compile=jit)()
+    assert seen == {False: False, True: True}
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    model.compile(tfdist.keras.DistributedOptimizer(keras.optimizers.Adam(0.1), "none"), "mse",
+                  jit_compile=True)
+    x, y = np.ones((8, 4), "float32"), np.ones((8, 1), "float32")
+    fit = dict(batch_size=8, verbose=0, callbacks=[tfdist.callbacks.TrainingHooks()])
+    model.fit(x, y, **fit)
+    def state():
+        return [np.array(v.numpy()) for v in model.weights + model.optimizer.variables]
+
+    before = state()
+    x[5, 0] = np.nan
+    model.fit(x, y, **fit)
+    after = state()
+    assert len(after) > 4
+    for a, b in zip(after, before):
+        np.testing.assert_array_equal(a, b)
+    model.fit(np.ones((8, 4), "float32"), y, **fit)  # and it trains on
+    assert not np.array_equal(model.get_weights()[0], before[0])
+
+
 def test_a_hook_assignment_outside_a_step_is_plain_and_inside_a_refused_one_is_dropped():
     variable = tf.Variable([1.0, 2.0])
     transaction.assign(variable, [3.0, 4.0])

@@ -114,9 +114,11 @@ class Decision:
         """Where a refused step fails: `fail_if_refused` now (after `done`), and returns
         `guard`, `committed` available only after that check — state changes made to wait
         for it (`tf.control_dependencies`) never run in a refused step, with no `tf.cond`.
-        Where a refused step is skipped (`skipping`) or deferred (an island), None: state
-        changes are conditional instead (`gate`, `cond`)."""
-        if self.guard is None and not skipping_refused() and self.defer is None:
+        Where a refused step is skipped (`skipping`) or deferred (an island), or the step
+        is compiled by XLA (which drops `tf.debugging.Assert`: the step is then skipped
+        without the error), None: state changes are conditional instead (`gate`, `cond`)."""
+        if (self.guard is None and not skipping_refused() and self.defer is None
+                and not compiled_by_xla()):
             with tf.control_dependencies([fail_if_refused(self, hint)]):
                 self.guard = tf.identity(self.committed)
         return self.guard
@@ -128,6 +130,19 @@ class Decision:
             return tf.constant(True)
 
         return tf.cond(self.committed, run, lambda: tf.constant(False))
+
+
+def compiled_by_xla():
+    """Whether the graph being traced will be compiled by XLA (`tf.function(jit_compile=
+    True)`, Keras' `jit_compile`), through TensorFlow's private `control_flow_util` (the
+    context TF itself checks); True if that seam is gone, the safe side
+    (tests/test_transaction.py checks it)."""
+    try:
+        from tensorflow.python.ops import control_flow_util
+        return bool(control_flow_util.GraphOrParentsInXlaContext(
+            tf.compat.v1.get_default_graph()))
+    except (ImportError, AttributeError):
+        return True
 
 
 def decide(grads):
