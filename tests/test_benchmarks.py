@@ -310,6 +310,23 @@ def test_the_pass_through_is_judged_against_plain_and_against_plain_starting_ite
     assert report.saved_overhead() == many
 
 
+def test_the_pass_through_in_more_pairs_is_read_only_if_it_measured_the_ladders_code(
+        monkeypatch, tmp_path):
+    """A measurement in more pairs whose Trainer step has other graph ops than the ladder's
+    (code changed, only the ladder measured again) is stale: the ladder is read instead."""
+    def save(name, ops, pairs):
+        (tmp_path / name).write_text(json.dumps({"graph_ops": {"tfdist": ops}, "pairs": pairs}))
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    assert report.saved_overhead() is None
+    save(report.CURRENT_PASS_THROUGH, {"Sum": 50}, 48)
+    assert report.saved_overhead()["pairs"] == 48
+    save(report.CURRENT_PASS_THROUGH_PAIRS, {"Sum": 50}, 160)
+    assert report.saved_overhead()["pairs"] == 160
+    save(report.CURRENT_PASS_THROUGH, {"Sum": 50, "If": 51}, 48)
+    assert report.saved_overhead()["pairs"] == 48
+
+
 def test_issue_33_item_4_asks_for_a_loss_within_10_percent_at_10x_fewer_bytes():
     """Per method: none's bytes over its own (the median over its links), its final loss
     over none's (seeds averaged over their links, then over seeds); the rows name the best
