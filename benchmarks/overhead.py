@@ -16,7 +16,11 @@ starts one loop later, so that no loop always runs right after the same one. The
                   Trainer's graph: the non-trainable state's take-back, the metrics' read)
     trainer_input the same, reading the dataset as the Trainer distributes it
                   (`tfdist.training.data.distribute`: no autotuning thread, plain iterators)
-    trainer       `tfdist.Trainer.fit` per block (adds its Python loop and callbacks)
+    trainer       one `tfdist.Trainer.fit` whose epochs are its blocks, the other loops'
+                  blocks run between them from a callback (adds fit's Python loop and
+                  callbacks; one input iterator, as a user's `fit(epochs=...)` keeps)
+    trainer_fresh `tfdist.Trainer.fit` called per block (adds a new input iterator per
+                  block: the measurement before 2026-11-29, to set beside `plain_fresh`)
 
 Run under a launcher that sets TF_CONFIG:
 
@@ -94,13 +98,41 @@ class HostTimer:
         driver.function = function  # this driver (instance) only
 
 
+def rounds(rungs, pairs):
+    """Each round's order of the rungs: each round starts one rung later, so that no rung
+    always runs right after the same one (a new iterator's wake)."""
+    return [rungs[r % len(rungs):] + rungs[:r % len(rungs)] for r in range(pairs)]
+
+
+def around(order, rung):
+    """(the rungs before `rung` in `order`, the rungs after it)."""
+    k = order.index(rung)
+    return order[:k], order[k + 1:]
+
+
+class Rounds(keras.callbacks.Callback):
+    """Runs `before(epoch)` as each epoch of a `fit` begins and `after(epoch)` as it ends:
+    the other loops' blocks between the Trainer's, in one `fit` (one input iterator)."""
+
+    def __init__(self, before, after):
+        super().__init__()
+        self.before, self.after = before, after
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.before(epoch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.after(epoch)
+
+
 def only(driver):
     """The one compiled step a `HookDriver` made (pass-through has one phase)."""
     (function,) = driver._functions.values()
     return function
 
 
-RUNGS = ("plain", "plain_fresh", "own", "trainer_step", "trainer_input", "trainer")
+RUNGS = ("plain", "plain_fresh", "own", "trainer_step", "trainer_input", "trainer",
+         "trainer_fresh")
 #: The two loops report.overhead compares, under their historical names.
 NAMES = {"plain": "plain tf.distribute", "trainer": "tfdist"}
 
@@ -166,7 +198,7 @@ def main():
         return lambda: steps(step, iterator if not fresh else iter(
             distribute(data.dataset_fn(train, "train"))))
 
-    loops, compiled, host = {}, {}, None
+    loops, compiled, fits = {}, {}, {}
     for rung in rungs:
         model, optimizer = model_and_optimizer(routed=rung not in ("plain", "plain_fresh"))
         if rung in ("plain", "plain_fresh", "own"):
@@ -188,33 +220,61 @@ def main():
                     "loss"], distribute=functools.partial(distribute_as_trainer, strategy)
                 if rung == "trainer_input" else strategy.distribute_datasets_from_function)
             continue
-        timer, host = StepTimer(), HostTimer(trainer.driver)
+        timer = StepTimer()
+        fits[rung] = (trainer, timer)
 
-        def fit_block(trainer=trainer, timer=timer):
+        def fit_block(trainer=trainer, timer=timer):  # a fit call: a new input iterator
             timer.seconds = []
             trainer.fit(data.dataset_fn(train, "train"), epochs=1, steps_per_epoch=args.block,
                         callbacks=[timer], verbose=0)
             return timer.seconds
 
-        loops[rung] = fit_block
+        loops[rung] = fit_block  # the trainer's is for --profile only: it runs in one fit
 
-    for loop in loops.values():  # traced steps: not measured
-        loop()
+    wall, cpu, outside = {r: [] for r in rungs}, {r: [] for r in rungs}, []
+
+    def measure(rung):
+        began = time.process_time()
+        seconds = loops[rung]()
+        cpu[rung].append((time.process_time() - began) / args.block)
+        wall[rung].append(float(np.median(seconds)))
+
+    orders = rounds(rungs, args.pairs)
+    if "trainer" not in rungs:
+        for loop in loops.values():  # traced steps: not measured
+            loop()
+        for order in orders:
+            for rung in order:
+                measure(rung)
+    else:  # one fit: epoch 0 traces; epoch k > 0 is round k - 1's trainer block
+        trainer, timer = fits["trainer"]
+        host, began = HostTimer(trainer.driver), []
+
+        def before(epoch):
+            if epoch == 0:  # the others' traced steps: not measured
+                for rung in rungs:
+                    if rung != "trainer":
+                        loops[rung]()
+            else:
+                for rung in around(orders[epoch - 1], "trainer")[0]:
+                    measure(rung)
+            timer.seconds, host.seconds = [], []
+            began[:] = [time.process_time()]
+
+        def after(epoch):
+            if epoch == 0:
+                return
+            cpu["trainer"].append((time.process_time() - began[0]) / args.block)
+            wall["trainer"].append(float(np.median(timer.seconds)))
+            outside.append(wall["trainer"][-1] - float(np.median(host.seconds)))
+            for rung in around(orders[epoch - 1], "trainer")[1]:
+                measure(rung)
+
+        trainer.fit(data.dataset_fn(train, "train"), epochs=args.pairs + 1,
+                    steps_per_epoch=args.block, callbacks=[timer, Rounds(before, after)],
+                    verbose=0)
     batch = next(iter(strategy.distribute_datasets_from_function(data.dataset_fn(train, "train"))))
     ops = {names.get(r, r): graph_ops(compiled[r](), batch) for r in rungs}
-    wall, cpu, outside = {r: [] for r in rungs}, {r: [] for r in rungs}, []
-    for round_ in range(args.pairs):  # each round starts one rung later: no rung always
-        start = round_ % len(rungs)       # follows the same one (a new iterator's wake)
-        for rung in rungs[start:] + rungs[:start]:
-            loop = loops[rung]
-            began = time.process_time()
-            if host is not None:
-                host.seconds = []
-            seconds = loop()
-            cpu[rung].append((time.process_time() - began) / args.block)
-            wall[rung].append(float(np.median(seconds)))
-            if rung == "trainer":
-                outside.append(float(np.median(seconds)) - float(np.median(host.seconds)))
     result = {"block_steps": args.block, "rungs": rungs,
               "block_median_seconds": {names.get(r, r): wall[r] for r in rungs},
               "block_cpu_seconds_per_step": {names.get(r, r): cpu[r] for r in rungs},

@@ -287,9 +287,10 @@ def test_the_limits_are_the_best_times_the_shipped_configs_pass_through_and_auto
 
 
 def test_the_pass_through_is_judged_against_plain_and_against_plain_starting_iterators():
-    """Two target rows: tfdist against plain's loop with one iterator, and against the
-    `plain_fresh` rung (a new iterator each block, as each `fit` call starts), each from
-    the paired blocks (geometric mean, Student's 95% interval); a run without that rung
+    """Two target rows: tfdist against plain's loop, each with one iterator, and with a new
+    iterator each block on both sides (`trainer_fresh`, a `fit` call per block, against
+    `plain_fresh`; before it was measured, the one-iterator-per-block `tfdist`), each from
+    the paired blocks (geometric mean, Student's 95% interval); a run without `plain_fresh`
     gives only the first. The newest day's measurement in the most pairs is the one read."""
     plain = [0.050, 0.051, 0.049, 0.050, 0.052, 0.050]
     fresh = [p * 1.02 for p in plain]
@@ -302,7 +303,10 @@ def test_the_pass_through_is_judged_against_plain_and_against_plain_starting_ite
         {"time_to_accuracy": {"runs": []}, "overhead": {"block_median_seconds": blocks}})
         if name.startswith("tfdist pass-through")]
     assert [(got[:6], met) for _, got, met in rows] == [("+2.5% ", False), ("+0.5% ", True)]
-    assert "as often as `fit` does" in rows[1][0]
+    assert "a new input iterator each block on both sides" in rows[1][0]
+    blocks["trainer_fresh"] = [f * 1.03 for f in fresh]  # since 11-29: fit per block
+    assert report.fresh_overhead({"overhead": {"block_median_seconds": blocks}})[0] == (
+        pytest.approx(1.03))
     del blocks["plain_fresh"]
     assert report.fresh_overhead({"overhead": {"block_median_seconds": blocks}})[0] is None
     assert report.saved_overhead()["block_median_seconds"].keys() >= {"plain_fresh", "tfdist"}
@@ -572,6 +576,23 @@ def test_the_pass_through_account_is_each_rungs_paired_difference_from_the_one_b
     assert ops == 2 and top == [("SelectV2", 2)]
     lines = "\n".join(pass_through.account_lines(metrics))
     assert "| plain → own |" in lines and "+2.00 (±" in lines
+
+
+def test_overhead_rounds_rotate_and_the_trainer_block_splits_each_round():
+    """overhead.py's rounds: every rung once a round, each round starting one rung later
+    (over whole cycles each rung is at every place equally often); `around` gives the
+    rungs run before the Trainer's epoch (as it begins) and after it (as it ends)."""
+    import overhead
+
+    rungs = ["plain", "own", "trainer", "trainer_fresh"]
+    orders = overhead.rounds(rungs, 8)
+    assert all(sorted(order) == sorted(rungs) for order in orders)
+    assert [order[0] for order in orders] == rungs * 2
+    for place in range(len(rungs)):
+        assert sorted(order[place] for order in orders) == sorted(rungs * 2)
+    assert overhead.around(orders[1], "trainer") == (["own"], ["trainer_fresh", "plain"])
+    assert overhead.around(orders[2], "trainer") == ([], ["trainer_fresh", "plain", "own"])
+    assert overhead.around(orders[3], "trainer") == (["trainer_fresh", "plain", "own"], [])
 
 
 @pytest.mark.parametrize("rungs", ["plain,bogus", "plain,plain", "", "plain;trainer",
