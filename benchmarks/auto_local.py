@@ -190,12 +190,14 @@ def markdown(results):
     title = results.get("title", "Going local when it pays: `warmup_steps: auto`")
     lines = [f"# {title} (measured {results['measured']})",
              "", results.get("about", __doc__.split("\n\n")[2].replace("\n", " ")), "",
-             "| link | " + " | ".join(methods) + " | "
-             + " | ".join(f"{m} vs the best fixed" for m in local) + " |",
+             "| " + " | ".join(["link", *methods, *(f"{m} vs the best fixed" for m in local)])
+             + " |",
              "|---|" + "---|" * (len(methods) + len(local))]
     judged = {m: verdicts(results, m) for m in local}
     for row, (rate, seconds, *_) in enumerate(verdicts(results)):
-        shown = [f"{s:.1f} s" if s is not None else "not reached" for s in seconds.values()]
+        ran = {r["method"] for r in runs if r["rate_bits"] == rate}
+        shown = [f"{s:.1f} s" if s is not None else "not reached" if m in ran else "not run"
+                 for m, s in seconds.items()]
         against = [f"{ratio - 1:+.1%} ({best})" if ratio else "—"
                    for _, _, best, ratio, _ in (judged[m][row] for m in local)]
         lines.append(f"| {rate / tta.MBIT:.0f} Mbit/s | " + " | ".join(shown + against) + " |")
@@ -209,12 +211,12 @@ def markdown(results):
         lines.append(f"| {rate / tta.MBIT:.0f} Mbit/s | {method} | "
                      f"{'not reached' if steps is None else f'{steps:.0f}'} | {step:.1f} ms | "
                      f"{iou:.3f} | {loss:.4f} |")
-    lines += ["", "What auto decided, per run:", ""]
-    for r in sorted(runs, key=lambda r: (-r["rate_bits"], r["method"], r["seed"])):
-        if r["method"] == "auto" or r["method"] in local:
-            lines.append(f"- {r['rate_bits'] / tta.MBIT:.0f} Mbit/s, {r['method']}, seed "
-                         f"{r['seed']}: {choices(r)}; {r[f'seconds_to_{TARGET}']} s to "
-                         f"{TARGET}, final mean IoU {r['final_val_mean_iou']:.3f}")
+    decided = [r for r in runs if r["method"] == "auto" or r["method"] in local]
+    lines += ["", "What auto decided, per run:", ""] if decided else []
+    for r in sorted(decided, key=lambda r: (-r["rate_bits"], r["method"], r["seed"])):
+        lines.append(f"- {r['rate_bits'] / tta.MBIT:.0f} Mbit/s, {r['method']}, seed "
+                     f"{r['seed']}: {choices(r)}; {r[f'seconds_to_{TARGET}']} s to "
+                     f"{TARGET}, final mean IoU {r['final_val_mean_iou']:.3f}")
     lines += [""] + [f"Target: {m} within 5% of the best fixed method's time to accuracy on "
                      f"every link measured: **{'met' if all(v[-1] for v in judged[m]) else 'MISSED'}**."
                      for m in local]

@@ -95,6 +95,10 @@ METHODS["auto, then Streaming DiLoCo 32"] = {"local_sgd": {
 METHODS["Streaming local SGD 16"] = {"local_sgd": {
     **{k: v for k, v in METHODS["Streaming DiLoCo 32"]["local_sgd"].items() if k != "outer"},
     "period": 16, "warmup_steps": 0}}
+# ... and Streaming DiLoCo 32 itself from the first step (no synchronous warm-up): what
+# `warmup_steps: auto` could begin at step 0 with DiLoCo's shape (diloco_first_step.py)
+METHODS["Streaming DiLoCo 32 from step 0"] = {"local_sgd": {
+    **METHODS["Streaming DiLoCo 32"]["local_sgd"], "warmup_steps": 0}}
 # ... and as auto's candidate: where plain local steps are predicted to win whatever a step
 # computes, `warmup_steps: auto` begins them at the first step (go_local.starts_local)
 METHODS["auto, then Streaming local SGD 16"] = {"local_sgd": {

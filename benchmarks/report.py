@@ -576,6 +576,8 @@ SAVED_SECTIONS = (
      "go_local_costs.py"),
     ("slow_link_limit", "The slow link against the free link, local SGD from the first step "
      "included", "slow_link_limit.py --seeds 0 1 2"),
+    ("diloco_first_step", "Streaming DiLoCo 32 from the first step",
+     "diloco_first_step.py --seeds 0 1 2 --rates 1000 20"),
     (CURRENT_PASS_THROUGH.removesuffix(".json"), "Where tfdist's milliseconds go: the Trainer "
      "against plain tf.distribute", "pass_through.py --pairs 48 --rungs "
      "plain,plain_fresh,own,trainer_step,trainer_input,trainer,trainer_fresh"),

@@ -436,7 +436,8 @@ def test_a_benchmark_built_on_auto_local_compares_its_own_methods(monkeypatch, t
                 "epochs": [{"val_mean_iou": v} for v in ious]}
 
     fast, slow = 10**9, 2 * 10**7
-    runs = [run("fp16", fast, 0, 18.0, 6, 0.05), run("topk+EF", slow, 0, 30.0, 9, 0.07),
+    runs = [run("fp16", fast, 0, 18.0, 6, 0.05), run("fp16", slow, 0, None, 11, 0.5),
+            run("topk+EF", slow, 0, 30.0, 9, 0.07),
             run(slow_link_limit.LOCAL, slow, 0, 17.0, 6, 0.05),
             run(auto_local.AUTO, slow, 0, 27.0, 9, 0.05),
             run(slow_link_limit.METHODS[-1], slow, 0, 17.5, 6, 0.05),  # local from step 0
@@ -456,6 +457,7 @@ def test_a_benchmark_built_on_auto_local_compares_its_own_methods(monkeypatch, t
     assert auto_local.candidates(results) == [auto_local.AUTO, slow_link_limit.METHODS[-1]]
     assert ("| 20 Mbit/s | not reached | 30.0 s | 17.0 s | 27.0 s | 17.5 s | "
             f"+58.8% ({slow_link_limit.LOCAL}) | +2.9% ({slow_link_limit.LOCAL}) |") in text
+    assert "| 1000 Mbit/s | 18.0 s | not run | not run | not run | 18.5 s | " in text
     assert f"Target: {auto_local.AUTO} within 5% of the best fixed method's time to " \
         "accuracy on every link measured: **MISSED**." in text
     assert f"Target: auto, then {slow_link_limit.LOCAL} within 5% of the best fixed method's " \

@@ -52,9 +52,12 @@ SWITCH_TRACES = 1.5
 #: mean IoU 0.907 against none's 0.905 (`QUALITY`'s conditions: +0.2 points; fp16 ended 2.0
 #: points higher the same day), final loss 0.0471, 1.17x none's 0.0404; 3 seeds at 1 Gbit/s,
 #: 100 and 20 Mbit/s, alike on each (benchmarks/results/slow_link_limit.md). Taken for plain
-#: averaging up to that period (a shorter one is nearer synchronous training); an outer
-#: optimizer or a longer period was not measured from the first step, and does not begin
-#: there.
+#: averaging up to that period (a shorter one is nearer synchronous training). Streaming
+#: DiLoCo 32 (outer Nesterov 0.7/0.9) from the first step needed 1.52x (427 against 280,
+#: final mean IoU 0.903; benchmarks/results/diloco_first_step.md), more than after auto's
+#: warm-up (`LOCAL_STEPS`) and more than any synchronous method auto chooses, so it could
+#: never win whatever a step computes: an outer optimizer, or a period not measured, does
+#: not begin there.
 FROM_FIRST_STEP = {"steps": 0.95, "points": 0.2, "longest_period": 16}
 
 
