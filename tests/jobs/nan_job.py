@@ -1,6 +1,6 @@
-"""A job for the two-worker transactional-step test, run under `tfdist launch`.
+"""A job for the multi-worker transactional-step test, run under `tfdist launch`.
 
-Every worker trains one good step, then a step in which only worker:1's batch holds a NaN,
+Every worker trains one good step, then a step in which only one worker's batch holds a NaN,
 then a good step again. Each writes `<out>/<type>-<index>.json`: the error the bad step
 raised, which parts of its own copy of the state (weights, optimizer slots and iterations,
 residuals, Qs, the Trainer's step) the bad step changed, and the final weights and
@@ -9,6 +9,7 @@ optimizer state (the same on every worker). Options:
     --loop fit | trainer
     --compression NAME       exchanged with error feedback (none: plain tfdist exchange)
     --clean                  skip the bad step (the reference run)
+    --bad_worker K           the worker whose batch holds the NaN (default 1)
 """
 
 import argparse
@@ -34,14 +35,15 @@ def parse():
     p.add_argument("--loop", default="fit")
     p.add_argument("--compression", default="none")
     p.add_argument("--clean", action="store_true")
+    p.add_argument("--bad_worker", type=int, default=1)
     p.add_argument("--out", required=True)
     return p.parse_args()
 
 
-def batches(strategy, worker, bad):
-    """This worker's batch for one step (`bad`: a NaN pixel, on worker:1 only)."""
+def batches(strategy, worker, bad, bad_worker=1):
+    """This worker's batch for one step (`bad`: a NaN pixel, on `bad_worker` only)."""
     x, y = images(PER_REPLICA, seed=10 + worker + (100 if bad else 0))
-    if bad and worker == 1:
+    if bad and worker == bad_worker:
         x[3, 2, 2, 0] = np.nan
 
     def dataset_fn(context):
@@ -92,7 +94,7 @@ def main():
     if not args.clean:
         before = state(strategy, model, trainer, hooks)
         try:
-            step(batches(strategy, worker, bad=True))
+            step(batches(strategy, worker, bad=True, bad_worker=args.bad_worker))
         except tf.errors.InvalidArgumentError as e:
             result["raised"] = e.message
         after = state(strategy, model, trainer, hooks)
