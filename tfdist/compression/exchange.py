@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tfdist.compression.buffers import Layout, pack, unpack
 from tfdist.compression.communicator import Communicator
-from tfdist.compression.compressors import compressor_by_name
+from tfdist.compression.compressors import Cast, compressor_by_name
 from tfdist.compression.corrections import (EF21, EF21DelayedStart, LocalClip, MomentumCorrection,
                                             ratio_schedule, stage_of)
 from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize
@@ -28,9 +28,9 @@ from tfdist.config.hyperparameters import (LOCAL_CLIP_NORM, MOMENTUM_CORRECTION,
                                            RATIO_WARMUP_START, RATIO_WARMUP_STEPS)
 from tfdist.config import checks
 from tfdist.config.load import EXCHANGE_OPTIONS, check_arguments
-from tfdist.core import transaction
+from tfdist.core import gradients, transaction
 from tfdist.core.buckets import DEFAULT_BUCKET_BYTES
-from tfdist.core.hooks import TrainingHook
+from tfdist.core.hooks import TrainingHook, exchange_rows_apart
 from tfdist.core.tracing import do_not_convert
 from tfdist.core.variables import underlying
 from tfdist.errors import UnsupportedError
@@ -266,8 +266,35 @@ class GradientCompression(TrainingHook):
 
     @do_not_convert
     def exchange(self, grads, variables, step):
+        """The compressed sum of `grads`. An `IndexedSlices` gradient (an embedding's) goes
+        as its rows, all-gathered as TensorFlow's strategies do — in the cast's dtype for
+        fp16 and bf16, exact for the other compressors, which choose among dense values —
+        unless the exchange keeps state (error feedback, EF21, DGC, PowerSGD): that state
+        covers the whole table, so the table goes through the compressor densified (what
+        was not sent of it is fed back, the rows a step did not touch included)."""
         if self.push:  # nothing crosses between replicas; the push is compressed instead
             return list(grads)
+        if self.state or not any(gradients.is_sparse(g) for g in grads):
+            return self._exchange_densified(grads, variables, step)
+        return exchange_rows_apart(grads, lambda dense: self._exchange_stateless(dense, step),
+                                   sparse_dtype=self._rows_dtype())
+
+    def _rows_dtype(self):
+        """The dtype an `IndexedSlices`' rows cross in: the cast's while it compresses."""
+        if self.compressing and isinstance(self.compressor, Cast):
+            return self.compressor.dtype
+        return None
+
+    def _exchange_stateless(self, dense, step):
+        """The sum of `dense` (any subset of the gradients) through a stateless transform."""
+        if not dense:
+            return []
+        comm = Communicator(None, bucket_bytes=self.bucket_bytes)
+        transform = self.transforms[self.stage].for_phase(self.compressing)
+        summed, _ = transform.exchange(list(dense), {}, comm, self._seeds(comm, step))
+        return [tf.cast(s, g.dtype) for s, g in zip(summed, dense)]
+
+    def _exchange_densified(self, grads, variables, step):
         dense = [None] * len(self.shapes)
         for grad, variable in zip(grads, variables):
             dense[self.slots[id(underlying(variable))]] = tf.convert_to_tensor(grad)

@@ -25,7 +25,7 @@ the model in `after_step` and `before_read`.
 
 import tensorflow as tf
 
-from tfdist.core import wire
+from tfdist.core import gradients, wire
 from tfdist.core.buckets import DEFAULT_BUCKET_BYTES, all_reduce_in_buckets, checked_bucket_bytes
 
 
@@ -158,14 +158,30 @@ class TrainingHook:
         """Takes back a `checkpoint_state()` value, on every worker, before training."""
 
 
-def all_reduce_sum(grads, bucket_bytes=None):
+def all_reduce_sum(grads, bucket_bytes=None, sparse_dtype=None):
     """The exchange Keras 3 performs: a SUM all-reduce over the replicas in sync (which
     also carries the step's finiteness verdict, `tfdist.core.transaction`), in buckets of
-    `bucket_bytes` that overlap the backward pass (`tfdist.core.buckets`; None: one)."""
+    `bucket_bytes` that overlap the backward pass (`tfdist.core.buckets`; None: one). An
+    `IndexedSlices` goes as its rows, all-gathered as TensorFlow's strategies do (in
+    `sparse_dtype` if given: a cast's compression; `tfdist.core.wire.all_gather_rows`)."""
     bucket_bytes = checked_bucket_bytes(bucket_bytes, "all_reduce_sum")
-    if not grads:
-        return []
-    return all_reduce_in_buckets(tf.distribute.get_replica_context(), grads, bucket_bytes)
+    context = tf.distribute.get_replica_context()
+    return exchange_rows_apart(
+        grads, lambda dense: all_reduce_in_buckets(context, dense, bucket_bytes) if dense
+        else [], sparse_dtype=sparse_dtype)
+
+
+def exchange_rows_apart(grads, exchange_dense, sparse_dtype=None):
+    """`exchange_dense(the dense gradients)`, the `IndexedSlices` among `grads` all-gathered
+    as rows (in `sparse_dtype` if given), put back in order."""
+    sparse = [i for i, g in enumerate(grads) if gradients.is_sparse(g)]
+    dense = [i for i, g in enumerate(grads) if not gradients.is_sparse(g)]
+    summed = dict(zip(dense, exchange_dense([grads[i] for i in dense])))
+    rows = [grads[i] for i in sparse]
+    context = tf.distribute.get_replica_context()
+    summed.update(zip(sparse, wire.all_gather_rows(
+        context, rows, sparse_dtype and [sparse_dtype] * len(rows))))
+    return [summed[i] for i in range(len(grads))]
 
 
 class GradientPipeline:
@@ -210,8 +226,9 @@ class GradientPipeline:
             hook.build(strategy, variables)
 
     def __call__(self, grads_and_vars, step):
-        """Exchanges gradients in replica context; None gradients pass through untouched."""
-        grads_and_vars = list(grads_and_vars)
+        """Exchanges gradients in replica context; None gradients pass through untouched.
+        Each gradient gets its variable's static shape first (`tfdist.core.gradients`)."""
+        grads_and_vars = gradients.with_variable_shapes(grads_and_vars)
         present = [i for i, (g, _) in enumerate(grads_and_vars) if g is not None]
         grads = [grads_and_vars[i][0] for i in present]
         variables = [grads_and_vars[i][1] for i in present]

@@ -15,21 +15,42 @@ import weakref
 
 import tensorflow as tf
 
-KINDS = ("reduced", "gathered", "pushed", "dense", "island")  # island: inside an island only
+from tfdist.core import gradients
+
+#: island: inside an island only; dense: the gradients' dense bytes (an embedding's whole
+#: table); tensorflow: what TensorFlow's own strategy sends of them (an `IndexedSlices` as
+#: its rows).
+KINDS = ("reduced", "gathered", "pushed", "dense", "island", "tensorflow")
 _state = threading.local()
 
 
 def nbytes(tensor, variable=None):
     """Bytes of a dense tensor (or of the dense shape of IndexedSlices), from its static
-    shape; where that is known only when the step runs (gradients under parameter
-    servers: an embedding's IndexedSlices, a dense layer's (None, 256)), `variable`'s."""
+    shape; where that is known only when the step runs (a dense layer's gradient over a
+    sequence, (None, 256); an embedding's IndexedSlices), `variable`'s.
+
+    Raises:
+        ValueError: the shape is not fully known and no `variable` tells it.
+    """
     shape = tensor.dense_shape if isinstance(tensor, tf.IndexedSlices) else tensor.shape
     if isinstance(shape, tf.Tensor):
         shape = tf.get_static_value(shape, partial=True)
     shape = tf.TensorShape(shape)
     if not shape.is_fully_defined() and variable is not None:
         shape = variable.shape
+    if not shape.is_fully_defined():
+        raise ValueError("the size of a tensor of unknown static shape comes from its "
+                         f"variable (tfdist.core.gradients.with_variable_shapes). Received: "
+                         f"{tensor!r:.120}")
     return shape.num_elements() * tensor.dtype.size
+
+
+def sent_bytes(tensor, variable=None):
+    """What `tensor` puts on the wire: `nbytes` of a dense tensor; an `IndexedSlices`' rows
+    and indices (an int64 tensor: known when the step runs)."""
+    if gradients.is_sparse(tensor):
+        return gradients.rows_bytes(tensor)
+    return nbytes(tensor, variable)
 
 
 def all_reduce(context, reduce_op, values):
@@ -55,6 +76,27 @@ def all_gather(context, value, axis=0):
     return context.all_gather(value, axis=axis)
 
 
+def all_gather_rows(context, slices, dtypes=None):
+    """The SUM over `context`'s replicas of each `IndexedSlices` of `slices` (replica
+    context), as TensorFlow's strategies compute it — every replica's rows and indices
+    all-gathered, duplicates kept (TF pads them to the longest replica's) — noted as
+    gathered: the rows one replica sent on average. `dtypes`: the values cross in these
+    (a cast's compression) and come back in their own dtype."""
+    slices = list(slices)
+    if not slices:
+        return []
+    dtypes = dtypes or [s.values.dtype for s in slices]
+    sent = [gradients.cast(s, d) for s, d in zip(slices, dtypes)]
+    gathered = [gradients.rows_like(g, s) for g, s in
+                zip(context.all_reduce(tf.distribute.ReduceOp.SUM, sent), sent)]
+    record = getattr(_state, "record", None)
+    if record is not None and context.num_replicas_in_sync > 1:
+        # the gathered rows are the same on every replica (the pipeline counts one's)
+        record["gathered"] += tf.add_n([gradients.rows_bytes(g) for g in gathered]) // (
+            context.num_replicas_in_sync)
+    return [gradients.rows_like(g, s) for g, s in zip(gathered, slices)]
+
+
 def note_island(tensors, context):
     """Notes `tensors` as all-reduced inside this replica's island only
     (`tfdist.local_sgd.islands`): they never cross a link between islands."""
@@ -64,7 +106,7 @@ def note_island(tensors, context):
 def _note(kind, tensors, context):
     record = getattr(_state, "record", None)
     if record is not None and context.num_replicas_in_sync > 1:
-        record[kind] += sum(nbytes(t) for t in tensors)
+        record[kind] += sum(sent_bytes(t) for t in tensors)
 
 
 @contextlib.contextmanager
@@ -131,7 +173,7 @@ class WireMeter:
         pending = self._pending.pop(_graph(), None)
         if pending is None or self.variable is None:
             return None
-        return self.variable.assign_add(tf.constant([pending[k] for k in KINDS], tf.int64))
+        return self.variable.assign_add(tf.stack([tf.cast(pending[k], tf.int64) for k in KINDS]))
 
     def totals(self):
         """{kind: int} for each of `KINDS`, since the meter was built (eager)."""
