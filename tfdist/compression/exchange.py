@@ -376,9 +376,16 @@ class PushCodec:
         self.compressor = compressor
 
     def encode(self, grad):
-        """(payload tensors, layout) of `grad`."""
+        """(payload tensors, layout) of `grad`; an `IndexedSlices` pushes its rows (in the
+        cast's dtype for fp16 and bf16, as they are for int8), as TensorFlow pushes it."""
+        if gradients.is_sparse(grad):
+            dtype = (self.compressor.dtype if isinstance(self.compressor, Cast)
+                     else grad.values.dtype)
+            return (gradients.cast(grad, dtype),), None
         buffer, layout = pack([grad], self.compressor.align)
         return self.compressor.encode(buffer, layout, None), layout
 
     def decode(self, payload, layout):
+        if layout is None:  # rows
+            return payload[0]
         return unpack(self.compressor.decode(payload, layout, None), layout)[0]

@@ -510,7 +510,9 @@ def _update_step(self, grads, trainable_variables, learning_rate):
         self._tfdist_pipeline.check_phases_driven()
         step = tf.cast(self.iterations, tf.int64)
         with wire.recording() as record:  # what this replica sends, for the WireMeter
-            record["dense"] = sum(wire.nbytes(g, v) for g, v in grads_and_vars if g is not None)
+            present = [(g, v) for g, v in grads_and_vars if g is not None]
+            record["dense"] = sum(wire.nbytes(g, v) for g, v in present)
+            record["tensorflow"] = sum(wire.sent_bytes(g, v) for g, v in present)
             grads_and_vars = self._tfdist_pipeline(grads_and_vars, step)
             decision.settle()  # if the exchange did not carry the verdict (local SGD), now
         self._tfdist_pipeline.meter.traced(record)
@@ -558,7 +560,7 @@ def _update_variables(self, distribution, grads_and_vars, learning_rate, committ
         if grad is None:
             continue
         payload, meta = ((grad,), None) if push is None else push.encode(grad)
-        pushed += sum(wire.nbytes(p, variable if push is None else None)  # the variable's
+        pushed += sum(wire.sent_bytes(p, variable if push is None else None)  # the variable's
                       for p in payload) if pushes else 0  # size where the shape is dynamic
         distribution.extended.update(variable, update, args=(*payload, learning_rate, committed),
                                      kwargs={"meta": meta}, group=False)

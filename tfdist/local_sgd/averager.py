@@ -43,7 +43,7 @@ from tfdist.compression.auto import QUALITY, AutoCompression
 from tfdist.compression.factory import build
 from tfdist.config.load import local_sgd_from_dict
 from tfdist.config.yaml_source import Source
-from tfdist.core import transaction, wire
+from tfdist.core import gradients, transaction, wire
 from tfdist.core.hooks import TrainingHook, all_reduce_sum
 from tfdist.core.overlap import Background
 from tfdist.core.preemption import preemption
@@ -386,9 +386,9 @@ class ModelAverager(TrainingHook):
                 return self.warmup_exchange.exchange(grads, variables, step)
             return all_reduce_sum(grads)
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-        grads = [tf.convert_to_tensor(g) for g in grads]
-        if self.island_reduce is None:
-            return [g * replicas for g in grads]  # this replica's own mean
+        if self.island_reduce is None:  # this replica's own mean (an embedding's rows kept)
+            return [gradients.scaled(g, replicas) for g in grads]
+        grads = [tf.convert_to_tensor(g) for g in grads]  # an island sums dense tensors
         decision = transaction.current()
         riders = []
         if self.island_verdict and decision is not None and not decision.settled:

@@ -109,9 +109,12 @@ class Trainer:
 
     def _update_metrics(self, loss, y, y_pred, sample_weight, keep=None):
         """Updates the loss and the metrics; `keep` (0.0 or 1.0, a tensor) weighs this
-        step's contribution (a step skipped by dynamic loss scaling counts in none)."""
+        step's contribution (a step skipped by dynamic loss scaling counts in none). The
+        loss counts as many times as the batch has rows, as under `model.fit` (a partial
+        last batch weighs less)."""
         update = update_metric if self.coordinator is not None else _update_state
-        update(self.loss_tracker, loss, *([] if keep is None else [keep]))
+        rows = tf.cast(tf.shape(tf.nest.flatten(y_pred)[0])[0], tf.float32)
+        update(self.loss_tracker, loss, rows if keep is None else rows * keep)
         for metric in self.metrics:
             update(metric, y, y_pred, sample_weight)
 
@@ -443,7 +446,8 @@ class _FunctionLoss(keras.losses.Loss):
     """A loss function ``fn(y_true, y_pred) -> per-example values`` as a Keras Loss."""
 
     def __init__(self, fn):
-        super().__init__(name=getattr(fn, "__name__", "loss"))
+        name = getattr(fn, "__name__", "")
+        super().__init__(name=name if name.isidentifier() else "loss")  # not "<lambda>"
         self.fn = fn
 
     def call(self, y_true, y_pred):

@@ -21,8 +21,11 @@ class CommStats(keras.callbacks.Callback):
     - ``comm_bytes_per_worker``: bytes each worker sends per step over the network (ring
       all-reduce: 2 (W - 1) / W x the all-reduced part; all-gather: (W - 1) x its part;
       W = number of workers; 0 on one machine; under parameter servers, the push);
-    - ``compression_ratio``: the gradients' own bytes (what Keras' all-reduce of them would
-      send) / payload bytes.
+    - ``compression_ratio``: the gradients' own dense bytes (an embedding's whole table) /
+      payload bytes;
+    - ``compression_ratio_vs_tensorflow``: what TensorFlow's own strategy sends of the same
+      gradients (dense ones whole, an embedding's `IndexedSlices` as the rows a step
+      touched) / payload bytes.
 
     With several tfdist optimizers (a custom `train_step`'s, found as the model's
     attributes), each one's are logged too, prefixed by its name
@@ -83,7 +86,8 @@ def _figures(sent, workers):
     per_worker = (2 * (workers - 1) / workers * sent["reduced"]
                   + (workers - 1) * sent["gathered"] + sent["pushed"])
     return {"comm_payload_bytes": float(payload), "comm_bytes_per_worker": float(per_worker),
-            "compression_ratio": sent["dense"] / payload if payload else 1.0}
+            "compression_ratio": sent["dense"] / payload if payload else 1.0,
+            "compression_ratio_vs_tensorflow": sent["tensorflow"] / payload if payload else 1.0}
 
 
 def _num_workers(model):
