@@ -1,0 +1,152 @@
+"""The models users bring (tests/jobs/zoo.py), through tfdist on 2 logical CPUs: with the
+exact exchange and SGD every family ends with one device's weights (TensorFlow's own
+strategy's where BatchNormalization and Dropout compute per replica) in `fit`, the Trainer
+and your own loop, on every replica; every other exchange and local SGD train them."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tfdist.core.variables import underlying
+
+pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
+
+LOOPS = ("fit", "fit_dataset", "trainer", "own")
+
+
+def replica_weights(model):
+    """[[each replica's value] of each weight of `model`]."""
+    strategy = model.distribute_strategy
+    return [[t.numpy() for t in strategy.experimental_local_results(underlying(w))]
+            for w in model.weights]
+
+
+_REFERENCES = {}
+
+
+def reference(family, loop, strategy_of_tensorflow=None):
+    """(weights, losses) of the run tfdist is compared with: the same loop on one device
+    (fit's for the Trainer, which computes the same loss), or on TensorFlow's own strategy
+    (made once per family and loop)."""
+    from zoo import train
+
+    base = {"fit_dataset": "fit", "trainer": "fit"}.get(loop, loop)
+    key = (family, base, strategy_of_tensorflow is None)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = train(family, base, strategy_of_tensorflow)[:2]
+    return _REFERENCES[key]
+
+
+def tfdist_run(family, loop, strategy, compression="none", **options):
+    from zoo import train
+
+    wrap = options.pop("wrap", None) or (
+        lambda optimizer: tfdist.keras.DistributedOptimizer(optimizer, compression))
+    return train(family, loop.replace("_dataset", ""), strategy, wrap=wrap,
+                 numpy=loop != "fit_dataset", **options)
+
+
+@pytest.fixture(scope="module")
+def tensorflow_mirrored(two_cpus):
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("family", ["transformer", "rnn", "conv", "multi_io", "finetune",
+                                    "shared"])
+def test_every_family_ends_where_one_device_does(strategies, tensorflow_mirrored, family, loop):
+    from zoo import PER_REPLICA
+
+    ours, our_losses, model = tfdist_run(family, loop, strategies("mirrored"))
+    per_replica = family in PER_REPLICA
+    theirs, their_losses = reference(family, loop, tensorflow_mirrored if per_replica else None)
+    for variable, replicas, expected in zip(model.weights, replica_weights(model), theirs):
+        if per_replica and not variable.trainable:
+            continue  # TF keeps replica 0's BatchNormalization statistics, tfdist their mean
+        for value in replicas:
+            np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{variable.path}")
+    np.testing.assert_allclose(our_losses, their_losses, rtol=1e-5)
+    assert our_losses[-1] < our_losses[0]
+
+
+#: The other exchanges: compression (min_size 0: these small models' tensors are
+#: compressed too) and local SGD / DiLoCo, as config sections.
+EXCHANGES = {
+    "fp16": {"compression": {"name": "fp16", "min_size": 0}},
+    "int8": {"compression": {"name": "int8", "min_size": 0}},
+    "topk+ef": {"compression": {"name": "topk", "ratio": 0.1, "error_feedback": True,
+                                "min_size": 0}},
+    "powersgd+ef": {"compression": {"name": "powersgd", "rank": 2, "error_feedback": True,
+                                    "min_size": 0}},
+    "sign+ef": {"compression": {"name": "sign", "error_feedback": True, "min_size": 0}},
+    "local_sgd": {"local_sgd": {"period": 2}},
+    # (the inner SGD has momentum 0.9 already: the outer momentum is the paper's halved)
+    "diloco": {"local_sgd": {"period": 2, "outer": {"name": "nesterov", "learning_rate": 0.7,
+                                                    "momentum": 0.5}}},
+}
+
+
+def config_of(exchange, write_config):
+    import yaml
+
+    return tfdist.load_config(write_config(yaml.safe_dump(
+        {"cluster": {"worker": 1}, "strategy": "mirrored", **EXCHANGES[exchange]})))
+
+
+@pytest.mark.parametrize("exchange", list(EXCHANGES))
+@pytest.mark.parametrize("family", ["transformer", "rnn", "conv", "multi_io", "finetune",
+                                    "shared"])
+def test_every_exchange_trains_every_family_alike_on_every_replica(strategies, write_config,
+                                                                   family, exchange):
+    """Finite, the loss falls, and (where replicas share one model) every replica holds the
+    same weights; `CommStats` counts what the exchange sent."""
+    config = config_of(exchange, write_config)
+    stats = tfdist.callbacks.CommStats()
+    _, losses, model = tfdist_run(
+        family, "fit", strategies("mirrored"), epochs=4, callbacks=[stats],
+        wrap=lambda optimizer: tfdist.keras.optimizer_from_config(optimizer, config))
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+    for variable, replicas in zip(model.weights, replica_weights(model)):
+        assert np.all(np.isfinite(replicas[0])), variable.path
+        for value in replicas[1:]:
+            np.testing.assert_array_equal(value, replicas[0], err_msg=variable.path)
+    assert model.history.history["comm_payload_bytes"][-1] > 0  # counted by CommStats
+
+
+@pytest.mark.parametrize("compression, value_bytes", [("none", 4), ("fp16", 2)])
+def test_an_embedding_crosses_as_the_rows_a_step_touched(strategies, compression, value_bytes):
+    """The transformer's two embeddings (300 x 16 tokens, 10 x 16 positions) cross as the
+    rows each step looked up, duplicates included, as TensorFlow's own strategy sends them —
+    counted by hand here from the batches — and the rest as dense tensors; fp16 halves the
+    rows' values (their int32 indices stay). CommStats' ratios: against the dense tables,
+    and against what TensorFlow sends."""
+    from zoo import BATCH, LENGTH, ROWS
+
+    stats = tfdist.callbacks.CommStats()
+    options = {} if compression == "none" else {"min_size": 0}
+    _, _, model = tfdist_run("transformer", "fit", strategies("mirrored"), epochs=1,
+                             callbacks=[stats], wrap=lambda optimizer:
+                             tfdist.keras.DistributedOptimizer(optimizer, compression, **options))
+    logs = {k: v[-1] for k, v in model.history.history.items()}
+    tables = [w for w in model.trainable_weights if "embedding" in w.path]
+    assert [tuple(t.shape) for t in tables] == [(300, 16), (10, 16)]
+    dense = sum(int(np.prod(w.shape)) * 4 for w in model.trainable_weights
+                if "embedding" not in w.path)
+    batches = [min(BATCH, ROWS - start) for start in range(0, ROWS, BATCH)]
+    # each replica's share of a batch's tokens, and every replica's 10 positions, a step
+    rows = np.mean([b * LENGTH / 2 + LENGTH for b in batches])
+    sent_rows = rows * (16 * value_bytes + 4)
+    verdict = 4  # the step's finiteness flag rides the dense all-reduce
+    assert logs["comm_payload_bytes"] == pytest.approx(
+        dense * value_bytes / 4 + sent_rows + verdict, abs=1)
+    tensorflow = dense + rows * (16 * 4 + 4)
+    assert logs["compression_ratio_vs_tensorflow"] == pytest.approx(
+        tensorflow / logs["comm_payload_bytes"], rel=1e-6)
+    tables_dense = dense + sum(int(np.prod(t.shape)) * 4 for t in tables)
+    assert logs["compression_ratio"] == pytest.approx(
+        tables_dense / logs["comm_payload_bytes"], rel=1e-6)
+    if compression == "none":  # what TensorFlow's own strategy sends, and a flag
+        assert logs["comm_payload_bytes"] <= tensorflow + verdict
