@@ -150,3 +150,71 @@ def test_an_embedding_crosses_as_the_rows_a_step_touched(strategies, compression
         tables_dense / logs["comm_payload_bytes"], rel=1e-6)
     if compression == "none":  # what TensorFlow's own strategy sends, and a flag
         assert logs["comm_payload_bytes"] <= tensorflow + verdict
+
+
+@pytest.mark.parametrize("family", ["transformer", "rnn", "conv", "multi_io", "finetune",
+                                    "shared"])
+def test_under_mixed_float16_every_family_ends_where_tensorflows_strategy_does(
+        strategies, tensorflow_mirrored, family):
+    """Under mixed_float16 (dynamic loss scaling), against TensorFlow's own strategy on as
+    many replicas: one device differs by design here — its whole batch overflows a loss
+    scale that half a batch does not, so it skips a step the replicas take."""
+    from zoo import PER_REPLICA, train
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        ours, our_losses, model = tfdist_run(family, "fit", strategies("mirrored"), epochs=3)
+        theirs, their_losses, _ = train(family, "fit", tensorflow_mirrored, epochs=3)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert model.optimizer.__class__.__name__ == "LossScaleOptimizer"
+    for variable, replicas, expected in zip(model.weights, replica_weights(model), theirs):
+        if family in PER_REPLICA and not variable.trainable:
+            continue
+        for value in replicas:
+            np.testing.assert_allclose(value, expected, rtol=1e-3, atol=1e-4,
+                                       err_msg=variable.path)
+    np.testing.assert_allclose(our_losses, their_losses, rtol=1e-3)
+
+
+COMPILE_OPTIONS = {"steps_per_execution": {"steps_per_execution": 2},
+                   "jit_compile": {"jit_compile": True}}
+
+
+def _compiled_fit(strategy, options, wrap=True):
+    from zoo import data
+
+    x, y, _ = data("transformer", rows=32)
+    with strategy.scope():
+        model = _sequence_model()
+        optimizer = keras.optimizers.SGD(0.05)
+        if wrap:
+            optimizer = tfdist.keras.DistributedOptimizer(optimizer, "none")
+        model.compile(optimizer, "sparse_categorical_crossentropy", **options)
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0,
+              callbacks=[tfdist.callbacks.TrainingHooks()] if wrap else [])
+    return [w.numpy() for w in model.weights]
+
+
+def _sequence_model():
+    from zoo import LENGTH, VOCAB
+
+    keras.utils.set_random_seed(2)
+    return keras.Sequential([keras.Input((LENGTH,), dtype="int32"),
+                             keras.layers.Embedding(VOCAB, 4), keras.layers.Dense(4),
+                             keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(2)])
+
+
+@pytest.mark.parametrize("option", list(COMPILE_OPTIONS))
+def test_compile_options_keras_cannot_run_on_several_replicas_are_refused_in_one_line(
+        strategies, tensorflow_mirrored, option):
+    """steps_per_execution > 1 and jit_compile=True: refused on 2 replicas with what to write
+    (before TensorFlow's own error, which its own strategy still raises: the canary that
+    says when Keras lifts the limit); on one replica they train as without them."""
+    with pytest.raises(tfdist.errors.UnsupportedError, match=f"{option}.*several replicas"):
+        _compiled_fit(strategies("mirrored"), COMPILE_OPTIONS[option])
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        _compiled_fit(tensorflow_mirrored, COMPILE_OPTIONS[option], wrap=False)
+    one = strategies("one_device")
+    for a, b in zip(_compiled_fit(one, COMPILE_OPTIONS[option]), _compiled_fit(one, {})):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

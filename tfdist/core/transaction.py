@@ -32,6 +32,7 @@ import tensorflow as tf
 from tfdist.core import wire
 from tfdist.core.preemption import preemption
 from tfdist.regions import ThreadRegion
+from tfdist.strategies.keras_step_options import compiled_by_xla
 
 REFUSED = ("tfdist: a NaN or Inf gradient on some replica (or one whose sum overflows "
            "float32); the step was refused on every "
@@ -130,19 +131,6 @@ class Decision:
             return tf.constant(True)
 
         return tf.cond(self.committed, run, lambda: tf.constant(False))
-
-
-def compiled_by_xla():
-    """Whether the graph being traced will be compiled by XLA (`tf.function(jit_compile=
-    True)`, Keras' `jit_compile`), through TensorFlow's private `control_flow_util` (the
-    context TF itself checks); True if that seam is gone, the safe side
-    (tests/test_transaction.py checks it)."""
-    try:
-        from tensorflow.python.ops import control_flow_util
-        return bool(control_flow_util.GraphOrParentsInXlaContext(
-            tf.compat.v1.get_default_graph()))
-    except (ImportError, AttributeError):
-        return True
 
 
 def decide(grads):

@@ -4,10 +4,12 @@ import tensorflow as tf
 
 from tfdist.strategies.collective_keys import next_key_base
 from tfdist.strategies.input_pipelines import StallFreeInput
+from tfdist.strategies.keras_step_options import SupportedStepOptions
 from tfdist.strategies.keras_build_batch import LocalBuildBatch
 
 
-class MirroredStrategy(LocalBuildBatch, StallFreeInput, tf.distribute.MirroredStrategy):
+class MirroredStrategy(SupportedStepOptions, LocalBuildBatch, StallFreeInput,
+                       tf.distribute.MirroredStrategy):
     """`tf.distribute.MirroredStrategy` whose collectives never reuse an earlier one's keys.
 
     Every TF `MirroredStrategy` numbers its collectives from the same start (group key

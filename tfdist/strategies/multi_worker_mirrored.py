@@ -6,6 +6,7 @@ from tensorflow.python.eager import context  # the coordination-service barrier
 from tfdist.strategies.collective_keys import next_key_base
 from tfdist.strategies.initial_values import skip_broadcast_of_identical
 from tfdist.strategies.input_pipelines import StallFreeInput
+from tfdist.strategies.keras_step_options import SupportedStepOptions
 from tfdist.strategies.keras_build_batch import LocalBuildBatch
 
 BARRIER_SECONDS = 3600
@@ -26,8 +27,8 @@ class NestedAndScalarReduce:
         return super().reduce(reduce_op, value, axis)
 
 
-class MultiWorkerMirroredStrategy(LocalBuildBatch, NestedAndScalarReduce, StallFreeInput,
-                                  tf.distribute.MultiWorkerMirroredStrategy):
+class MultiWorkerMirroredStrategy(SupportedStepOptions, LocalBuildBatch, NestedAndScalarReduce,
+                                  StallFreeInput, tf.distribute.MultiWorkerMirroredStrategy):
     """`tf.distribute.MultiWorkerMirroredStrategy` on which Keras 3 trains.
 
     Keras 3 (keras #20585, tensorflow #72388) fails before the first step with two or
