@@ -218,3 +218,78 @@ def test_compile_options_keras_cannot_run_on_several_replicas_are_refused_in_one
     one = strategies("one_device")
     for a, b in zip(_compiled_fit(one, COMPILE_OPTIONS[option]), _compiled_fit(one, {})):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_trainer_takes_fits_metric_names_and_inputs(strategies):
+    """What `compile` and `fit` take, the Trainer takes: "accuracy" becomes the accuracy of
+    the loss's labels (sparse here; binary for one output unit), a `fn(context)` input reads
+    what `model.fit` reads from `strategy.distribute_datasets_from_function(fn)`; NumPy arrays
+    and an accuracy a loss of one's own cannot tell are refused in one line saying what to
+    write."""
+    from zoo import BATCH, build, compile_arguments, data, dataset
+
+    strategy = strategies("mirrored")
+    x, y, _ = data("transformer")
+
+    def per_replica(context):
+        return dataset("transformer").unbatch().batch(context.get_per_replica_batch_size(BATCH))
+
+    logs = {}
+    for loop in ("fit", "trainer"):
+        with strategy.scope():
+            model = build("transformer")
+            optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.05), "none")
+        arguments = compile_arguments("transformer")
+        if loop == "fit":
+            with strategy.scope():
+                model.compile(optimizer, **arguments)
+            history = model.fit(strategy.distribute_datasets_from_function(per_replica),
+                                epochs=2, verbose=0,
+                                callbacks=[tfdist.callbacks.TrainingHooks()])
+        else:
+            trainer = tfdist.Trainer(model, optimizer, strategy=strategy, **arguments)
+            assert type(trainer.metrics[0]).__name__ == "SparseCategoricalAccuracy"
+            history = trainer.fit(per_replica, epochs=2, verbose=0)
+        logs[loop] = history.history
+    np.testing.assert_allclose(logs["trainer"]["accuracy"], logs["fit"]["accuracy"])
+    np.testing.assert_allclose(logs["trainer"]["loss"], logs["fit"]["loss"], rtol=1e-5)
+
+    with strategy.scope():
+        binary = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    assert type(tfdist.Trainer(binary, "sgd", "mse", strategy=strategy,
+                               metrics=["acc"]).metrics[0]).__name__ == "BinaryAccuracy"
+    with strategy.scope():
+        model = build("transformer")
+    with pytest.raises(ValueError, match="SparseCategoricalAccuracy.*CategoricalAccuracy"):
+        tfdist.Trainer(model, "sgd", lambda t, p: keras.losses.mse(t, p), strategy=strategy,
+                       metrics=["accuracy"])
+    trainer = tfdist.Trainer(model, "sgd", "sparse_categorical_crossentropy", strategy=strategy)
+    with pytest.raises(TypeError, match=r"from_tensor_slices\(\(x, y\)\)"):
+        trainer.fit(x, epochs=1)
+
+
+GLOBAL_DATASET = None  # a module's dataset (made in the test: TF starts after its CPUs)
+
+
+def test_a_parameter_server_dataset_function_using_the_chiefs_dataset_is_refused():
+    """TensorFlow's "Parameter server training" tutorial builds its dataset inside
+    `dataset_fn`; one that closes over a dataset made on the chief (or reads a module's)
+    fails on the workers with "Unable to parse tensor proto": refused on the chief first,
+    naming the dataset. The function that builds its own passes the check."""
+    from tfdist.training.data import distribute
+
+    global GLOBAL_DATASET
+    GLOBAL_DATASET = tf.data.Dataset.range(4)
+    made_here = tf.data.Dataset.range(8)
+
+    class NoCoordinator:
+        def create_per_worker_dataset(self, fn):
+            return "per worker"
+
+    strategy = tf.distribute.get_strategy()
+    for fn, name in ((lambda context: made_here.batch(2), "made_here"),
+                     (lambda context: GLOBAL_DATASET.batch(2), "GLOBAL_DATASET")):
+        with pytest.raises(ValueError, match=f"build '{name}' inside the function"):
+            distribute(strategy, fn, NoCoordinator())
+    assert distribute(strategy, lambda context: tf.data.Dataset.range(8).batch(2),
+                      NoCoordinator()) == "per worker"

@@ -27,9 +27,11 @@ def distribute(strategy, dataset_or_fn, coordinator=None):
     """
     is_fn = callable(dataset_or_fn) and not isinstance(dataset_or_fn, tf.data.Dataset)
     if not is_fn and not isinstance(dataset_or_fn, tf.data.Dataset):
-        raise TypeError("expected a tf.data.Dataset or a function of a "
-                        "tf.distribute.InputContext returning one. "
-                        f"Received: dataset_or_fn={dataset_or_fn!r}")
+        raise TypeError("expected a tf.data.Dataset of global batches or a function of a "
+                        "tf.distribute.InputContext returning one; for NumPy arrays (what "
+                        "model.fit takes) write tf.data.Dataset.from_tensor_slices((x, y))"
+                        ".batch(global_batch_size). Received: dataset_or_fn="
+                        f"{type(dataset_or_fn).__name__}")
     if coordinator is None:  # TF's own strategy classes too: iterators that end at once
         if is_fn:
             distributed = strategy.distribute_datasets_from_function(
@@ -40,9 +42,27 @@ def distribute(strategy, dataset_or_fn, coordinator=None):
         return plain_iterators(strategy, distributed, None)
     if not is_fn:
         return coordinator.create_per_worker_dataset(dataset_or_fn)
+    captured = captured_datasets(dataset_or_fn)
+    if captured:
+        raise ValueError(
+            "under ParameterServerStrategy the dataset function runs on each worker, so it "
+            "cannot use a dataset built here on the chief (TensorFlow fails with 'Unable to "
+            f"parse tensor proto'): build {captured[0]!r} inside the function. "
+            f"Received: dataset_or_fn={getattr(dataset_or_fn, '__name__', dataset_or_fn)!r}")
 
     @tf.function
     def per_worker_dataset_fn():
         return strategy.distribute_datasets_from_function(dataset_or_fn)
 
     return coordinator.create_per_worker_dataset(per_worker_dataset_fn)
+
+
+def captured_datasets(fn):
+    """Names of the `tf.data.Dataset`s that function `fn` uses from outside itself (its
+    closure and the module-level names it reads)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    cells = zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ()))
+    names = ((n, fn.__globals__.get(n)) for n in code.co_names)
+    return [name for name, value in [*cells, *names] if isinstance(value, tf.data.Dataset)]

@@ -86,8 +86,8 @@ class Trainer:
             self.optimizer.build(self.variables)  # builds the hooks too
             self.loss_tracker = keras.metrics.Mean(name="loss")
             shared = self.strategy.num_replicas_in_sync > 1 or self.coordinator is not None
-            self.metrics = [_in_scope(_as_metric(m), self.strategy) if shared else _as_metric(m)
-                            for m in metrics or []]
+            made = [_as_metric(m, self.loss, model) for m in metrics or []]
+            self.metrics = [_in_scope(m, self.strategy) if shared else m for m in made]
         model.optimizer = self.optimizer
         self.completed_steps = 0
         self.driver = HookDriver(model, self.optimizer)
@@ -480,7 +480,37 @@ def _in_scope(metric, strategy):
             f"Received: {metric!r} ({e})") from e
 
 
-def _as_metric(metric):
+#: What `model.compile` makes of "accuracy" for each loss (its labels' kind).
+_ACCURACIES = ((keras.losses.SparseCategoricalCrossentropy, keras.metrics.SparseCategoricalAccuracy),
+               (keras.losses.CategoricalCrossentropy, keras.metrics.CategoricalAccuracy),
+               (keras.losses.BinaryCrossentropy, keras.metrics.BinaryAccuracy),
+               (keras.losses.BinaryFocalCrossentropy, keras.metrics.BinaryAccuracy))
+
+
+def _accuracy(name, loss, model):
+    """The accuracy `model.compile(metrics=[name])` would use: binary for one output unit,
+    else the one the loss's labels call for (sparse for integer labels, categorical for
+    one-hot).
+
+    Raises:
+        ValueError: a loss of your own, which does not say what its labels are.
+    """
+    units = [output.shape[-1] for output in tf.nest.flatten(getattr(model, "outputs", None) or [])]
+    if units and all(u == 1 for u in units):
+        return keras.metrics.BinaryAccuracy(name=name)
+    for kind, metric in _ACCURACIES:
+        if isinstance(loss, kind):
+            return metric(name=name)
+    raise ValueError(
+        f"metrics=[{name!r}] needs labels tfdist.Trainer can tell from the loss (compile "
+        "looks at the data): with a loss of your own, name the metric, "
+        "keras.metrics.SparseCategoricalAccuracy() for integer labels or "
+        f"CategoricalAccuracy() for one-hot ones. Received: loss={loss.name!r}")
+
+
+def _as_metric(metric, loss=None, model=None):
+    if isinstance(metric, str) and metric.lower() in ("accuracy", "acc"):
+        return _accuracy(metric, loss, model)
     if isinstance(metric, str):
         name, metric = metric, keras.metrics.get(metric)
         if isinstance(metric, keras.metrics.Metric) and metric.name != name:
