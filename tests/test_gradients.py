@@ -120,3 +120,81 @@ def test_sgd_on_duplicated_rows_equals_the_dense_gradients_step(strategies):
     summed = np.zeros_like(table)
     np.add.at(summed, x, residual[:, None, None] * rows[None])
     np.testing.assert_allclose(model.weights[0].numpy(), table - 0.1 * summed, atol=1e-6)
+
+
+@pytest.mark.parametrize("name, options", [
+    ("topk", {"ratio": 0.3, "error_feedback": True}),
+    ("powersgd", {"rank": 1, "error_feedback": True}),
+    ("sign", {"error_feedback": "ef21"}),
+    ("topk", {"ratio": 0.3, "error_feedback": True, "momentum_correction": 0.9}),
+])
+def test_beside_an_embeddings_rows_the_dense_gradients_exchange_as_without_the_table(
+        strategies, name, options):
+    """A stateful exchange (error feedback, EF21, DGC, PowerSGD) built over a kernel, a
+    table and a bias, given the table's gradient as rows: the kernel and bias go exactly as
+    in the same exchange built over them alone — sums, residuals, Qs, over 3 steps — while the
+    table's rows cross exact and its state stays as built (nothing of it was sent)."""
+    strategy = strategies("mirrored")
+    shapes = {"kernel": (6, 5), "table": (40, 3), "bias": (7,)}
+    rng = np.random.default_rng(0)
+    grads = {k: [rng.normal(size=s).astype("float32") for _ in range(2)]
+             for k, s in shapes.items()}
+    rows = [np.array([1, 1, 5]), np.array([5, 9])]
+
+    def run(names):
+        hook = tfdist.compression.build({"name": name, "min_size": 0, **options})
+        with strategy.scope():
+            variables = [tf.Variable(tf.zeros(shapes[k])) for k in names]
+            hook.build(strategy, variables)
+
+        @tf.function
+        def step(number):
+            def replica():
+                r = tf.distribute.get_replica_context().replica_id_in_sync_group
+                given = []
+                for k in names:
+                    pick = lambda i, k=k: tf.constant(grads[k][i])  # noqa: E731
+                    if k == "table":
+                        values = [tf.constant(grads[k][i][rows[i]]) for i in range(2)]
+                        given.append(tf.IndexedSlices(
+                            tf.cond(tf.equal(r, 0), lambda: values[0], lambda: values[1]),
+                            tf.cond(tf.equal(r, 0), lambda: tf.constant(rows[0]),
+                                    lambda: tf.constant(rows[1])), tf.constant([40, 3])))
+                    else:
+                        given.append(tf.cond(tf.equal(r, 0), lambda: pick(0),
+                                             lambda: pick(1)))
+                summed = hook.exchange(given, variables, number)
+                return [tf.convert_to_tensor(s) for s in summed]
+
+            return strategy.run(replica)
+
+        for number in range(3):
+            result = step(tf.constant(number, tf.int64))
+        sums = {k: strategy.experimental_local_results(t)[0].numpy()
+                for k, t in zip(names, result)}
+        state = {k: strategy.experimental_local_results(v)[0].numpy()
+                 for k, v in hook.state.items()}
+        layout = hook.large_layout
+        return sums, state, [({v: k for k, v in shapes.items()}[shape], size)
+                             for shape, size in zip(layout.shapes, layout.padded_sizes)]
+
+    with_table, state, segments = run(["kernel", "table", "bias"])
+    alone, state_alone, _ = run(["kernel", "bias"])
+    for k in ("kernel", "bias"):
+        np.testing.assert_allclose(with_table[k], alone[k], rtol=1e-6, atol=1e-7)
+    expected = np.zeros((40, 3), np.float32)
+    for i in range(2):
+        np.add.at(expected, rows[i], grads["table"][i][rows[i]])
+    np.testing.assert_allclose(with_table["table"], expected, rtol=1e-6)
+    flat = {k: v for k, v in state.items() if v.ndim == 1}
+    for key, value in flat.items():  # [kernel | table | bias] against [kernel | bias]
+        parts = dict(zip([n for n, _ in segments],
+                         np.split(value, np.cumsum([size for _, size in segments])[:-1])))
+        np.testing.assert_allclose(np.concatenate([p for n, p in parts.items() if n != "table"]),
+                                   state_alone[key], atol=1e-6)
+        assert not np.any(parts["table"]), key
+    for key in (k for k in state if k.startswith("powersgd_q")):  # Qs renumbered
+        renamed = {"powersgd_q0": "powersgd_q0", "powersgd_q1": None,
+                   "powersgd_q2": "powersgd_q1"}[key]
+        if renamed:
+            np.testing.assert_allclose(state[key], state_alone[renamed], atol=1e-6)

@@ -320,6 +320,7 @@ class PowerSGD(Compressor):
     rank < 2 go uncompressed; the Q of each matrix is state."""
 
     name, collective, compresses = "powersgd", "powersgd", True
+    per_tensor_state = ("powersgd_q",)  # one Q per matrix, numbered in the layout
 
     def __init__(self, rank=RANK.default):
         self.rank = RANK.check(rank, type(self).__name__)

@@ -268,16 +268,18 @@ class GradientCompression(TrainingHook):
     def exchange(self, grads, variables, step):
         """The compressed sum of `grads`. An `IndexedSlices` gradient (an embedding's) goes
         as its rows, all-gathered as TensorFlow's strategies do — in the cast's dtype for
-        fp16 and bf16, exact for the other compressors, which choose among dense values —
-        unless the exchange keeps state (error feedback, EF21, DGC, PowerSGD): that state
-        covers the whole table, so the table goes through the compressor densified (what
-        was not sent of it is fed back, the rows a step did not touch included)."""
+        fp16 and bf16, as they are for the other compressors, which choose among dense
+        values — and the dense gradients go through the compressor, with the state (error
+        feedback's residual, PowerSGD's Q, ...) of theirs: what the whole table would have
+        sent densely (the rows a step did not touch) never crosses."""
         if self.push:  # nothing crosses between replicas; the push is compressed instead
             return list(grads)
-        if self.state or not any(gradients.is_sparse(g) for g in grads):
+        if not any(gradients.is_sparse(g) for g in grads):
             return self._exchange_densified(grads, variables, step)
-        return exchange_rows_apart(grads, lambda dense: self._exchange_stateless(dense, step),
-                                   sparse_dtype=self._rows_dtype())
+        dense_variables = [v for g, v in zip(grads, variables) if not gradients.is_sparse(g)]
+        return exchange_rows_apart(
+            grads, lambda dense: self._exchange_present(dense, dense_variables, step),
+            sparse_dtype=self._rows_dtype())
 
     def _rows_dtype(self):
         """The dtype an `IndexedSlices`' rows cross in: the cast's while it compresses."""
@@ -285,14 +287,18 @@ class GradientCompression(TrainingHook):
             return self.compressor.dtype
         return None
 
-    def _exchange_stateless(self, dense, step):
-        """The sum of `dense` (any subset of the gradients) through a stateless transform."""
+    def _exchange_present(self, dense, variables, step):
+        """The sums of `dense`, the gradients of `variables` (some of those built)."""
         if not dense:
             return []
-        comm = Communicator(None, bucket_bytes=self.bucket_bytes)
-        transform = self.transforms[self.stage].for_phase(self.compressing)
-        summed, _ = transform.exchange(list(dense), {}, comm, self._seeds(comm, step))
-        return [tf.cast(s, g.dtype) for s, g in zip(summed, dense)]
+        slots = [self.slots[id(underlying(v))] for v in variables]
+        order = sorted(range(len(slots)), key=slots.__getitem__)
+        summed = self.exchange_dense([tf.convert_to_tensor(dense[i]) for i in order], step,
+                                     present=[slots[i] for i in order])
+        result = [None] * len(dense)
+        for k, i in enumerate(order):
+            result[i] = tf.cast(summed[k], dense[i].dtype)
+        return result
 
     def _exchange_densified(self, grads, variables, step):
         dense = [None] * len(self.shapes)
@@ -304,18 +310,25 @@ class GradientCompression(TrainingHook):
                 for g, v in zip(grads, variables)]
 
     @do_not_convert
-    def exchange_dense(self, dense, step, context=None):
+    def exchange_dense(self, dense, step, context=None, present=None):
         """(replica context) The sums of `dense` (tensors of the shapes built, in their
-        order) over `context`'s replicas (None: every replica in sync)."""
+        order; or of those `present` lists, the indices of the shapes built, in order)
+        over `context`'s replicas (None: every replica in sync)."""
+        present = list(range(len(self.shapes))) if present is None else list(present)
+        built = [self.shapes[i] for i in present]
         shapes = [tuple(getattr(t, "shape", ())) for t in dense]
-        if len(shapes) != len(self.shapes) or any(
-                not tf.TensorShape(s).is_compatible_with(b) for s, b in zip(shapes, self.shapes)):
+        if len(shapes) != len(built) or any(
+                not tf.TensorShape(s).is_compatible_with(b) for s, b in zip(shapes, built)):
             raise ValueError(f"exchange_dense takes one tensor of each shape built, in order "
-                             f"({self.shapes!s:.80}). Received: shapes {shapes!s:.80}")
+                             f"({built!s:.80}). Received: shapes {shapes!s:.80}")
         comm = Communicator(context, bucket_bytes=self.bucket_bytes)
         transform = self.transforms[self.stage].for_phase(self.compressing)
-        state = {k: v.read_value() for k, v in self.state.items()}
+        whole = {k: v.read_value() for k, v in self.state.items()}
+        state, put_back = whole, lambda new: new
+        if len(present) < len(self.shapes):  # the others cross as rows
+            state, put_back = transform.restricted(self.shapes, present, whole)
         summed, state = transform.exchange(dense, state, comm, self._seeds(comm, step))
+        state = put_back(state)
         for key, value in state.items():
             transaction.assign(self.state[key], value)
         return summed

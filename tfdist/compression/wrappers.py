@@ -8,6 +8,7 @@ gives the transformation to trace for it (collectives cannot be switched inside 
 compiled step).
 """
 
+import numpy as np
 import tensorflow as tf
 
 from tfdist.compression.buffers import Layout, pack, unpack
@@ -98,6 +99,50 @@ class MinSize(Wrapper):
     def init_state(self, shapes, seed):
         _, large, layout = self.split(shapes)
         return self.inner.init_state(layout, seed) if large else {}
+
+    def restricted(self, shapes, present, state):
+        """The state of an exchange of the tensors `present` (indices into `shapes`, in
+        order) alone — the others' gradients cross as rows (`IndexedSlices`) — and a
+        function giving back the whole state with such a new one put in. Flat entries
+        (one value per buffer position: residuals, velocities, EF21's estimates) are
+        taken at the present tensors' positions; per-tensor ones (the compressor's
+        `per_tensor_state` prefixes: PowerSGD's Q) renumbered; the rest shared."""
+        _, large, layout = self.split(shapes)
+        keep = [large.index(i) for i in present if i in large]
+        ends = np.cumsum((0, *layout.padded_sizes))
+        positions = tf.constant(np.concatenate(
+            [np.arange(ends[k], ends[k + 1]) for k in keep] or [np.zeros(0, int)]), tf.int32)
+        prefixes = getattr(self.inner, "per_tensor_state", ())
+
+        def renamed(key, numbering):
+            for prefix in prefixes:
+                if key.startswith(prefix) and key[len(prefix):].isdigit():
+                    number = int(key[len(prefix):])
+                    return None if number not in numbering else f"{prefix}{numbering[number]}"
+            return key
+
+        forward = {old: new for new, old in enumerate(keep)}
+        part = {}
+        for key, value in state.items():
+            if value.shape.rank == 1 and value.shape[0] == layout.size and key == renamed(
+                    key, forward):
+                part[key] = tf.gather(value, positions)
+            elif renamed(key, forward) is not None:
+                part[renamed(key, forward)] = value
+
+        def put_back(new):
+            whole = dict(state)
+            backward = dict(enumerate(keep))
+            for key, value in new.items():
+                original = renamed(key, backward)
+                if original in state and state[original].shape != value.shape:
+                    whole[original] = tf.tensor_scatter_nd_update(
+                        state[original], positions[:, None], value)
+                else:
+                    whole[original] = value
+            return whole
+
+        return part, put_back
 
     def exchange(self, tensors, state, comm, seeds):
         """(the summed tensors, the new state)."""
