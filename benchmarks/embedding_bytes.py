@@ -240,11 +240,10 @@ def main():
     short, long = (4, 12) if args.quick else (5, 25)
     results = {"steps": [short, long], "vocab": VOCAB, "dim": DIM,
                "rows": [measure(name, short, long) for name in EXCHANGES]}
-    results_dir = pathlib.Path(__file__).resolve().parent / "results"
-    (results_dir / "embedding_bytes.json").write_text(json.dumps(results, indent=2))
-    (results_dir / "embedding_bytes.md").write_text(markdown(results))
-    plot(results, results_dir / "embedding_bytes.png")
-    print(markdown(results))
+    from time_to_accuracy import RESULTS, write_files
+
+    (RESULTS / "embedding_bytes.json").write_text(json.dumps(results, indent=2))
+    write_files("embedding_bytes", results, markdown, plot)
 
 
 if __name__ == "__main__":

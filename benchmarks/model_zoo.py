@@ -29,18 +29,6 @@ sys.path.insert(0, str(ROOT / "tests" / "jobs"))
 RESULTS = ROOT / "benchmarks" / "results"
 
 LOOPS = ("fit", "fit_dataset", "trainer", "own")
-EXCHANGES = {  # as the tests' (tests/test_model_zoo.py), config sections
-    "fp16": {"compression": {"name": "fp16", "min_size": 0}},
-    "int8": {"compression": {"name": "int8", "min_size": 0}},
-    "topk+ef": {"compression": {"name": "topk", "ratio": 0.1, "error_feedback": True,
-                                "min_size": 0}},
-    "powersgd+ef": {"compression": {"name": "powersgd", "rank": 2, "error_feedback": True,
-                                    "min_size": 0}},
-    "sign+ef": {"compression": {"name": "sign", "error_feedback": True, "min_size": 0}},
-    "local_sgd": {"local_sgd": {"period": 2}},
-    "diloco": {"local_sgd": {"period": 2, "outer": {"name": "nesterov", "learning_rate": 0.7,
-                                                    "momentum": 0.5}}},
-}
 
 
 def replica_values(model):
@@ -76,7 +64,7 @@ def exchange_cell(zoo, family, exchange, strategy):
     from tfdist.config.load import config_from_dict
 
     config = config_from_dict({"cluster": {"worker": 1}, "strategy": "mirrored",
-                               **EXCHANGES[exchange]})
+                               **zoo.EXCHANGES[exchange]})
     _, losses, model = zoo.train(
         family, "fit", strategy, epochs=4, callbacks=[tfdist.callbacks.CommStats()],
         wrap=lambda o: tfdist.keras.optimizer_from_config(o, config))
@@ -90,6 +78,7 @@ def exchange_cell(zoo, family, exchange, strategy):
 
 def markdown(results):
     families = list(results["exact"])
+    names = list(next(iter(results["exchanges"].values())))
     lines = ["Exact exchange (`none`), SGD with momentum, 2 replicas: the largest difference "
              "of any weight on any replica from one device (`conv`: from TensorFlow's own "
              "MirroredStrategy, trainable weights; its BatchNormalization statistics are "
@@ -101,10 +90,10 @@ def markdown(results):
         lines.append(f"| {family} | " + " | ".join(cells) + " |")
     lines += ["", "Other exchanges, `fit`, 4 epochs, 2 replicas: last epoch's loss / first "
               "epoch's (below 1: it learns); ✗ where replicas end apart (none did).", "",
-              "| family | " + " | ".join(EXCHANGES) + " |", "|---|" + "---|" * len(EXCHANGES)]
+              "| family | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for family in families:
         cells = []
-        for exchange in EXCHANGES:
+        for exchange in names:
             cell = results["exchanges"][family][exchange]
             cells.append(f"{cell['losses'][-1] / cell['losses'][0]:.2f}"
                          + ("" if cell["identical"] else " ✗"))
@@ -130,7 +119,7 @@ def main():
         results["exact"][family] = {loop: exact_cell(zoo, family, loop, strategy, mirrored,
                                                      references) for loop in LOOPS}
         results["exchanges"][family] = {e: exchange_cell(zoo, family, e, strategy)
-                                        for e in EXCHANGES}
+                                        for e in zoo.EXCHANGES}
         print(family, "done", flush=True)
     results["seconds"] = time.time() - began
     results["date"] = time.strftime("%Y-%m-%d")

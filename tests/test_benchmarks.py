@@ -696,3 +696,21 @@ def test_go_local_costs_refuses_bad_seeds_before_any_run(monkeypatch, capsys, se
         go_local_costs.main()
     assert exit_.value.code == 2 and not ran
     assert "--seeds" in capsys.readouterr().err
+
+
+def test_the_embedding_benchmark_judges_none_against_tensorflows_bytes():
+    """embedding_bytes.py's table on hand-built rows: `none` no more than TensorFlow's own
+    bytes is met (within 1%), more is MISSED; CommStats' gap is against the measurement."""
+    import embedding_bytes
+
+    def rows(none):
+        return {"steps": [5, 25], "rows": [
+            {"exchange": "tensorflow", "loopback_bytes_per_step": 1e6, "seconds_per_step": 0.1,
+             "commstats_bytes_per_step": None},
+            {"exchange": "none", "loopback_bytes_per_step": none, "seconds_per_step": 0.1,
+             "commstats_bytes_per_step": 0.9 * none, "compression_ratio": 10.0,
+             "compression_ratio_vs_tensorflow": 1.0}]}
+
+    met = embedding_bytes.markdown(rows(1.005e6))
+    assert "1.005x the bytes (met" in met and "| none | 1.005 | 1.00x | 0.904 | -10.0% |" in met
+    assert "(MISSED" in embedding_bytes.markdown(rows(1.5e6))

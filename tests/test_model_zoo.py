@@ -72,50 +72,6 @@ def test_every_family_ends_where_one_device_does(strategies, tensorflow_mirrored
     assert our_losses[-1] < our_losses[0]
 
 
-#: The other exchanges: compression (min_size 0: these small models' tensors are
-#: compressed too) and local SGD / DiLoCo, as config sections.
-EXCHANGES = {
-    "fp16": {"compression": {"name": "fp16", "min_size": 0}},
-    "int8": {"compression": {"name": "int8", "min_size": 0}},
-    "topk+ef": {"compression": {"name": "topk", "ratio": 0.1, "error_feedback": True,
-                                "min_size": 0}},
-    "powersgd+ef": {"compression": {"name": "powersgd", "rank": 2, "error_feedback": True,
-                                    "min_size": 0}},
-    "sign+ef": {"compression": {"name": "sign", "error_feedback": True, "min_size": 0}},
-    "local_sgd": {"local_sgd": {"period": 2}},
-    # (the inner SGD has momentum 0.9 already: the outer momentum is the paper's halved)
-    "diloco": {"local_sgd": {"period": 2, "outer": {"name": "nesterov", "learning_rate": 0.7,
-                                                    "momentum": 0.5}}},
-}
-
-
-def config_of(exchange, write_config):
-    import yaml
-
-    return tfdist.load_config(write_config(yaml.safe_dump(
-        {"cluster": {"worker": 1}, "strategy": "mirrored", **EXCHANGES[exchange]})))
-
-
-@pytest.mark.parametrize("exchange", list(EXCHANGES))
-@pytest.mark.parametrize("family", ["transformer", "rnn", "conv", "multi_io", "finetune",
-                                    "shared"])
-def test_every_exchange_trains_every_family_alike_on_every_replica(strategies, write_config,
-                                                                   family, exchange):
-    """Finite, the loss falls, and (where replicas share one model) every replica holds the
-    same weights; `CommStats` counts what the exchange sent."""
-    config = config_of(exchange, write_config)
-    stats = tfdist.callbacks.CommStats()
-    _, losses, model = tfdist_run(
-        family, "fit", strategies("mirrored"), epochs=4, callbacks=[stats],
-        wrap=lambda optimizer: tfdist.keras.optimizer_from_config(optimizer, config))
-    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
-    for variable, replicas in zip(model.weights, replica_weights(model)):
-        assert np.all(np.isfinite(replicas[0])), variable.path
-        for value in replicas[1:]:
-            np.testing.assert_array_equal(value, replicas[0], err_msg=variable.path)
-    assert model.history.history["comm_payload_bytes"][-1] > 0  # counted by CommStats
-
-
 @pytest.mark.parametrize("compression, value_bytes", [("none", 4), ("fp16", 2)])
 def test_an_embedding_crosses_as_the_rows_a_step_touched(strategies, compression, value_bytes):
     """The transformer's two embeddings (300 x 16 tokens, 10 x 16 positions) cross as the

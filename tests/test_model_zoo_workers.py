@@ -8,12 +8,16 @@ every case (tests/jobs/runs.py)."""
 
 import json
 import pathlib
+import sys
 
 import numpy as np
 import pytest
 
 from test_multiworker_training import batched_runs, one_launch, weights
 from test_model_zoo import reference
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent / "jobs"))
+from zoo import EXCHANGES as ZOO_EXCHANGES  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("jobs_path", "two_cpus")]
 
@@ -27,15 +31,7 @@ EXACT = ([(2, f, loop) for f in FAMILIES for loop in LOOPS]
          + [(4, "transformer", loop) for loop in ("trainer", "own")])
 #: Other exchanges on 2 workers, as config sections: the Dense-over-a-sequence and
 #: embedding model (the transformer) through each; the multi-input model with top-k.
-EXCHANGES = {
-    "topk+ef": {"compression": {"name": "topk", "ratio": 0.1, "error_feedback": True,
-                                "min_size": 0}},
-    "powersgd+ef": {"compression": {"name": "powersgd", "rank": 2, "error_feedback": True,
-                                    "min_size": 0}},
-    "fp16": {"compression": {"name": "fp16", "min_size": 0}},
-    "diloco": {"local_sgd": {"period": 2, "outer": {"name": "nesterov", "learning_rate": 0.7,
-                                                    "momentum": 0.5}}},
-}
+EXCHANGES = {name: ZOO_EXCHANGES[name] for name in ("topk+ef", "powersgd+ef", "fp16", "diloco")}
 TRAINED = ([("transformer", e, None) for e in EXCHANGES] + [("multi_io", "topk+ef", None)]
            + [("transformer", "none", "mixed_float16"), ("rnn", "topk+ef", "mixed_float16")])
 

@@ -37,6 +37,23 @@ PER_REPLICA = ("conv",)
 STAGED = ("finetune",)
 
 
+#: The exchanges other than the exact one, as a config's sections: compression (min_size 0:
+#: these small models' tensors are compressed too) and local SGD / DiLoCo (the inner SGD has
+#: momentum 0.9 already: DiLoCo's outer momentum is the paper's halved).
+EXCHANGES = {
+    "fp16": {"compression": {"name": "fp16", "min_size": 0}},
+    "int8": {"compression": {"name": "int8", "min_size": 0}},
+    "topk+ef": {"compression": {"name": "topk", "ratio": 0.1, "error_feedback": True,
+                                "min_size": 0}},
+    "powersgd+ef": {"compression": {"name": "powersgd", "rank": 2, "error_feedback": True,
+                                    "min_size": 0}},
+    "sign+ef": {"compression": {"name": "sign", "error_feedback": True, "min_size": 0}},
+    "local_sgd": {"local_sgd": {"period": 2}},
+    "diloco": {"local_sgd": {"period": 2, "outer": {"name": "nesterov", "learning_rate": 0.7,
+                                                    "momentum": 0.5}}},
+}
+
+
 # --- the models -------------------------------------------------------------------------
 
 class TokenAndPositionEmbedding(keras.layers.Layer):
