@@ -249,3 +249,21 @@ def test_a_parameter_server_dataset_function_using_the_chiefs_dataset_is_refused
             distribute(strategy, fn, NoCoordinator())
     assert distribute(strategy, lambda context: tf.data.Dataset.range(8).batch(2),
                       NoCoordinator()) == "per worker"
+
+
+def test_gradient_accumulation_of_an_embeddings_rows_ends_where_one_device_does(strategies):
+    """Keras' gradient_accumulation_steps over the transformer (its embeddings' rows summed
+    into dense accumulators on each replica, exchanged every second step) on 2 replicas, as
+    one device accumulates them."""
+    from zoo import train
+
+    def optimizer():
+        return keras.optimizers.SGD(0.05, momentum=0.9, gradient_accumulation_steps=2)
+
+    expected, expected_losses, _ = train("transformer", "fit", optimizer_fn=optimizer)
+    _, losses, model = tfdist_run("transformer", "fit", strategies("mirrored"),
+                                  optimizer_fn=optimizer)
+    for replicas, value in zip(replica_weights(model), expected):
+        for got in replicas:
+            np.testing.assert_allclose(got, value, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
