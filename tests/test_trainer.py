@@ -212,7 +212,7 @@ def test_bad_arguments():
     trainer = tfdist.Trainer(model, "sgd", "mse")
     with pytest.raises(ValueError, match=r"Trainer\(\): steps_per_epoch: expected a value >= 1"):
         trainer.fit(tf.data.Dataset.range(3), steps_per_epoch=0)
-    with pytest.raises(TypeError, match="tf.data.Dataset or a function"):
+    with pytest.raises(TypeError, match="tf.data.Dataset of global batches or a function"):
         trainer.fit([1, 2, 3])
     with pytest.raises(ValueError, match="already has variables"):  # used by a trainer
         tfdist.Trainer(model, trainer.optimizer, "mse")
