@@ -55,8 +55,21 @@ def write_metrics(history, extra, path):
         json.dump({"final": final, "per_epoch": history, **extra}, f, indent=2)
 
 
+#: Said once, before any training, when the curves cannot be drawn.
+NO_PLOTS = ("matplotlib is not installed: curves.png will not be written (pip install "
+            "'tfdist[plots]' to draw it); metrics.json and predictions.png will")
+
+
+def can_plot():
+    """Whether matplotlib is importable (the `plots` extra)."""
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def write_all(output_dir, model, validation, history, extra):
-    """Writes the three outputs; returns their paths."""
+    """Writes the three outputs (the curves only if matplotlib is there); returns their
+    paths."""
     os.makedirs(output_dir, exist_ok=True)
     images, masks = validation
     predictions = np.argmax(model(images, training=False), axis=-1)
@@ -64,5 +77,8 @@ def write_all(output_dir, model, validation, history, extra):
              for name in ("metrics.json", "predictions.png", "curves.png")}
     write_metrics(history, extra, paths["metrics.json"])
     prediction_grid(images, masks, predictions, paths["predictions.png"])
-    training_curves(history, paths["curves.png"])
+    if can_plot():
+        training_curves(history, paths["curves.png"])
+    else:
+        del paths["curves.png"]
     return paths

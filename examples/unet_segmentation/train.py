@@ -43,6 +43,8 @@ def main(argv):
     train = train_config(config, settings.flag_values(FLAGS, OVERRIDES))
     strategy = tfdist.get_strategy(config)
     chief = tfdist.is_chief(strategy)
+    if chief and not report.can_plot():
+        print(f"{sys.argv[0]}: {report.NO_PLOTS}", file=sys.stderr, flush=True)
     classes = data.num_classes(train)
     keras.utils.set_random_seed(train.seed)
     keras.mixed_precision.set_global_policy(train.policy)  # before the model is made

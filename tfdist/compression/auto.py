@@ -151,14 +151,24 @@ def prior(exchange, computes=PRIOR_COMPUTE):
 
 
 def _valid_state(state, hooks):
-    """Whether `state` is what `AutoCompression.checkpoint_state` writes, for these hooks."""
-    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    """Whether `state` is what `AutoCompression.checkpoint_state` writes, for these hooks:
+    finite, positive measurements, a step and a bucket size a run can mean."""
+    def number(value, low=0.0):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(value) and value >= low
+
     return (isinstance(state, dict) and state.get("choice") in hooks
-            and isinstance(state.get("step"), int) and number(state.get("measured"))
+            and type(state.get("step")) is int and 0 <= state["step"] < _MAX_STEP
+            and number(state.get("measured"))
             and isinstance(state.get("link"), list) and len(state["link"]) == 2
-            and all(number(v) for v in state["link"])
-            and (state.get("bucket_bytes") is None or (isinstance(state["bucket_bytes"], int)
-                                                       and state["bucket_bytes"] >= 0)))
+            and number(state["link"][0]) and state["link"][0] > 0 and number(state["link"][1])
+            and (state.get("bucket_bytes") is None or (
+                type(state["bucket_bytes"]) is int
+                and 0 <= state["bucket_bytes"] <= _MAX_BUCKET_BYTES)))
+
+
+#: What a saved decision can mean: a step count and a bucket (1 TiB) no run reaches.
+_MAX_STEP, _MAX_BUCKET_BYTES = 2**62, 2**40
 
 
 def worth_timing(floats, last_floats, last_seconds, timed, budget=0.05):

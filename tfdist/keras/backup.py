@@ -11,12 +11,18 @@ kept state (`compression: auto`'s choice, where local SGD's schedule stands). Ea
 checkpoint: written apart, made durable, then switched to.
 """
 
+import hashlib
 import json
 import os
+import socket
+import sys
+import time
+import zipfile
 
 import numpy as np
 
 from tfdist.checkpoint import CheckpointError, CheckpointStore
+from tfdist.checkpoint.files import check_path, open_regular
 from tfdist.core.driver import before_backup
 from tfdist.core.optimizer import pipeline_of
 from tfdist.core.owned import optimizers_of
@@ -28,7 +34,54 @@ WEIGHTS = "backup.weights.h5"
 #: Each replica's own state of the exchange, stacked over all replicas.
 REPLICA_STATE = "replica_state.npz"
 #: The metadata keys tfdist writes itself (BackupAndRestore adds epoch, batch, epochs).
-RESERVED = ("steps", "hooks")
+RESERVED = ("steps", "hooks", "policy", "checkpoint")
+#: A step count no run reaches (an int64 optimizer counter, with room).
+MAX_STEPS = 2**62
+#: What a file of a backup may hold beyond its variables' bytes (HDF5's or NumPy's own).
+_FILE_OVERHEAD, _VARIABLE_OVERHEAD = 1 << 20, 1 << 14
+
+
+def describe_run(model, run=None):
+    """The run a backup belongs to (`CheckpointStore`'s `run`): what makes it one run is
+    its model's structure (each layer's class, each weight's shape and dtype, not their
+    generated names) and `run` — your name for it (a string or JSON value: the flags that
+    matter, a job name) — or, when None, the script's command line, which a relaunched
+    task repeats and another run (another seed, other flags) does not."""
+    identity = {"layers": [type(layer).__name__ for layer in _layers(model)],
+                "weights": [[list(map(int, v.shape)), str(v.dtype)] for v in model.weights],
+                "run": _command() if run is None else run}
+    try:
+        text = json.dumps(identity, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"run must be a string or JSON values: {error}") from None
+    return {"id": hashlib.sha256(text.encode()).hexdigest()[:16],
+            "command": _command() if run is None else None,
+            "run": run, "model": f"{model.name} ({len(model.weights)} weights)",
+            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "host": socket.gethostname()}
+
+
+def policy_of(model):
+    policy = getattr(model, "dtype_policy", None)
+    return getattr(policy, "name", None) or str(policy)
+
+
+def check_metadata(path, metadata, model):
+    """Raises CheckpointError unless tfdist's part of a backup's metadata is what a backup
+    of `model` can hold: a step count, the hooks' list, the precision policy it trains in."""
+    steps, hooks, policy = (metadata.get(k) for k in ("steps", "hooks", "policy"))
+    if steps is not None and not (type(steps) is int and 0 <= steps < MAX_STEPS):
+        raise CheckpointError(f"the backup {path} holds steps={repr(steps)[:60]}, not a "
+                              "step count: it is not a backup tfdist wrote")
+    if hooks is not None and not isinstance(hooks, list):
+        raise CheckpointError(f"the backup {path} holds hooks of type {type(hooks).__name__}, "
+                              "not a list: it is not a backup tfdist wrote")
+    if policy is not None and policy != policy_of(model):
+        raise CheckpointError(
+            f"the backup {path} was made under the {policy!r} precision policy; this run "
+            f"trains under {policy_of(model)!r}, whose optimizer state (step, slots, loss "
+            f"scale) it does not fit. Run it under {policy!r} again, or give another "
+            "backup directory")
 
 
 def capture(model, strategy):
@@ -36,7 +89,7 @@ def capture(model, strategy):
     it on every worker at the same point (averaging the replicas and gathering their
     each replica's state are collectives)."""
     before_backup(model)
-    metadata = {"steps": _steps(model),
+    metadata = {"steps": _steps(model), "policy": policy_of(model),
                 "hooks": [pipeline_of(o).checkpoint_states() for o in _built(model)]}
     values = gather_replica_values(strategy, _replica_state(model))
 
@@ -55,11 +108,14 @@ def restore(model, strategy, path, metadata):
     Raises:
         CheckpointError: the backup does not fit the model.
     """
+    check_metadata(path, metadata, model)
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and not optimizer.built:
         optimizer.build(model.trainable_variables)
+    weights = os.path.join(path, WEIGHTS)
+    check_path(weights, _bound(list(model.weights) + _optimizer_variables(model), copies=3))
     try:
-        model.load_weights(os.path.join(path, WEIGHTS))
+        model.load_weights(weights)
     except ValueError as error:
         raise CheckpointError(f"the backup {path} does not fit this model: "
                               f"{' '.join(str(error).split())[:300]}") from None
@@ -75,15 +131,18 @@ class ModelBackup:
     `step.preempted()` reports, or every N steps): the chief writes, the others wait until
     the backup is complete. `restore()` on every worker before training: the newest
     readable backup's metadata (your own keys and ``steps``, the optimizer's step count),
-    or None when there is none.
+    or None when there is none. The directory belongs to one run (`describe_run`): another
+    run's backups are refused in one line, and the chief holds its lock from the first
+    save until `close()` (or its exit). Your files in `directory` are never touched.
 
     Args:
         directory: the backups' directory (`tfdist.checkpoint.CheckpointStore`).
         model: the model; its optimizer is found as `model.optimizer` or its attributes.
         strategy: the model's strategy (default: the current one).
+        run: what makes this run one (`describe_run`; default: the command line).
     """
 
-    def __init__(self, directory, model, strategy=None):
+    def __init__(self, directory, model, strategy=None, run=None):
         import keras
         import tensorflow as tf
 
@@ -93,10 +152,19 @@ class ModelBackup:
                              f"Received: directory={str(directory)[:200]!r}")
         if not isinstance(model, keras.Model):
             raise TypeError(f"model must be a keras.Model. Received: {type(model).__name__}")
-        self.store = CheckpointStore(directory)
+        check_json("run", run)
+        self.directory, self.run = os.fspath(directory), run
         self.model = model
         self.strategy = strategy or getattr(model, "distribute_strategy", None) \
             or tf.distribute.get_strategy()
+        self._store = None
+
+    @property
+    def store(self):
+        """The run's `CheckpointStore` (made once the model is built)."""
+        if self._store is None:
+            self._store = CheckpointStore(self.directory, run=describe_run(self.model, self.run))
+        return self._store
 
     def save(self, **metadata):
         """Writes a backup of the model now, with `metadata` (JSON values) beside it."""
@@ -104,40 +172,122 @@ class ModelBackup:
         if taken:
             raise ValueError(f"{', '.join(taken)} belong to tfdist's own part of the backup's "
                              f"metadata; name yours otherwise. Received: {', '.join(taken)}")
-        try:
-            json.dumps(metadata, allow_nan=False)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"a backup's metadata must be JSON values (finite numbers, "
-                             f"strings, lists, dicts): {error}") from None
+        check_json("a backup's metadata", metadata)
         captured, write = capture(self.model, self.strategy)
         if is_chief(self.strategy):
             self.store.save(write, {**metadata, **captured})
         barrier(self.strategy)  # nobody goes on (or exits) before the backup is complete
 
     def restore(self):
-        """Loads the newest readable backup; returns its metadata, or None."""
-        loaded = self.store.load(lambda path, metadata: restore(
-            self.model, self.strategy, path, metadata))
+        """Loads the newest readable backup of this run; returns its metadata, or None."""
+        with self.strategy.scope():  # an optimizer not yet built is built here
+            loaded = self.store.load(lambda path, metadata: restore(
+                self.model, self.strategy, path, metadata))
         return None if loaded is None else loaded[1]
+
+    def close(self):
+        """Lets go of the directory's lock (the backups stay)."""
+        if self._store is not None:
+            self._store.release()
+
+
+def check_json(what, value, depth=0):
+    """Raises ValueError unless `value` is JSON that reads back as itself: finite numbers,
+    strings, booleans, None, lists, and dicts with string keys, at most 64 deep."""
+    if depth > 64:
+        raise ValueError(f"{what} must be JSON values at most 64 deep")
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{what} must be JSON values (finite numbers, strings, lists, "
+                             f"dicts): {value!r} is not a JSON number")
+        return
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            check_json(what, item, depth + 1)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{what} must be JSON values (finite numbers, strings, "
+                                 f"lists, dicts with string keys): the key {key!r} is a "
+                                 f"{type(key).__name__}")
+            check_json(what, item, depth + 1)
+        return
+    raise ValueError(f"{what} must be JSON values (finite numbers, strings, lists, dicts): "
+                     f"{type(value).__name__} is not")
 
 
 def _restore_replica_state(model, strategy, path):
     state, file = _replica_state(model), os.path.join(path, REPLICA_STATE)
-    if not state or not os.path.exists(file):
+    if not state or not os.path.lexists(file):
         if state:
             print(f"tfdist: the backup {path} holds no exchange state (residuals, "
                   "PowerSGD's Q): it starts afresh", flush=True)
         return
-    with np.load(file) as saved:
-        arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
     replicas = strategy.num_replicas_in_sync
-    if [a.shape for a in arrays] != [(replicas, *v.shape) for v in state]:
+    expected = [((replicas, *map(int, v.shape)), _numpy_dtype(v)) for v in state]
+    arrays = _read_arrays(file, expected, _bound(state, replicas))
+    if arrays is None:
         print(f"tfdist: the backup {path} holds the exchange state of another layout "
-              f"({len(arrays)} variables over {arrays[0].shape[0] if arrays else 0} "
-              f"replicas; this run: {len(state)} over {replicas}): it starts afresh",
-              flush=True)
+              f"(this run: {len(state)} variables over {replicas} replicas): it starts "
+              "afresh", flush=True)
         return
     set_replica_values(strategy, state, arrays)
+
+
+def _read_arrays(file, expected, limit):
+    """The arrays of the `.npz` file, or None if their shapes and dtypes are not `expected`
+    — judged from each array's header, before any array is read (no pickles)."""
+    with open_regular(file, limit) as f, zipfile.ZipFile(f) as archive:
+        names = [f"arr_{i}.npy" for i in range(len(expected))]
+        if sorted(archive.namelist()) != sorted(names):
+            return None
+        arrays = []
+        for name, (shape, dtype) in zip(names, expected):
+            if archive.getinfo(name).file_size > dtype.itemsize * int(np.prod(shape)) \
+                    + _VARIABLE_OVERHEAD:
+                return None
+            with archive.open(name) as member:
+                version = np.lib.format.read_magic(member)
+                header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                          else np.lib.format.read_array_header_2_0)(member)
+                if header[0] != shape or header[2].itemsize != dtype.itemsize:
+                    return None
+            with archive.open(name) as member:
+                arrays.append(np.lib.format.read_array(member, allow_pickle=False))
+        return arrays
+
+
+def _bound(variables, copies=1):
+    """The most bytes a file holding `variables` (`copies` of each) can take."""
+    return _FILE_OVERHEAD + sum(
+        copies * int(np.prod(v.shape)) * _numpy_dtype(v).itemsize + _VARIABLE_OVERHEAD
+        for v in variables)
+
+
+def _numpy_dtype(variable):
+    import tensorflow as tf
+
+    return np.dtype(tf.as_dtype(variable.dtype).as_numpy_dtype)
+
+
+def _optimizer_variables(model):
+    found = []
+    for optimizer in {id(o): o for o in [getattr(model, "optimizer", None),
+                                         *optimizers_of(model)] if o is not None}.values():
+        found += list(getattr(optimizer, "variables", []))
+    return found
+
+
+def _layers(model):
+    return [layer for layer in model._flatten_layers(include_self=False)] \
+        if hasattr(model, "_flatten_layers") else list(getattr(model, "layers", []))
+
+
+def _command():
+    return [os.path.basename(sys.argv[0] if sys.argv else ""), *sys.argv[1:]]
 
 
 def _built(model):

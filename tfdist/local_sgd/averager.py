@@ -321,16 +321,16 @@ class ModelAverager(TrainingHook):
             {"warmup_steps"} if self.auto_warmup else set()) | (
             {"auto"} if isinstance(self.warmup_exchange, AutoCompression) else set())
         valid = (isinstance(state, dict) and set(state) == keys
-                 and all(type(state.get(k, 0)) is int and state.get(k, 0) >= 0
+                 and all(type(state.get(k, 0)) is int and 0 <= state.get(k, 0) < 2**31
                          for k in ("averages", "attempts"))
                  and type(state["anchored"]) is bool
                  and isinstance(state["differ"], list) and all(map(fragment, state["differ"]))
                  and isinstance(state["in_flight"], list) and all(
                      isinstance(p, list) and len(p) == 2 and fragment(p[0])
-                     and type(p[1]) is int and p[1] >= 0 for p in state["in_flight"])
+                     and type(p[1]) is int and 0 <= p[1] < 2**62 for p in state["in_flight"])
                  and (self.pace is None or self.pace.valid(state["pace"]))
                  and (not self.auto_warmup or state["warmup_steps"] is None or (
-                     type(state["warmup_steps"]) is int and state["warmup_steps"] >= 0)))
+                     type(state["warmup_steps"]) is int and 0 <= state["warmup_steps"] < 2**62)))
         if not valid:
             raise CheckpointError(f"the backup's local SGD schedule cannot be used with "
                                   f"{len(self.groups)} fragment(s): {str(state)[:200]}")

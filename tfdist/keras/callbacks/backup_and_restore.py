@@ -8,7 +8,7 @@ from tfdist.core.optimizer import is_routed
 from tfdist.core.owned import optimizers_of
 from tfdist.core.preemption import (Preempted, preemption, resume_at, seconds_since_signal,
                                     skipping)
-from tfdist.keras.backup import capture, restore
+from tfdist.keras.backup import MAX_STEPS, capture, check_json, describe_run, restore
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
 from tfdist.strategies.kind import capabilities_of
 from tfdist.strategies.task import barrier
@@ -45,18 +45,27 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     data comes in the same order (a dataset reshuffled per epoch gets a new order after a
     restart: the steps still run once, on other batches).
 
+    **One run per `backup_dir`**, which may hold your other files: tfdist writes there only
+    `checkpoint-<n>/`, `latest`, `run.json`, `.lock` and temporary names, and removes only
+    those. Every backup names its run (`tfdist.keras.backup.describe_run`: the model's
+    structure and `run`, by default the command line): a run that finds another run's
+    backups stops in one line saying whose they are; the chief holds the directory's lock
+    while it trains, so a second run at the same time is refused (a killed run holds no
+    lock). A finished run removes its backups (`delete_checkpoint=True`) or leaves its
+    final one (`False`: the same command then has nothing left to train).
+
     Works with `model.fit` and `tfdist.Trainer`. Arguments as in Keras
-    (`double_checkpoint` is always on: the previous backup is kept).
+    (`double_checkpoint` is always on: the previous backup is kept), and `run` (your name
+    for this run: a string or JSON values; default: the command line).
     """
 
     def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=True,
-                 delete_checkpoint=True, preemption=True):
+                 delete_checkpoint=True, preemption=True, run=None):
+        _check_arguments(backup_dir, save_freq, double_checkpoint, delete_checkpoint,
+                         preemption, run)
         super().__init__(backup_dir, save_freq=save_freq, double_checkpoint=double_checkpoint,
                          delete_checkpoint=delete_checkpoint)
-        if preemption not in (True, False):
-            raise ValueError(f"preemption must be True or False. Received: "
-                             f"preemption={preemption!r}")
-        self._chief_dir = backup_dir
+        self._chief_dir, self.run = backup_dir, run
         self._store = CheckpointStore(backup_dir)
         self._scratch = WorkerScratch(backup_dir)
         self.preemption = preemption
@@ -64,12 +73,18 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._watching = self._rides = False
 
     def on_train_begin(self, logs=None):
-        self._store = CheckpointStore(self._chief_dir)
+        if not self.model.built:
+            raise ValueError("To use the BackupAndRestore callback, your model must be built "
+                             f"before you call fit(). Received: model={self.model.name}")
+        strategy = strategy_of(self.model)
+        self._store = CheckpointStore(self._chief_dir,
+                                      run=describe_run(self.model, self.run))
+        scratch = self._scratch.create(strategy)
+        if scratch is None:
+            self._store.claim()  # the chief writes: this run's, and nobody else's meanwhile
         self._load_model()  # restore from the chief's backup, on every worker
-        scratch = self._scratch.create(strategy_of(self.model))
         if scratch is not None:
             self._store = CheckpointStore(scratch)
-        strategy = strategy_of(self.model)
         self._watching = self.preemption and not capabilities_of(strategy).coordinator
         if self._watching:
             preemption().install()
@@ -83,9 +98,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         preemption().uninstall()
         resume_at(self.model, 0, 0)
         if self._scratch.path is None and self.delete_checkpoint:
-            self._store.remove()
+            self._store.remove()  # its own files only
+        self._store.release()
         self._scratch.cleanup()
-        self._store = CheckpointStore(self._chief_dir)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -132,6 +147,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                       else " (a peer's signal)") + "; exiting with code 143 to be restarted")
         print(f"tfdist: {message}", flush=True)
         preemption().reset()
+        self._store.release()
         raise Preempted(message)
 
     @staticmethod
@@ -147,9 +163,6 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                                  **metadata})
 
     def _load_model(self):
-        if not self.model.built:
-            raise ValueError("To use the BackupAndRestore callback, your model must be built "
-                             f"before you call fit(). Received: model={self.model.name}")
         loaded = self._store.load(self._read)
         if loaded is not None:
             metadata = loaded[1]
@@ -160,13 +173,43 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def _read(self, path, metadata):
         """Loads the backup at `path` into the model, if it fits this run."""
         epochs = self.params.get("epochs") if self.params else None
-        epoch = metadata.get("epoch")
-        if not isinstance(epoch, int) or epoch < 0 or (epochs is not None and epoch > epochs):
+        steps = self.params.get("steps") if self.params else None
+        epoch, batch = metadata.get("epoch"), metadata.get("batch", 0)
+        if not (type(epoch) is int and 0 <= epoch < MAX_STEPS) or (
+                epochs is not None and epoch > epochs):
             raise CheckpointError(
-                f"the backup {path} is of epoch {epoch!r}, but this training runs "
-                f"{epochs} epochs: it belongs to another run. Remove {self._chief_dir} "
-                "or give another backup_dir")
+                f"the backup {path} is of epoch {repr(epoch)[:60]}, but this training runs "
+                f"{epochs} epochs: it belongs to another run. Remove its backups from "
+                f"{self._chief_dir} or give another backup_dir")
+        if not (type(batch) is int and 0 <= batch < MAX_STEPS) or (
+                steps is not None and batch > steps) or (epoch == epochs and batch):
+            raise CheckpointError(
+                f"the backup {path} is after step {repr(batch)[:60]} of epoch {epoch}, but "
+                f"this training's epochs have {steps} steps: it belongs to another run. "
+                f"Remove its backups from {self._chief_dir} or give another backup_dir")
         if epoch == epochs:
             print(f"tfdist: the backup {path} is of the last epoch ({epoch} of {epochs}): "
                   "nothing is left to train", flush=True)
         restore(self.model, strategy_of(self.model), path, metadata)
+
+
+def _check_arguments(backup_dir, save_freq, double_checkpoint, delete_checkpoint, preemption,
+                     run):
+    """One-line refusals of what Keras' constructor would take or crash on later."""
+    import os
+
+    if not isinstance(backup_dir, (str, os.PathLike)) or not os.fspath(backup_dir) \
+            or "\0" in os.fspath(backup_dir):
+        raise ValueError("backup_dir must be a non-empty path without NUL characters. "
+                         f"Received: backup_dir={str(backup_dir)[:200]!r}")
+    if os.path.lexists(backup_dir) and not os.path.isdir(backup_dir):
+        raise ValueError(f"backup_dir must be a directory (or not exist yet); {backup_dir} "
+                         "is a file")
+    if not (save_freq == "epoch" or (type(save_freq) is int and save_freq > 0)):
+        raise ValueError(f"save_freq must be 'epoch' or a positive number of batches. "
+                         f"Received: save_freq={save_freq!r}")
+    for name, value in (("double_checkpoint", double_checkpoint),
+                        ("delete_checkpoint", delete_checkpoint), ("preemption", preemption)):
+        if type(value) is not bool:
+            raise ValueError(f"{name} must be True or False. Received: {name}={value!r}")
+    check_json("run", run)
