@@ -24,9 +24,15 @@ def config_of(exchange, write_config):
         {"cluster": {"worker": 1}, "strategy": "mirrored", **zoo.EXCHANGES[exchange]})))
 
 
-@pytest.mark.parametrize("exchange", list(zoo.EXCHANGES))
-@pytest.mark.parametrize("family", ["transformer", "rnn", "conv", "multi_io", "finetune",
-                                    "shared"])
+#: Every exchange on the transformer (a Dense over a sequence, an embedding's rows); the
+#: other families through one lossy exchange with a state (top-k + error feedback) and one
+#: that trains apart (DiLoCo). benchmarks/model_zoo.py runs all 42 cells.
+CELLS = ([("transformer", exchange) for exchange in zoo.EXCHANGES]
+         + [(family, exchange) for family in ("rnn", "conv", "multi_io", "finetune", "shared")
+            for exchange in ("topk+ef", "diloco")])
+
+
+@pytest.mark.parametrize("family, exchange", CELLS)
 def test_every_exchange_trains_every_family_alike_on_every_replica(strategies, write_config,
                                                                    family, exchange):
     """Finite, the loss falls, and (where replicas share one model) every replica holds the
