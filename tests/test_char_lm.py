@@ -142,3 +142,31 @@ def test_a_bad_flag_of_either_example_is_one_line_naming_the_flag(example, flag,
     assert len(said) == 1 and f"command line {flag}: train.{flag[2:]}: " in said[0], said
     assert value in said[0] and "Traceback" not in result.stderr, result.stderr[-3000:]
 
+
+
+@pytest.mark.parametrize("example, arguments, fragment", [
+    ("unet_segmentation", ["--loop", "bogus"], "--loop"),
+    ("unet_segmentation", ["--epochs", "abc"], "--epochs=abc"),
+    ("char_lm", ["--no_such_flag", "1"], "no_such_flag"),
+])
+def test_a_flag_absl_cannot_parse_is_one_line_and_exit_2(example, arguments, fragment):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / example / "train.py"), "--config",
+         "configs/unet_mirrored.yaml", *arguments], cwd=ROOT, capture_output=True, text=True,
+        timeout=180, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 2, result.stderr[-3000:]
+    said = [line for line in result.stderr.splitlines() if "train.py: " in line]
+    assert len(said) == 1 and fragment in said[0], result.stderr[-3000:]
+    assert "FATAL" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch", "numpy", "bogus", ""])
+def test_another_keras_backend_is_one_line_before_keras_is_imported(backend):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "unet_segmentation" / "train.py"),
+         "--config", "configs/unet_mirrored.yaml"], cwd=ROOT, capture_output=True, text=True,
+        timeout=180, env=dict(os.environ, KERAS_BACKEND=backend))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().count("\n") == 0, result.stderr[-3000:]
+    assert f"KERAS_BACKEND={backend!r}" in result.stderr and "unset KERAS_BACKEND" in \
+        result.stderr

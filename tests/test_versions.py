@@ -73,6 +73,22 @@ def test_an_unsupported_version_ends_a_script_in_one_line_without_a_traceback():
     assert isinstance(UnsupportedVersionError("x"), tfdist.TfdistError)
 
 
+@pytest.mark.parametrize("backend", ["jax", "torch", "numpy", "openvino", "bogus"])
+def test_another_keras_backend_is_one_line_out_of_get_strategy(backend):
+    """Checked before Keras is imported (whose import of another backend fails in a
+    traceback of its own): tfdist.get_strategy ends the script in one line."""
+    assert "jax" in versions.backend_problem({"KERAS_BACKEND": "jax"})
+    assert versions.backend_problem({"KERAS_BACKEND": "tensorflow"}) is None
+    assert versions.backend_problem({}) is None
+    result = subprocess.run([sys.executable, "-c", "import tfdist; tfdist.get_strategy()"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120,
+                            env={**__import__("os").environ, "KERAS_BACKEND": backend})
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "tfdist: tfdist needs Keras' TensorFlow backend; unset KERAS_BACKEND or set it to "
+        f"tensorflow. Received: KERAS_BACKEND={backend!r}")
+
+
 class _CountsInsideBackendApply(keras.optimizers.SGD):
     """An SGD whose step is counted as Keras 3.9 and older counted it: at the end of
     `_backend_apply_gradients`, not in `apply`."""

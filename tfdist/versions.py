@@ -98,12 +98,27 @@ def untested(name, version_text, newest):
 _checked = False
 
 
+def backend_problem(environ=None):
+    """Why `KERAS_BACKEND` (read before Keras is imported) is not one tfdist runs on, or
+    None."""
+    import os
+
+    value = (os.environ if environ is None else environ).get("KERAS_BACKEND")
+    if value is None or value.strip() == "tensorflow":
+        return None
+    return ("tfdist needs Keras' TensorFlow backend; unset KERAS_BACKEND or set it to "
+            f"tensorflow. Received: KERAS_BACKEND={value[:100]!r}")
+
+
 def require_supported():
     """Refuses (`UnsupportedVersionError`) a TensorFlow or Keras tfdist cannot be right on;
     warns once about releases newer than the tested ones. Imports both (seconds)."""
     global _checked
     if _checked:
         return
+    problem = backend_problem()
+    if problem:  # before Keras is imported: another backend fails in its own import
+        raise UnsupportedVersionError(problem)
     try:
         import tensorflow as tf
     except ModuleNotFoundError as error:

@@ -68,6 +68,30 @@ def checked_section(source, name, section, checks_, overrides=None, ignored=()):
     return values
 
 
+def require_tensorflow_backend():
+    """Exits 2 with one line if `KERAS_BACKEND` names a backend other than TensorFlow (call
+    it before importing Keras, whose import would fail in a traceback of its own)."""
+    from tfdist.versions import backend_problem
+
+    problem = backend_problem()
+    if problem:
+        print(f"{sys.argv[0]}: {problem}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def parse_flags(argv):
+    """absl's flag parsing, a bad flag (`--loop bogus`, `--epochs abc`, an unknown one)
+    ending in one line and exit code 2 as a bad config value does."""
+    from absl import flags
+
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        print(f"{argv[0] if argv else sys.argv[0]}: {' '.join(str(error).split())[:500]}",
+              file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
 def run(app, main):
     """`app.run(main)`, a bad config value or flag ending in one line (file, line, key),
     exit code 2, instead of a traceback."""
@@ -78,4 +102,4 @@ def run(app, main):
             print(f"{sys.argv[0]}: {error}", file=sys.stderr, flush=True)
             sys.exit(2)
 
-    app.run(checked)
+    app.run(checked, flags_parser=parse_flags)

@@ -13,12 +13,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # common/
 
 from absl import app, flags, logging  # noqa: E402
+from common import settings  # noqa: E402
+
+settings.require_tensorflow_backend()  # before Keras is imported: one line, exit 2
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import tfdist  # noqa: E402
 import data  # noqa: E402
-from common import settings  # noqa: E402
 from common.progress import Progress, bytes_exchanged, json_ready  # noqa: E402
 import metrics  # noqa: E402
 import report  # noqa: E402
