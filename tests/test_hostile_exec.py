@@ -28,7 +28,7 @@ from tfdist.cluster import environment
 from tfdist.cluster.address import parse_address
 from tfdist.cluster.errors import ClusterError
 from tfdist.cluster.tf_config import parse_tf_config, read_tf_config
-from tfdist.config import config_from_dict
+from tfdist.config import ConfigError, config_from_dict
 
 PY = sys.executable
 TIMEOUT = 30
@@ -611,3 +611,35 @@ def test_generated_tf_configs(document):
         for job, listed in result.get("cluster", {}).items():
             for address in listed:
                 parse_address(address)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("islands, ok", [(2, False), ("[[0], [1, 2], [3]]", False), (3, True),
+                                         ("host", True)])
+def test_exec_checks_islands_against_the_steps_counted_tasks_as_validate_does(tmp_path,
+                                                                              islands, ok):
+    """A SLURM step of 3 tasks: `islands: 2` is what `validate` refuses for 3 workers; exec
+    refuses it the same way, before the command runs (here `true`)."""
+    config = tmp_path / "job.yaml"
+    config.write_text("cluster: {slurm: {chief: 1, port: 7000}}\n"
+                      "strategy: multi_worker_mirrored\n"
+                      f"local_sgd: {{period: 4, islands: {islands}}}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(SCHEDULER_PREFIXES)}
+    env.update(srun())
+    result = subprocess.run([PY, "-m", "tfdist", "exec", str(config), "--", "true"], env=env,
+                            cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT,
+                            stdin=subprocess.DEVNULL)
+    if ok:
+        assert result.returncode == 0, result.stderr[-2000:]
+    else:
+        assert_one_line(result.returncode, result.stderr, 2, r"local_sgd\.islands",
+                        r"step", r"3" if islands == 2 else r"every worker index")
+    sections = {"cluster": {"chief": 1, "worker": 2}, "strategy": "multi_worker_mirrored",
+                "local_sgd": {"period": 4, "islands": islands if islands in (2, 3, "host")
+                              else json.loads(islands)}}
+    try:  # what validate says of the same islands on a cluster of 3 counted tasks
+        config_from_dict(sections)
+        validated = True
+    except ConfigError:
+        validated = False
+    assert validated == ok

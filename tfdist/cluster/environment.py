@@ -86,6 +86,15 @@ def exec_task(config, command, environ=None):
     """
     environ = dict(os.environ if environ is None else environ)
     cluster, job, index = scheduled_task(config, environ)
+    islands = config.local_sgd.islands if config.local_sgd is not None else None
+    if islands is not None and islands != "host":
+        from tfdist.config.load import islands_problem
+
+        problem = islands_problem(islands, len(cluster.get("chief", []))
+                                  + len(cluster.get("worker", [])))
+        if problem:
+            raise ClusterError(f"local_sgd.islands: {problem} (the tasks of this "
+                               "scheduler's step)")
     environ["TF_CONFIG"] = passable_tf_config(cluster, job, index)
     strategy = config.strategy.name if config.strategy else None
     argv = task_argv(strategy, job, command, python=sys.executable)
