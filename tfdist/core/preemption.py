@@ -166,10 +166,15 @@ def seconds_since_signal():
     return time.monotonic() - _PREEMPTION.received_at
 
 
-def resume_at(model, epoch, batch):
+def resume_at(model, epoch, batch, reads=None):
     """Marks that `model`'s training resumes inside `epoch`, after `batch` steps of it
-    already trained before a preemption: the loops skip those steps' data (`skipping`)."""
+    already trained before a preemption: the loops skip those steps' data (`skipping`).
+    `reads`: the batches the interrupted run's input iterator had yielded by then
+    (`input_position`; more than `batch` where one iterator reads on across epochs): the
+    loop reads the difference first (`take_advance`), so the resumed run trains the
+    batches the uninterrupted one would have."""
     model._tfdist_resume = (epoch, batch) if batch else None
+    model._tfdist_advance = max(0, (reads or 0) - batch)
 
 
 def skipping(model, epoch, batch):
@@ -177,3 +182,29 @@ def skipping(model, epoch, batch):
     its data is read again and dropped, so every step trains exactly once."""
     resume = getattr(model, "_tfdist_resume", None)
     return resume is not None and epoch == resume[0] and batch < resume[1]
+
+
+def take_advance(model):
+    """The batches to read and drop before the resumed run's first step (once; then 0)."""
+    count = getattr(model, "_tfdist_advance", 0)
+    model._tfdist_advance = 0
+    return count
+
+
+def watch_input(model, position):
+    """Lets the loop training `model` say where its input stands: `position()` returns
+    (the batches its current input iterator has yielded, whether the next epoch reads on
+    through that iterator)."""
+    model._tfdist_input = position
+
+
+def input_position(model, at_epoch_end=False):
+    """The batches a resumed run must read before it trains on (`resume_at`'s `reads`):
+    the current iterator's reads mid-epoch; at an epoch's end, those reads if the next
+    epoch reads on through it, else 0 (a new iterator starts at the data's beginning).
+    None where the loop does not say (`watch_input`)."""
+    position = getattr(model, "_tfdist_input", None)
+    if position is None:
+        return None
+    reads, continues = position()
+    return reads if continues or not at_epoch_end else 0

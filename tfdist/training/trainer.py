@@ -12,7 +12,7 @@ from tfdist.core.driver import HookDriver
 from tfdist.core.hooks import GradientPipeline
 from tfdist.core.loss_scale import LossScaleOptimizer, is_loss_scale
 from tfdist.core.optimizer import pipeline_of, with_gradient_pipeline
-from tfdist.core.preemption import skipping
+from tfdist.core.preemption import skipping, take_advance, watch_input
 from tfdist.core.variables import trained_variables, underlying
 from tfdist.local_sgd.islands import warn_if_input_couples
 from tfdist.keras.callbacks.training_hooks import TrainingHooks
@@ -237,6 +237,10 @@ class Trainer:
         steps = _steps_per_epoch(dataset_or_fn, steps_per_epoch)
         self.driver.plan(None if steps is None else max(epochs - initial_epoch, 0) * steps)
         iterator, logs = iter(train_data), {}
+        self._reads = 0  # batches the current iterator yielded (a backup's input position)
+        watch_input(self.model, lambda: (self._reads, True))  # renewed before an epoch ends
+        if self.coordinator is None:
+            self._read_ahead(iterator, take_advance(self.model))
         for epoch in range(initial_epoch, epochs):
             self._reset_metrics()
             callbacks.on_epoch_begin(epoch)
@@ -247,7 +251,7 @@ class Trainer:
                 if steps == 0:
                     raise ValueError("the training dataset yielded no batch; check that it is "
                                      "not empty and that each worker's shard has a full batch")
-                iterator = iter(train_data)
+                iterator, self._reads = iter(train_data), 0
             self.completed_steps += steps
             logs = self._logs()
             if val_data is not None:
@@ -289,9 +293,7 @@ class Trainer:
         for batch in (range(steps) if steps is not None else itertools.count()):
             on_begin(batch)
             if training and self.coordinator is None and skipping(self.model, epoch, batch):
-                try:
-                    next(iterator)
-                except (tf.errors.OutOfRangeError, StopIteration):
+                if not self._read_ahead(iterator, 1):
                     return done, True
                 on_end(batch, {})
                 continue
@@ -316,6 +318,8 @@ class Trainer:
                     data = next(iterator)
                 except (tf.errors.OutOfRangeError, StopIteration):
                     return done, True
+                if training:
+                    self._reads += 1
                 logs = function(data)
             done += 1
             if training and self.coordinator is None:
@@ -328,6 +332,17 @@ class Trainer:
         return done, False
 
     # --- helpers ----------------------------------------------------------------------
+
+    def _read_ahead(self, iterator, count):
+        """Reads and drops `count` batches (trained before a preemption); False if the
+        data ended first."""
+        for _ in range(count):
+            try:
+                next(iterator)
+            except (tf.errors.OutOfRangeError, StopIteration):
+                return False
+            self._reads += 1
+        return True
 
     def _results(self):
         return {m.name: m.result() for m in [self.loss_tracker, *self.metrics]}

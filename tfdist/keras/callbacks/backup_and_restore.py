@@ -1,13 +1,16 @@
 """`BackupAndRestore` that several workers can share and a kill cannot break."""
 
+import functools
+import sys
+
 import keras
 
 from tfdist.checkpoint import CheckpointError, CheckpointStore
 from tfdist.core.loss_scale import inner_of
 from tfdist.core.optimizer import is_routed
 from tfdist.core.owned import optimizers_of
-from tfdist.core.preemption import (Preempted, preemption, resume_at, seconds_since_signal,
-                                    skipping)
+from tfdist.core.preemption import (Preempted, input_position, preemption, resume_at,
+                                    seconds_since_signal, skipping, take_advance, watch_input)
 from tfdist.keras.backup import MAX_STEPS, capture, check_json, describe_run, restore
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
 from tfdist.strategies.kind import capabilities_of
@@ -77,6 +80,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             raise ValueError("To use the BackupAndRestore callback, your model must be built "
                              f"before you call fit(). Received: model={self.model.name}")
         strategy = strategy_of(self.model)
+        epoch_iterator = keras_epoch_iterator()  # None under tfdist.Trainer (it says itself)
+        watch_input(self.model, None if epoch_iterator is None
+                    else functools.partial(keras_input_position, epoch_iterator))
+        self._epoch_iterator, self._at_epoch_end = epoch_iterator, False
         self._store = CheckpointStore(self._chief_dir,
                                       run=describe_run(self.model, self.run))
         scratch = self._scratch.create(strategy)
@@ -110,10 +117,31 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             if self.model.train_function is not self._skip:
                 self._keras_function = self.model.train_function
                 self.model.train_function = self._skip
+            self._read_ahead_once()
             return
         if self.model.train_function is self._skip:
             self.model.train_function = self._keras_function
+        self._read_ahead_once()
         preemption().before_step()
+
+    def _read_ahead_once(self):
+        """Before the resumed run's first step: the batches the interrupted run's iterator
+        had read before its epoch (one iterator read on across epochs) are read and
+        dropped, so each step trains the batch it would have."""
+        count = take_advance(self.model)
+        if not count:
+            return
+        function = self.model.train_function
+
+        def read_ahead_then(iterator):
+            for _ in range(count):
+                next(iterator)
+            if self._epoch_iterator is not None:  # Keras counts the reads of its iterator
+                self._epoch_iterator._steps_seen += count
+            self.model.train_function = function
+            return function(iterator)
+
+        self.model.train_function = read_ahead_then
 
     def on_train_batch_end(self, batch, logs=None):
         if skipping(self.model, self._epoch, batch):
@@ -129,8 +157,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_epoch_end(self, epoch, logs=None):
         resume_at(self.model, 0, 0)  # past the resumed epoch
-        self._done_in_epoch = 0
-        super().on_epoch_end(epoch, logs)
+        self._done_in_epoch, self._at_epoch_end = 0, True
+        try:
+            super().on_epoch_end(epoch, logs)
+        finally:
+            self._at_epoch_end = False
         if self._watching and preemption().agreed():
             self._current_epoch = epoch + 1
             self._exit_preempted(f"at the end of epoch {epoch}",
@@ -139,6 +170,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def _exit_preempted(self, where, saved=False):
         """Every worker saves the backup (the chief's is the one kept) and exits with 143."""
         if not saved:
+            self._at_epoch_end = self._done_in_epoch == 0
             self._save_model()
         barrier(strategy_of(self.model))  # nobody exits before the chief's save is done
         waited = seconds_since_signal()
@@ -158,7 +190,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def _save_model(self):
         metadata, write = capture(self.model, strategy_of(self.model))
+        reads = input_position(self.model, at_epoch_end=self._at_epoch_end)
         self._store.save(write, {"epoch": self._current_epoch, "batch": self._done_in_epoch,
+                                 "reads": reads,
                                  "epochs": self.params.get("epochs") if self.params else None,
                                  **metadata})
 
@@ -167,7 +201,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if loaded is not None:
             metadata = loaded[1]
             self.model._initial_epoch = metadata["epoch"]
-            resume_at(self.model, metadata["epoch"], metadata.get("batch", 0))
+            resume_at(self.model, metadata["epoch"], metadata.get("batch", 0),
+                      metadata.get("reads"))
             self._epoch, self._done_in_epoch = metadata["epoch"], metadata.get("batch", 0)
 
     def _read(self, path, metadata):
@@ -187,10 +222,40 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 f"the backup {path} is after step {repr(batch)[:60]} of epoch {epoch}, but "
                 f"this training's epochs have {steps} steps: it belongs to another run. "
                 f"Remove its backups from {self._chief_dir} or give another backup_dir")
+        reads = metadata.get("reads")
+        if reads is not None and not (type(reads) is int and batch <= reads < MAX_STEPS):
+            raise CheckpointError(
+                f"the backup {path} holds reads={repr(reads)[:60]}, not a count of batches "
+                f"read (at least the {batch} steps of its epoch): it is not a backup tfdist "
+                "wrote")
         if epoch == epochs:
             print(f"tfdist: the backup {path} is of the last epoch ({epoch} of {epochs}): "
                   "nothing is left to train", flush=True)
         restore(self.model, strategy_of(self.model), path, metadata)
+
+
+def keras_epoch_iterator():
+    """The `EpochIterator` of the Keras `fit` calling this callback's `on_train_begin`, or
+    None (not under Keras' fit). A seam of Keras' (its `fit` keeps it as the local
+    `epoch_iterator`), watched by tests/test_keras_seams.py."""
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    frame = sys._getframe(1)
+    for _ in range(12):
+        if frame is None:
+            return None
+        found = frame.f_locals.get("epoch_iterator")
+        if isinstance(found, EpochIterator) and hasattr(found, "_steps_seen"):
+            return found
+        frame = frame.f_back
+    return None
+
+
+def keras_input_position(epoch_iterator):
+    """(batches the current iterator yielded, whether the next epoch reads on through it):
+    Keras keeps one iterator across epochs when `steps_per_epoch` is given, and renews it
+    (before the epoch ends) when a finite dataset's batches are all read."""
+    return epoch_iterator._steps_seen, epoch_iterator.steps_per_epoch is not None
 
 
 def _check_arguments(backup_dir, save_freq, double_checkpoint, delete_checkpoint, preemption,
