@@ -50,11 +50,19 @@ def get_strategy(name_or_config="default", **options):
             with a cluster, TF_CONFIG disagrees with it (the message names the task).
     """
     spec = _strategy_config(name_or_config, options)
+    tasks = 0
     if capabilities(spec.name).multi_worker:
-        _tf_config()  # a malformed TF_CONFIG is named here, not deep inside TensorFlow
+        # a malformed TF_CONFIG is named here, not deep inside TensorFlow
+        tasks = sum(len(v) for k, v in (_tf_config().get("cluster") or {}).items()
+                    if k in ("chief", "worker"))
         if isinstance(name_or_config, Config):
             _check_tf_config(name_or_config)
-    return _BUILDERS[spec.name](dict(spec.options))
+    strategy = _BUILDERS[spec.name](dict(spec.options))
+    if tasks > 1:  # a SIGTERM from here on is honoured (TensorFlow's own would swallow it)
+        from tfdist.core.preemption import preemption
+
+        preemption().guard()
+    return strategy
 
 
 def _check_tf_config(config):

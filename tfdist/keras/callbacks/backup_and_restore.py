@@ -162,6 +162,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             super().on_epoch_end(epoch, logs)
         finally:
             self._at_epoch_end = False
+        if self._watching:  # a signal since the epoch's last step (its validation, say)
+            preemption().before_step()
+            preemption().agree_now()  # every worker, at the same point
         if self._watching and preemption().agreed():
             self._current_epoch = epoch + 1
             self._exit_preempted(f"at the end of epoch {epoch}",
