@@ -153,3 +153,33 @@ def test_a_bad_backup_dir_is_refused_in_one_line(write_config, value, fragment):
     with pytest.raises(tfdist.ConfigError, match="a path cannot hold a NUL"):
         train_config(tfdist.load_config(write_config("strategy: default\n")),
                      {"backup_dir": "a\0b"})  # the flag: located at the train section
+
+
+def test_without_matplotlib_the_example_writes_all_but_the_curves_and_says_so_first(
+        tmp_path, monkeypatch):
+    """The `plots` extra is not in `pip install .`: the example says so in one line before
+    training (train.py prints report.NO_PLOTS on the chief) and writes the other outputs."""
+    import importlib.util
+    import pathlib
+
+    import keras
+
+    path = pathlib.Path(__file__).parent.parent / "examples" / "unet_segmentation" / "report.py"
+    spec = importlib.util.spec_from_file_location("unet_report_under_test", path)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    assert report.can_plot()  # the test extra brings it
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else find(name, *a))
+    assert not report.can_plot()
+    model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(2, 1)])
+    images = np.zeros((2, 8, 8, 3), "float32")
+    masks = np.zeros((2, 8, 8), "int32")
+    history = {"loss": [1.0, 0.5], "pixel_accuracy": [0.5, 0.6], "mean_iou": [0.2, 0.3]}
+    paths = report.write_all(str(tmp_path), model, [images, masks], history, {})
+    assert sorted(paths) == ["metrics.json", "predictions.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "predictions.png"]
+    assert "pip install 'tfdist[plots]'" in report.NO_PLOTS and "\n" not in report.NO_PLOTS
+    source = (path.parent / "train.py").read_text()
+    assert source.index("report.NO_PLOTS") < source.index("model.fit(")  # before training

@@ -40,7 +40,9 @@ def define_flags(flags, config_help, output_dir):
     flags.DEFINE_enum("loop", None, list(LOOPS), "override train.loop")
     flags.DEFINE_enum("policy", None, list(POLICIES), "override train.policy (Keras dtype policy)")
     flags.DEFINE_string("backup_dir", None, "override train.backup_dir: back up every epoch "
-                        "there; a SIGTERM saves after the next step, a relaunch resumes there")
+                        "there; a SIGTERM saves after the next step, a relaunch resumes there. "
+                        "tfdist writes and removes only its own entries there (checkpoint-*, "
+                        "latest, run.json, .lock); a finished run removes its backups")
     for name, key in TFDIST_OVERRIDES.items():
         flags.DEFINE_integer(name, None, f"override {key}")
 
