@@ -321,6 +321,24 @@ def test_bad_island_steps_are_located_errors_in_the_config_and_the_constructor(s
         tfdist.local_sgd.ModelAverager(**section)
 
 
+@pytest.mark.parametrize("sections, fragment", [
+    ({"strategy": "mirrored", "local_sgd": {"period": 4, "islands": 2, "island_steps": [2, 4]}},
+     "island_steps needs islands of workers"),
+    ({"cluster": {"worker": 2}, "strategy": "multi_worker_mirrored",
+      "local_sgd": {"period": 4, "islands": 65}}, "between 1 and 64"),
+    ({"cluster": {"worker": 65}, "strategy": "multi_worker_mirrored",
+      "local_sgd": {"period": 4, "islands": [[i] for i in range(65)]}}, "at most 64 islands"),
+])
+def test_validate_refuses_the_islands_a_job_would_refuse_at_start(sections, fragment):
+    """What the job refuses at start from the config alone (`_weigh_islands`,
+    `IslandReduce`'s 64 groups), `tfdist validate` refuses first, in one located line."""
+    from tfdist.config import config_from_dict
+
+    with pytest.raises(ConfigError, match=fragment) as refused:
+        config_from_dict(sections)
+    assert "local_sgd.island" in str(refused.value) and "\n" not in str(refused.value)
+
+
 @pytest.mark.usefixtures("two_cpus")
 def test_island_steps_on_one_machines_replicas_are_refused(strategies):
     """A machine's replicas share one loop: they cannot train at two paces."""

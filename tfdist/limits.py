@@ -46,3 +46,6 @@ INT64_MAX = 2**63 - 1
 MAX_TASKS = 10_000
 MAX_PATH_BYTES = 4096
 MAX_LOGICAL_CPUS = 1024
+#: Islands of one job (local SGD's `islands`): one collective group each; 64 group keys per
+#: plan x up to 781 plans fit a strategy's key range.
+MAX_ISLANDS = 64

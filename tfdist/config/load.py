@@ -425,7 +425,10 @@ def _islands(source, path, value):
     if isinstance(value, str):
         return checks.string(source, path, value, ("host",))
     if not isinstance(value, (list, tuple)):
-        return checks.integer(source, path, value, minimum=1, maximum=limits.MAX_TASKS)
+        return checks.integer(source, path, value, minimum=1, maximum=limits.MAX_ISLANDS)
+    if len(value) > limits.MAX_ISLANDS:
+        raise source.error(path, f"at most {limits.MAX_ISLANDS} islands (one collective group "
+                                 f"each); got {len(value)}")
     if not value:
         raise source.error(path, "expected a count, 'host' or lists of worker indices, "
                                  "got an empty list")
@@ -502,6 +505,11 @@ def _check_together(config, source):
                            f"strategy={name}")
     if config.local_sgd is not None and config.local_sgd.islands is not None:
         _check_islands_fit(config, source)
+    if config.local_sgd is not None and getattr(config.local_sgd, "island_steps", None) \
+            is not None and not allowed.multi_worker:
+        raise source.error(("local_sgd", "island_steps"), "island_steps needs islands of "
+                           "workers (a multi-worker job): a machine's replicas share one loop "
+                           f"and train at one pace. Received: strategy={name}")
 
 
 def _check_islands_fit(config, source):

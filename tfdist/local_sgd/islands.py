@@ -31,7 +31,7 @@ from tfdist.strategies.input_pipelines import checks_partial_batches
 #: Island group keys sit in the upper half of a strategy's collective key range
 #: (`tfdist.strategies.collective_keys`), clear of the strategy's own device groups.
 GROUP_KEY_OFFSET = 50_000
-MAX_ISLANDS = 64  # group keys per plan: 64 x up to 781 plans fit the strategy's range
+from tfdist.limits import MAX_ISLANDS  # noqa: E402  (one group key each, per plan)
 _builds = itertools.count()  # one block of group keys per island plan in this process
 _lock = threading.Lock()
 
