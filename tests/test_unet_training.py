@@ -291,3 +291,55 @@ def test_sigterm_to_one_of_four_unet_workers_loses_no_step(tmp_path, write_confi
     assert seconds and max(seconds) < 10, saved  # within the grace period
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["optimizer_steps"] == metrics["steps"] == 40, metrics["optimizer_steps"]
+
+
+@pytest.mark.multiprocess
+def test_the_example_with_backup_dir_in_a_project_directory_keeps_its_files_and_its_run(
+        tmp_path):
+    """`--backup_dir .` from a project directory: every file there is still there after the
+    run; a second run while the first trains is refused in one line (the lock), and so is
+    a run with another seed that finds the first's backup (after a kill); the first's own
+    command resumes it."""
+    import os
+    import signal
+    import time
+
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "config.yaml").write_text("my: settings\n")
+    (project / "notes.md").write_text("notes\n")
+    (project / "data" / "x.bin").write_bytes(os.urandom(256))
+    before = {p.relative_to(project): p.read_bytes() for p in project.rglob("*") if p.is_file()}
+    script, flags = few_steps("unet_mirrored.yaml", tmp_path / "out")
+    flags = [f if not f.startswith("configs/") else str(ROOT / f) for f in flags]
+    command = [sys.executable, str(ROOT / script), *flags, "--backup_dir", "."]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    run([*command, "--epochs", "2"], cwd=project)
+    after = {p.relative_to(project): p.read_bytes() for p in project.rglob("*") if p.is_file()}
+    assert after == before  # the backups it made and removed, nothing else
+
+    long = [*command, "--epochs", "20", "--seed", "1"]
+    first = subprocess.Popen(long, cwd=project, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(project.glob("checkpoint-*")) and time.monotonic() < deadline:
+            assert first.poll() is None, first.communicate()[1][-3000:]
+            time.sleep(0.5)
+        second = subprocess.run(long, cwd=project, env=env, capture_output=True, text=True,
+                                timeout=300)
+        said = [line for line in second.stderr.splitlines() if "train.py: " in line]
+        assert second.returncode == 2 and len(said) == 1, second.stderr[-3000:]
+        assert "in use by another run" in said[0] and "Traceback" not in second.stderr
+    finally:
+        first.send_signal(signal.SIGKILL)  # killed: its backup stays, its lock does not
+        first.communicate(timeout=60)
+    other_seed = subprocess.run([*command, "--epochs", "20", "--seed", "2"], cwd=project,
+                                env=env, capture_output=True, text=True, timeout=300)
+    said = [line for line in other_seed.stderr.splitlines() if "train.py: " in line]
+    assert other_seed.returncode == 2 and len(said) == 1, other_seed.stderr[-3000:]
+    assert "another run" in said[0] and "--seed 1" in said[0]
+    resumed = run(long, cwd=project)  # its own command: resumed, trained to the end
+    assert "final validation mean IoU" in resumed.stdout, resumed.stdout[-3000:]
+    after = {p.relative_to(project): p.read_bytes() for p in project.rglob("*") if p.is_file()}
+    assert after == before

@@ -96,11 +96,14 @@ def parse_flags(argv):
 
 def run(app, main):
     """`app.run(main)`, a bad config value or flag ending in one line (file, line, key),
-    exit code 2, instead of a traceback."""
+    exit code 2, instead of a traceback; so does a backup directory this run cannot take
+    (another run's backups, or another run writing there now)."""
+    from tfdist.checkpoint import CheckpointError
+
     def checked(argv):
         try:
             return main(argv)
-        except ConfigError as error:
+        except (ConfigError, CheckpointError) as error:
             print(f"{sys.argv[0]}: {error}", file=sys.stderr, flush=True)
             sys.exit(2)
 

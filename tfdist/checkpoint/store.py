@@ -318,7 +318,8 @@ def describe(run):
         value = run.get(key)
         if value:
             value = " ".join(map(str, value)) if isinstance(value, list) else str(value)
-            parts.append(f"{key} {value[:120]}")
+            # a command differs from another at its end (the flags): keep the end
+            parts.append(f"{key} {value if len(value) <= 200 else '...' + value[-200:]}")
     return ", ".join(parts)
 
 
