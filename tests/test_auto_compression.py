@@ -444,6 +444,16 @@ def test_a_resumed_run_keeps_autos_choice_and_its_residuals(strategies, tmp_path
     {"choice": "topk+EF", "step": 6, "measured": 0.1, "link": [1e6], "bucket_bytes": None},
     {"choice": "topk+EF", "step": 6, "measured": 0.1, "link": [1e6, 1e-3],
      "bucket_bytes": -1},
+    # what crashed the first step when accepted: a bucket no run has, a NaN or zero link
+    {"choice": "topk+EF", "step": 6, "measured": 0.1, "link": [1e6, 1e-3],
+     "bucket_bytes": 2**70},
+    {"choice": "topk+EF", "step": 6, "measured": 0.1, "link": [float("nan"), 1e-3],
+     "bucket_bytes": None},
+    {"choice": "topk+EF", "step": 6, "measured": 0.1, "link": [0, 1e-3], "bucket_bytes": None},
+    {"choice": "topk+EF", "step": 6, "measured": float("inf"), "link": [1e6, 1e-3],
+     "bucket_bytes": None},
+    {"choice": "topk+EF", "step": 2**70, "measured": 0.1, "link": [1e6, 1e-3],
+     "bucket_bytes": None},
 ])
 def test_a_saved_decision_auto_cannot_use_is_ignored_in_one_line(state, capsys):
     hook = AutoCompression(probe_steps=6)

@@ -97,6 +97,8 @@ def test_averaging_the_optimizer_state_makes_adams_moments_their_mean(strategies
 @pytest.mark.parametrize("state", [
     None, [], {"averages": 1}, {"averages": -1, "anchored": True, "differ": [], "in_flight": []},
     {"averages": "1", "anchored": True, "differ": [], "in_flight": []},
+    {"averages": 2**70, "anchored": True, "differ": [], "in_flight": []},  # int64 overflow
+    {"averages": 1, "anchored": True, "differ": [], "in_flight": [[0, 2**70]]},
     {"averages": 1, "anchored": 1, "differ": [], "in_flight": []},
     {"averages": 1, "anchored": True, "differ": [2], "in_flight": []},
     {"averages": 1, "anchored": True, "differ": [], "in_flight": [[0]]},
