@@ -40,7 +40,7 @@ def test_island_groups_from_a_count_hosts_or_lists():
 
 
 @pytest.mark.parametrize("islands, message", [
-    (0, "between 1 and 10000"), (True, "an integer"), ("hosts", "did you mean 'host'"),
+    (0, "between 1 and 64"), (True, "an integer"), ("hosts", "did you mean 'host'"),
     ([], "empty list"), ([[0, 1], [1, 2, 3]], "worker 1 is in two islands"),
     ([[0], []], "non-empty list"), ([[0], [2, 3, 4]], "missing: \\[1\\]"),
     ([[0, 1], [2]], "they list 3"), (3, "divisible by 3; the cluster has 4"),
