@@ -26,11 +26,11 @@ FAMILIES = ("transformer", "rnn", "conv", "multi_io", "finetune", "shared")
 LOOPS = ("fit", "fit_dataset", "trainer", "own")
 #: (workers, family, loop) of the exact runs: every family through fit on 2 workers,
 #: every loop for the transformer and the multi-input model; on 4 workers the transformer
-#: through fit, the Trainer and its own loop, and the conv model (BatchNormalization,
+#: through fit and its own loop, and the conv model (BatchNormalization,
 #: against TensorFlow's strategy). benchmarks/model_zoo.py runs every family and loop.
 EXACT = ([(2, f, "fit") for f in FAMILIES]
          + [(2, f, loop) for f in ("transformer", "multi_io") for loop in LOOPS if loop != "fit"]
-         + [(4, "transformer", loop) for loop in ("fit", "trainer", "own")] + [(4, "conv", "fit")])
+         + [(4, "transformer", loop) for loop in ("fit", "own")] + [(4, "conv", "fit")])
 #: Other exchanges on 2 workers, as config sections: the Dense-over-a-sequence and
 #: embedding model (the transformer) through each; the multi-input model with top-k.
 EXCHANGES = {name: ZOO_EXCHANGES[name] for name in ("topk+ef", "diloco")}
