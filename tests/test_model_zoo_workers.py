@@ -32,7 +32,8 @@ EXACT = ([(2, f, "fit") for f in FAMILIES]
          + [(2, f, loop) for f in ("transformer", "multi_io") for loop in LOOPS if loop != "fit"]
          + [(4, "transformer", loop) for loop in ("fit", "own")] + [(4, "conv", "fit")])
 #: Other exchanges on 2 workers, as config sections: the Dense-over-a-sequence and
-#: embedding model (the transformer) through each; the multi-input model with top-k.
+#: embedding model (the transformer) through top-k + EF and DiLoCo, the multi-input model
+#: with top-k, the transformer under mixed_float16 (every exchange: test_model_zoo_exchanges).
 EXCHANGES = {name: ZOO_EXCHANGES[name] for name in ("topk+ef", "diloco")}
 TRAINED = ([("transformer", e, None) for e in ("topk+ef", "diloco")]
            + [("multi_io", "topk+ef", None), ("transformer", "none", "mixed_float16")])
