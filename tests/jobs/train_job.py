@@ -311,6 +311,24 @@ def _sleep(seconds):
     return tf.raw_ops.DatasetToSingleElement(dataset=data, **spec)[0] * 0
 
 
+#: The flags that only stage a fault (a relaunch drops them): not part of what makes a run.
+FAULT_FLAGS = ("--kill", "--pause_after", "--preempt", "--preempt_signal", "--await_worker1")
+
+
+def run_of(argv):
+    """The job's flags without those that stage a fault: `BackupAndRestore`'s `run`, so a
+    relaunch without them resumes the same run."""
+    kept, skip = [], False
+    for flag in argv:
+        if skip:
+            skip = False
+        elif flag in FAULT_FLAGS:
+            skip = True
+        else:
+            kept.append(flag)
+    return kept
+
+
 def main():
     args = parse()
     if args.policy:
@@ -362,7 +380,7 @@ def main():
     checksums = Checksums()
     callbacks.append(checksums)
     if args.backup:
-        callbacks += [tfdist.callbacks.BackupAndRestore(args.backup),
+        callbacks += [tfdist.callbacks.BackupAndRestore(args.backup, run=run_of(sys.argv[1:])),
                      EpochLog(os.path.join(args.out, "epochs.log")),
                      tfdist.callbacks.ModelCheckpoint(
                          os.path.join(args.out, "model-{epoch}.weights.h5"),
