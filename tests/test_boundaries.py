@@ -365,6 +365,8 @@ NOT_USER_VALUES = {
     "ENV_TAG": "the name of TFDIST_LAUNCH_DIR in the reaper, not a variable",
     "TFDIST_LAUNCH_DIR": "tfdist's own tag on its children, compared byte for byte with the "
                          "launch's directory and never parsed (tests/test_launch.py)",
+    "KERAS_BACKEND": "Keras' own; compared with 'tensorflow' before Keras is imported, any "
+                     "other value one line (tests/test_versions.py, tests/test_char_lm.py)",
 }
 
 
