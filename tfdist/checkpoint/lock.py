@@ -32,8 +32,11 @@ class _Lock:
             run_id, 1
 
     def release(self, remove_file=False):
+        """One user lets go; the last closes the lock. `remove_file` (the run's backups are
+        removed: it is done with the directory) lets go for every user of this process,
+        such as a run interrupted in it that never ended."""
         with _held_guard:
-            self.users -= 1
+            self.users = 0 if remove_file else self.users - 1
             if self.users > 0 or self.descriptor is None:
                 return
             _held.pop(os.path.realpath(self.directory), None)
