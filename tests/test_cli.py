@@ -62,6 +62,8 @@ def test_launch_without_command(write_config, capsys):
 def _tfdist_errors():
     """Every TfdistError subclass of the packages the command line uses."""
     from tfdist.checkpoint import CheckpointError
+    from tfdist.checkpoint.files import UnsafeFile
+    from tfdist.checkpoint.lock import LockedByAnother
     from tfdist.cli import UsageError
     from tfdist.cluster.spec import ClusterError
     from tfdist.config import ConfigError
@@ -71,8 +73,9 @@ def _tfdist_errors():
     from tfdist.strategies.errors import StrategyError, UnsupportedByKerasError
     from tfdist.versions import UnsupportedVersionError
 
-    return [CheckpointError, ConfigError, ClusterError, LaunchError, Preempted, StrategyError,
-            UnsupportedByKerasError, UnsupportedError, UnsupportedVersionError, UsageError]
+    return [CheckpointError, ConfigError, ClusterError, LaunchError, LockedByAnother, Preempted,
+            StrategyError, UnsafeFile, UnsupportedByKerasError, UnsupportedError,
+            UnsupportedVersionError, UsageError]
 
 
 def _subclasses(cls):
