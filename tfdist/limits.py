@@ -49,3 +49,16 @@ MAX_LOGICAL_CPUS = 1024
 #: Islands of one job (local SGD's `islands`): one collective group each; 64 group keys per
 #: plan x up to 781 plans fit a strategy's key range.
 MAX_ISLANDS = 64
+
+
+def islands_problem(islands, workers):
+    """Why `islands` (a count or lists of indices) cannot group `workers` training tasks
+    (chief and workers), or None: the one check `validate`, `tfdist exec` (against the
+    scheduler's counted tasks) and the job's start share."""
+    if isinstance(islands, int) and workers % islands:
+        return (f"{islands} equal islands need a number of workers (chief and workers) "
+                f"divisible by {islands}; the cluster has {workers}")
+    if isinstance(islands, (tuple, list)) and sum(map(len, islands)) != workers:
+        return (f"islands must list every worker index 0..{workers - 1} (chief first, then "
+                f"the workers) exactly once; they list {sum(map(len, islands))}")
+    return None

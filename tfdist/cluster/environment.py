@@ -13,6 +13,7 @@ import errno
 import os
 import sys
 
+from tfdist import limits
 from tfdist.cluster import jobset, slurm
 from tfdist.cluster.errors import ClusterError
 from tfdist.cluster.roles import runs_server, task_argv
@@ -88,9 +89,7 @@ def exec_task(config, command, environ=None):
     cluster, job, index = scheduled_task(config, environ)
     islands = config.local_sgd.islands if config.local_sgd is not None else None
     if islands is not None and islands != "host":
-        from tfdist.config.load import islands_problem
-
-        problem = islands_problem(islands, len(cluster.get("chief", []))
+        problem = limits.islands_problem(islands, len(cluster.get("chief", []))
                                   + len(cluster.get("worker", [])))
         if problem:
             raise ClusterError(f"local_sgd.islands: {problem} (the tasks of this "

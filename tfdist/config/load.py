@@ -517,22 +517,9 @@ def _check_islands_fit(config, source):
     islands, cluster = config.local_sgd.islands, config.cluster
     if cluster is None or cluster.scheduler is not None:
         return  # one machine's replicas, or a scheduler's: checked when the job starts
-    problem = islands_problem(islands, len(cluster.chief) + len(cluster.worker))
+    problem = limits.islands_problem(islands, len(cluster.chief) + len(cluster.worker))
     if problem:
         raise source.error(("local_sgd", "islands"), problem)
-
-
-def islands_problem(islands, workers):
-    """Why `islands` (a count or lists of indices) cannot group `workers` training tasks
-    (chief and workers), or None: the one check `validate`, `tfdist exec` (against the
-    scheduler's counted tasks) and the job's start share."""
-    if isinstance(islands, int) and workers % islands:
-        return (f"{islands} equal islands need a number of workers (chief and workers) "
-                f"divisible by {islands}; the cluster has {workers}")
-    if isinstance(islands, (tuple, list)) and sum(map(len, islands)) != workers:
-        return (f"islands must list every worker index 0..{workers - 1} (chief first, then "
-                f"the workers) exactly once; they list {sum(map(len, islands))}")
-    return None
 
 
 # Why a strategy that requires a job type needs it, for messages.

@@ -55,7 +55,6 @@ class Preemption:
         self._active = None
         self._installed = {}
         self._agree = {}          # id(strategy) -> the compiled scalar all-reduce
-        self._guarding = False    # from get_strategy on: a signal no loop watches ends it
 
     # --- signals --------------------------------------------------------------------
 
@@ -69,18 +68,9 @@ class Preemption:
             if number not in self._installed:
                 self._installed[number] = signal.signal(number, self._on_signal)
 
-    def guard(self):
-        """From the moment a multi-worker strategy is built to the process's exit: a signal
-        while no loop watches (building the model, restoring a backup, after `fit`) ends
-        the process at once with `EXIT_CODE` — there is nothing trained to save, and the
-        job must not report success (TensorFlow's own handler would swallow it); while a
-        loop watches, it becomes the agreed step as before."""
-        self._guarding = True
-        self.install()
-
     def uninstall(self):
-        if self._guarding:  # the guard stays (its handler is this one)
-            return
+        """Gives each signal back its handler from before (the strategy's guard, if any:
+        `tfdist.strategies.sigterm_guard`)."""
         for number, previous in self._installed.items():
             signal.signal(number, signal.SIG_DFL if previous is None else previous)
         self._installed = {}
@@ -101,13 +91,7 @@ class Preemption:
             return
         self.requested, self.received_at = True, time.monotonic()
         self.signal_name = signal.Signals(number).name
-        if self._guarding and self._active is None:
-            message = (f"{self.signal_name} while no training step could carry it (before "
-                       "training, restoring a backup, or after it): nothing to save; exiting "
-                       f"with code {EXIT_CODE} to be restarted")
-            print(f"tfdist: {message}", flush=True)
-            self.requested, self.received_at, self.signal_name = False, None, None
-            raise Preempted(message)
+
 
     # --- the step -------------------------------------------------------------------
 

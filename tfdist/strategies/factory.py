@@ -4,6 +4,7 @@ import json
 
 import tensorflow as tf
 
+from tfdist.strategies import sigterm_guard
 from tfdist.cluster.spec import ClusterError, check_resolvable
 from tfdist.cluster.tf_config import check_matches, has_tf_config, read_tf_config
 from tfdist.config.load import strategy_from_dict
@@ -59,9 +60,7 @@ def get_strategy(name_or_config="default", **options):
             _check_tf_config(name_or_config)
     strategy = _BUILDERS[spec.name](dict(spec.options))
     if tasks > 1:  # a SIGTERM from here on is honoured (TensorFlow's own would swallow it)
-        from tfdist.core.preemption import preemption
-
-        preemption().guard()
+        sigterm_guard.guard()
     return strategy
 
 

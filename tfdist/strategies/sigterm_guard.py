@@ -1,0 +1,29 @@
+"""A SIGTERM honoured from the moment a multi-worker strategy is built to the process's
+exit: TensorFlow's own handler (its coordination service's preemption notifier) would take
+it and let the task run on and end "succeeded". While no training loop watches for
+preemption (building the model, restoring a backup, after `fit`) there is nothing trained
+to save: the task ends at once with 143 ("preempted: restart me"). A loop that watches
+(`tfdist.core.preemption`) installs its own handler over this one and gives it back after.
+"""
+
+import signal
+import sys
+import threading
+
+EXIT_CODE = 143
+
+
+def guard():
+    """Installs the guard's SIGTERM handler (main thread only; once)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(number, frame):
+    message = (f"{signal.Signals(number).name} while no training step could carry it "
+               "(before training, restoring a backup, or after it): nothing to save; exiting "
+               f"with code {EXIT_CODE} to be restarted")
+    print(f"tfdist: {message}", flush=True)
+    sys.exit(EXIT_CODE)
