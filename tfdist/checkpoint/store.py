@@ -219,10 +219,9 @@ class CheckpointStore:
             shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
         for name in os.listdir(self.directory):
             path = os.path.join(self.directory, name)
-            if name.startswith(STAGING_PREFIX) and os.path.isdir(path) \
-                    and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            elif name.startswith(TEMPORARY_PREFIX) \
+            if self._remove_staging(name):
+                continue
+            if name.startswith(TEMPORARY_PREFIX) \
                     or (name == LATEST and self._points_to_own(pointed, own)) \
                     or (name == RUN and recorded is not None
                         and recorded.get("id") == self.run_id):
@@ -300,10 +299,17 @@ class CheckpointStore:
             if name not in kept:
                 shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
         for name in os.listdir(self.directory):
-            path = os.path.join(self.directory, name)
-            if name.startswith(STAGING_PREFIX) and os.path.isdir(path) \
-                    and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
+            self._remove_staging(name)
+
+    def _remove_staging(self, name):
+        """Removes `name` if it is the staging directory of a killed save (under the lock:
+        no other writer's); whether it was one."""
+        path = os.path.join(self.directory, name)
+        if not (name.startswith(STAGING_PREFIX) and os.path.isdir(path)
+                and not os.path.islink(path)):
+            return False
+        shutil.rmtree(path, ignore_errors=True)
+        return True
 
     def _name_once(self, path, warn, why):
         if path not in self._named:
