@@ -2,6 +2,7 @@
 (tfdist.compression.cost_model): the link fitted from timings, the prediction from the
 hooks' own byte counts, the choice, and training through the choice on 2 replicas."""
 
+import json
 import pathlib
 import time
 
@@ -462,3 +463,25 @@ def test_a_saved_decision_auto_cannot_use_is_ignored_in_one_line(state, capsys):
     assert hook.choice == "probe" and not hook.decisions
     out = capsys.readouterr().out.strip()
     assert out.startswith("tfdist compression auto ignores a saved decision") and "\n" not in out
+
+
+def test_a_decision_on_a_link_too_noisy_to_fit_is_saved_and_restored(capsys):
+    """Under load the timings may not fit a line: auto takes the link as free (infinite
+    bandwidth). A backup then written must still be JSON (the store refuses NaN and inf:
+    a preempted job died saving it) and come back as that same free link."""
+    import math
+
+    from tfdist.checkpoint.store import json_text
+
+    hook = AutoCompression(probe_steps=6)
+    hook.chief = True
+    hook.choice, hook._stage = "topk+EF", "kept"
+    hook.decisions = [{"step": 6, "link": cost_model.Link(float("inf"), 0.0),
+                       "measured": 0.1, "choice": "topk+EF"}]
+    state = json.loads(json_text(hook.checkpoint_state()))
+    resumed = AutoCompression(probe_steps=6)
+    resumed.chief = True
+    resumed.restore_checkpoint_state(state)
+    assert resumed.choice == "topk+EF" and math.isinf(resumed.link.bandwidth_bits)
+    assert resumed.decisions[-1]["link"] == resumed.link
+    assert "resumed with topk+EF" in capsys.readouterr().out

@@ -161,10 +161,24 @@ def _valid_state(state, hooks):
             and type(state.get("step")) is int and 0 <= state["step"] < _MAX_STEP
             and number(state.get("measured"))
             and isinstance(state.get("link"), list) and len(state["link"]) == 2
-            and number(state["link"][0]) and state["link"][0] > 0 and number(state["link"][1])
+            and (state["link"][0] is None or number(state["link"][0]) and state["link"][0] > 0)
+            and number(state["link"][1])
             and (state.get("bucket_bytes") is None or (
                 type(state["bucket_bytes"]) is int
                 and 0 <= state["bucket_bytes"] <= _MAX_BUCKET_BYTES)))
+
+
+def _saved_link(link):
+    """A link as a backup's JSON holds it: [bits per second, latency], the bandwidth None
+    for the free link taken when the timings were too noisy to fit (JSON has no inf)."""
+    bandwidth = link.bandwidth_bits if math.isfinite(link.bandwidth_bits) else None
+    return [bandwidth, link.latency]
+
+
+def _loaded_link(saved):
+    """The `cost_model.Link` of `_saved_link`'s form."""
+    bandwidth, latency = saved
+    return cost_model.Link(float("inf") if bandwidth is None else bandwidth, latency)
 
 
 #: What a saved decision can mean: a step count and a bucket (1 TiB) no run reaches.
@@ -261,7 +275,7 @@ class AutoCompression(TrainingHook):
         decision = self.decisions[-1]
         return {"choice": self.choice, "step": decision["step"],
                 "measured": decision["measured"],
-                "link": [decision["link"].bandwidth_bits, decision["link"].latency],
+                "link": _saved_link(decision["link"]),
                 "bucket_bytes": self.hooks[self.choice].bucket_bytes}
 
     def restore_checkpoint_state(self, state):
@@ -272,9 +286,9 @@ class AutoCompression(TrainingHook):
                       "measuring again")
             return
         self.choice, self._stage = state["choice"], "kept"
-        self.link = cost_model.Link(*state["link"])
+        self.link = _loaded_link(state["link"])
         self.hooks[self.choice].bucket_bytes = state["bucket_bytes"]
-        self.decisions.append({"step": state["step"], "link": cost_model.Link(*state["link"]),
+        self.decisions.append({"step": state["step"], "link": self.link,
                                "choice": self.choice, "measured": state["measured"],
                                "bucket_bytes": state["bucket_bytes"], "restored": True})
         self._say(f"resumed with {self.choice}, chosen at step {state['step']} (measured "
