@@ -132,6 +132,37 @@ def test_the_keras_seam_the_input_position_reads_is_where_fit_keeps_it(strategie
     assert found[1:] == [1, 2, 3, 4, 5, 6]  # one iterator read on across the two epochs
 
 
+@pytest.mark.parametrize("loop", ["fit", "trainer"])
+def test_an_input_that_cannot_be_positioned_is_warned_about_at_start(strategies, tmp_path,
+                                                                     loop, recwarn):
+    """A shuffle with no seed at all draws a new order each run: a resumed run would read
+    as many batches, not the same ones. fit and the Trainer with a backup say so once at
+    start (the dataset found through fit's data adapter: if that Keras seam moves, the fit
+    case fails); a seeded shuffle, or the global seed set first, says nothing."""
+    from tfdist.core.preemption import UNSEEDED_SHUFFLE, unseeded_shuffles
+
+    strategy = strategies("mirrored")
+    tf.random.set_seed(None)  # no global seed (make_model set one): shuffle() unseeded
+    unseeded = dataset(False).unbatch().shuffle(ROWS).batch(BATCH).repeat()
+    seeded = dataset(False).unbatch().shuffle(ROWS, seed=3).batch(BATCH).repeat()
+    keras.utils.set_random_seed(1)
+    global_seed = dataset(False).unbatch().shuffle(ROWS).batch(BATCH).repeat()
+    assert len(unseeded_shuffles(unseeded)) == 1
+    assert not unseeded_shuffles(seeded) and not unseeded_shuffles(global_seed)
+    said = []
+    for name, data in [("unseeded", unseeded), ("seeded", seeded), ("global", global_seed)]:
+        recwarn.clear()
+        backup = tfdist.callbacks.BackupAndRestore(str(tmp_path / name))
+        model = make_model(strategy, [])
+        if loop == "fit":
+            model.fit(data, epochs=1, steps_per_epoch=2, verbose=0, callbacks=[backup])
+        else:
+            tfdist.Trainer(model, model.optimizer, "mse", strategy=strategy).fit(
+                data, epochs=1, steps_per_epoch=2, verbose=0, callbacks=[backup])
+        said.append([str(w.message) for w in recwarn if str(w.message) == UNSEEDED_SHUFFLE])
+    assert said == [[UNSEEDED_SHUFFLE], [], []]
+
+
 @pytest.mark.multiprocess
 def test_four_workers_preempted_mid_epoch_train_every_element_as_an_uninterrupted_run(
         write_config, tmp_path):

@@ -211,3 +211,33 @@ def input_position(model, at_epoch_end=False):
         return None
     reads, continues = position()
     return reads if continues or not at_epoch_end else 0
+
+
+UNSEEDED_SHUFFLE = (
+    "tfdist: the input shuffles without a seed (shuffle() given no seed, and no "
+    "keras.utils.set_random_seed or tf.random.set_seed before the dataset was made): a run "
+    "resumed from a backup reads as many batches as the interrupted one had, but not the "
+    "same ones. Give shuffle a seed, or set one with keras.utils.set_random_seed first.")
+
+
+def unseeded_shuffles(dataset):
+    """The shuffle ops of `dataset`'s pipeline that got no seed at all (TensorFlow draws
+    theirs at random each run, so no backup can say which batches come next)."""
+    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+    constants = {node.name: node for node in graph.node if node.op == "Const"}
+
+    def seed(name):
+        node = constants.get(name.split(":")[0])
+        return None if node is None else int(tf.make_ndarray(node.attr["value"].tensor))
+
+    return [node.name for node in graph.node if node.op.startswith("Shuffle")
+            and [seed(name) for name in node.input[2:4]] == [0, 0]]
+
+
+def warn_if_unrestorable(dataset):
+    """Warns (once per call, one line) where `dataset` cannot be positioned after a resume
+    (`unseeded_shuffles`); anything but a `tf.data.Dataset` is not judged."""
+    import warnings
+
+    if isinstance(dataset, tf.data.Dataset) and unseeded_shuffles(dataset):
+        warnings.warn(UNSEEDED_SHUFFLE, stacklevel=3)

@@ -12,7 +12,7 @@ from tfdist.core.driver import HookDriver
 from tfdist.core.hooks import GradientPipeline
 from tfdist.core.loss_scale import LossScaleOptimizer, is_loss_scale
 from tfdist.core.optimizer import pipeline_of, with_gradient_pipeline
-from tfdist.core.preemption import skipping, take_advance, watch_input
+from tfdist.core.preemption import skipping, take_advance, warn_if_unrestorable, watch_input
 from tfdist.core.variables import trained_variables, underlying
 from tfdist.local_sgd.islands import warn_if_input_couples
 from tfdist.keras.callbacks.training_hooks import TrainingHooks
@@ -228,6 +228,8 @@ class Trainer:
             self._check_steps(validation_steps, "validation_steps")
             val_data = distribute(self.strategy, validation_data, self.coordinator)
         callbacks = [c for c in callbacks or [] if not isinstance(c, TrainingHooks)]  # us
+        if any(isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks):
+            warn_if_unrestorable(dataset_or_fn)
         callbacks = keras.callbacks.CallbackList(
             callbacks, add_history=True, add_progbar=verbose != 0, model=self.model,
             verbose=verbose, epochs=epochs, steps=steps_per_epoch)

@@ -10,7 +10,8 @@ from tfdist.core.loss_scale import inner_of
 from tfdist.core.optimizer import is_routed
 from tfdist.core.owned import optimizers_of
 from tfdist.core.preemption import (Preempted, input_position, preemption, resume_at,
-                                    seconds_since_signal, skipping, take_advance, watch_input)
+                                    seconds_since_signal, skipping, take_advance,
+                                    warn_if_unrestorable, watch_input)
 from tfdist.keras.backup import MAX_STEPS, capture, check_json, describe_run, restore
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
 from tfdist.strategies.kind import capabilities_of
@@ -84,6 +85,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         watch_input(self.model, None if epoch_iterator is None
                     else functools.partial(keras_input_position, epoch_iterator))
         self._epoch_iterator, self._at_epoch_end = epoch_iterator, False
+        if epoch_iterator is not None:
+            warn_if_unrestorable(keras_input_dataset(epoch_iterator))
         self._store = CheckpointStore(self._chief_dir,
                                       run=describe_run(self.model, self.run))
         scratch = self._scratch.create(strategy)
@@ -252,6 +255,12 @@ def keras_epoch_iterator():
             return found
         frame = frame.f_back
     return None
+
+
+def keras_input_dataset(epoch_iterator):
+    """The dataset `fit` was given, as its `EpochIterator`'s data adapter keeps it (a seam
+    of Keras', watched by tests/test_input_position.py), or None."""
+    return getattr(getattr(epoch_iterator, "data_adapter", None), "_dataset", None)
 
 
 def keras_input_position(epoch_iterator):
