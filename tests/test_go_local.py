@@ -421,6 +421,23 @@ def test_a_wrong_auto_warm_up_is_refused_where_it_is_written(section, message):
         local_sgd(**section)
 
 
+def test_a_ratio_warm_up_inside_the_warm_up_is_refused_by_the_config_as_at_start():
+    """validate and the job agree (issue 55, item 6): the averager refuses a warm-up
+    exchange with phases of its own when it is built; the config refuses it where it is
+    written, before any job starts."""
+    section = {"warmup_steps": 10, "warmup_compression": {
+        "name": "topk", "ratio": 0.1, "ratio_warmup_steps": 5}}
+    with pytest.raises(ConfigError, match="warmup_compression.ratio_warmup_steps: the "
+                                          "warm-up's exchange has no phases of its own"):
+        local_sgd(**section)
+    with pytest.raises(ValueError, match="the warm-up's exchange has no phases of its own"):
+        tfdist.local_sgd.ModelAverager(4, warmup_steps=10, warmup_compression=(
+            tfdist.compression.build({"name": "topk", "ratio": 0.1,
+                                      "ratio_warmup_steps": 5})))
+    assert local_sgd(warmup_steps=10, warmup_compression={"name": "topk", "ratio": 0.1}) \
+        .local_sgd.warmup_compression.name == "topk"
+
+
 def test_the_python_api_refuses_what_the_config_refuses():
     with pytest.raises(ConfigError, match="expected a count of steps or auto"):
         tfdist.local_sgd.ModelAverager(8, warmup_steps="later")

@@ -365,8 +365,14 @@ def _warmup_compression(source, path, value, fields):
     name = given if isinstance(given, str) else (
         given.get("name") if isinstance(given, dict) else None)
     if name != "auto" and fields.get("warmup_steps") != "auto":
-        return _named_compression(source, where, given, "warm-up's gradient exchange",
-                                  "topk with error_feedback, fp16")
+        compression = _named_compression(source, where, given, "warm-up's gradient exchange",
+                                         "topk with error_feedback, fp16")
+        if compression.ratio_warmup_steps:  # what the averager refuses when it is built
+            raise source.error(where + ("ratio_warmup_steps",), "the warm-up's exchange has "
+                               "no phases of its own (no ratio warm-up); warmup_steps is its "
+                               f"schedule. Received: ratio_warmup_steps="
+                               f"{compression.ratio_warmup_steps}")
+        return compression
     if given is not None:
         compression = _compression(source, where, given)
         if compression.name != "auto":
