@@ -152,8 +152,14 @@ def assert_no_trace(final, clean):
         np.testing.assert_array_equal(a, b, err_msg=name)
 
 
-@pytest.mark.parametrize("compression,error_feedback", [
-    (name, ef) for name in COMPRESSORS for ef in (False, True) if name != "none" or not ef])
+#: Every compressor with error feedback (its residuals: state a refused step must not touch),
+#: and without it where the compressor keeps state of its own (PowerSGD's Q) or only casts
+#: (fp16): 11 cells of the 17, for CI's time.
+NAN_CELLS = [("none", False), ("fp16", False), ("powersgd", False)] + [
+    (name, True) for name in COMPRESSORS if name != "none"]
+
+
+@pytest.mark.parametrize("compression,error_feedback", NAN_CELLS)
 def test_fit_refuses_a_nan_on_one_replica_and_keeps_no_trace(strategies, compression,
                                                              error_feedback):
     nan_replica = COMPRESSORS.index(compression) % 2  # both replicas, across the cases
