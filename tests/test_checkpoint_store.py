@@ -353,6 +353,27 @@ def test_metadata_too_large_or_not_json_numbers_is_named_and_skipped(tmp_path):
     assert len(said) == 2 and "more than" in said[0] and "NaN" in said[1]
 
 
+@pytest.mark.parametrize("metadata, where", [
+    ({"step": 2, "hooks": [{"link": [float("inf"), 0.0]}]},
+     "metadata['hooks'][0]['link'][0] is inf"),
+    ({"step": float("nan")}, "metadata['step'] is nan"),
+    ({"step": 2, "state": object()}, "not JSON serializable")])
+def test_metadata_that_would_not_read_back_is_refused_before_anything_is_written(
+        tmp_path, metadata, where):
+    """A non-finite number (what auto's free link was, under load) is named by its place,
+    before the weights are written: no staging directory left, the last backup kept."""
+    directory = tmp_path / "backup"
+    store = CheckpointStore(directory)
+    store.save(write_payload(1), {"step": 1, "size": 1 << 16})
+    before = sorted(p.name for p in directory.iterdir())
+    written = []
+    with pytest.raises(CheckpointError, match="metadata must be JSON") as error:
+        store.save(lambda path: written.append(path), metadata)
+    assert where in str(error.value) and "\n" not in str(error.value)
+    assert not written and sorted(p.name for p in directory.iterdir()) == before
+    assert store.load(read_payload)[2] == 1
+
+
 @pytest.mark.parametrize("run", [{"id": ""}, {"id": 3}, {"name": "x"}, "run-a", ["run-a"]])
 def test_a_run_without_a_string_id_is_refused(tmp_path, run):
     with pytest.raises(ValueError, match="string 'id'"):

@@ -23,6 +23,7 @@ and reads the files.
 
 import functools
 import json
+import math
 import os
 import re
 import shutil
@@ -142,12 +143,12 @@ class CheckpointStore:
         serial = max((s for s, _ in self._own()), default=0) + 1
         while os.path.lexists(self._path(serial)):  # a name that is not this store's
             serial += 1
+        text = json_text({**metadata, OWN: {"run": self.run_id, "serial": serial}})
         staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.directory)
         try:
             write(staging)
-            own = {"run": self.run_id, "serial": serial}
             with open(os.path.join(staging, METADATA), "x") as f:
-                f.write(json_text({**metadata, OWN: own}))
+                f.write(text)
             files.sync_tree(staging)
             final = self._path(serial)
             os.rename(staging, final)
@@ -330,7 +331,26 @@ def describe(run):
 
 
 def json_text(value):
-    return json.dumps(value, allow_nan=False)
+    """`value` as JSON that reads back (no NaN or inf), or a CheckpointError naming where
+    it is not (raised before anything is written)."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"a backup's metadata must be JSON numbers, strings, lists and "
+                              f"mappings; {_not_json(value) or one_line(e)}") from None
+
+
+def _not_json(value, where="metadata"):
+    """Where in `value` the first non-finite number or non-JSON value is, in words."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where} is {value!r}"
+    if isinstance(value, dict):
+        return next(filter(None, (_not_json(v, f"{where}[{k!r}]") for k, v in value.items())),
+                    None)
+    if isinstance(value, (list, tuple)):
+        return next(filter(None, (_not_json(v, f"{where}[{i}]") for i, v in enumerate(value))),
+                    None)
+    return None
 
 
 def one_line(error):
