@@ -148,6 +148,7 @@ def test_an_input_that_cannot_be_positioned_is_warned_about_at_start(strategies,
     keras.utils.set_random_seed(1)
     global_seed = dataset(False).unbatch().shuffle(ROWS).batch(BATCH).repeat()
     assert len(unseeded_shuffles(unseeded)) == 1
+    assert len(unseeded_shuffles(tf.data.Dataset.zip((unseeded, seeded)))) == 1  # any branch
     assert not unseeded_shuffles(seeded) and not unseeded_shuffles(global_seed)
     said = []
     for name, data in [("unseeded", unseeded), ("seeded", seeded), ("global", global_seed)]:
