@@ -355,9 +355,9 @@ def test_metadata_too_large_or_not_json_numbers_is_named_and_skipped(tmp_path):
 
 @pytest.mark.parametrize("metadata, where", [
     ({"step": 2, "hooks": [{"link": [float("inf"), 0.0]}]},
-     "metadata['hooks'][0]['link'][0] is inf"),
-    ({"step": float("nan")}, "metadata['step'] is nan"),
-    ({"step": 2, "state": object()}, "not JSON serializable")])
+     "inf is not a JSON number (at ['hooks'][0]['link'][0])"),
+    ({"step": float("nan")}, "nan is not a JSON number (at ['step'])"),
+    ({"step": 2, "state": object()}, "object is not (at ['state'])")])
 def test_metadata_that_would_not_read_back_is_refused_before_anything_is_written(
         tmp_path, metadata, where):
     """A non-finite number (what auto's free link was, under load) is named by its place,

@@ -331,26 +331,43 @@ def describe(run):
 
 
 def json_text(value):
-    """`value` as JSON that reads back (no NaN or inf), or a CheckpointError naming where
-    it is not (raised before anything is written)."""
+    """`value` as JSON that reads back as itself (`check_json`), or a CheckpointError
+    naming where it is not (the store raises it before anything is written)."""
     try:
-        return json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"a backup's metadata must be JSON numbers, strings, lists and "
-                              f"mappings; {_not_json(value) or one_line(e)}") from None
+        check_json("a backup's metadata", value)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    return json.dumps(value, allow_nan=False)
 
 
-def _not_json(value, where="metadata"):
-    """Where in `value` the first non-finite number or non-JSON value is, in words."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{where} is {value!r}"
-    if isinstance(value, dict):
-        return next(filter(None, (_not_json(v, f"{where}[{k!r}]") for k, v in value.items())),
-                    None)
+def check_json(what, value, depth=0, at=""):
+    """Raises ValueError unless `value` is JSON that reads back as itself: finite numbers,
+    strings, booleans, None, lists, and dicts with string keys, at most 64 deep. `at`: where
+    in the value it is (said in the error)."""
+    where = f" (at {at})" if at else ""
+    if depth > 64:
+        raise ValueError(f"{what} must be JSON values at most 64 deep")
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{what} must be JSON values (finite numbers, strings, lists, "
+                             f"dicts): {value!r} is not a JSON number{where}")
+        return
     if isinstance(value, (list, tuple)):
-        return next(filter(None, (_not_json(v, f"{where}[{i}]") for i, v in enumerate(value))),
-                    None)
-    return None
+        for index, item in enumerate(value):
+            check_json(what, item, depth + 1, f"{at}[{index}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{what} must be JSON values (finite numbers, strings, "
+                                 f"lists, dicts with string keys): the key {key!r} is a "
+                                 f"{type(key).__name__}{where}")
+            check_json(what, item, depth + 1, f"{at}[{key!r}]")
+        return
+    raise ValueError(f"{what} must be JSON values (finite numbers, strings, lists, dicts): "
+                     f"{type(value).__name__} is not{where}")
 
 
 def one_line(error):

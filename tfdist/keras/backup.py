@@ -22,6 +22,7 @@ import zipfile
 import numpy as np
 
 from tfdist.checkpoint import CheckpointError, CheckpointStore
+from tfdist.checkpoint.store import check_json
 from tfdist.checkpoint.files import check_path, open_regular
 from tfdist.core.driver import before_backup
 from tfdist.core.optimizer import pipeline_of
@@ -189,34 +190,6 @@ class ModelBackup:
         """Lets go of the directory's lock (the backups stay)."""
         if self._store is not None:
             self._store.release()
-
-
-def check_json(what, value, depth=0):
-    """Raises ValueError unless `value` is JSON that reads back as itself: finite numbers,
-    strings, booleans, None, lists, and dicts with string keys, at most 64 deep."""
-    if depth > 64:
-        raise ValueError(f"{what} must be JSON values at most 64 deep")
-    if value is None or isinstance(value, (str, bool, int)):
-        return
-    if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(f"{what} must be JSON values (finite numbers, strings, lists, "
-                             f"dicts): {value!r} is not a JSON number")
-        return
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            check_json(what, item, depth + 1)
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ValueError(f"{what} must be JSON values (finite numbers, strings, "
-                                 f"lists, dicts with string keys): the key {key!r} is a "
-                                 f"{type(key).__name__}")
-            check_json(what, item, depth + 1)
-        return
-    raise ValueError(f"{what} must be JSON values (finite numbers, strings, lists, dicts): "
-                     f"{type(value).__name__} is not")
 
 
 def _restore_replica_state(model, strategy, path):
