@@ -160,6 +160,8 @@ def planted(directory, edit):
     ("steps", 2**70, "not a step count"),
     ("steps", "9", "not a step count"),
     ("hooks", {"a": 1}, "not a list"),
+    ("seeds", [[1, 2]], "not the random state of this model's 0 seed generators"),
+    ("seeds", "12", "not the random state"),
 ])
 def test_every_field_of_a_backups_metadata_is_checked(strategies, tmp_path, field, value,
                                                       fragment):

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist.core.preemption import EXIT_CODE, Preempted, skipping
+from tfdist.keras.backup import seed_states
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 STEPS, BATCH = 4, 16
@@ -43,10 +44,11 @@ def data():
     return x, x.sum(axis=1, keepdims=True)
 
 
-def compiled(strategy, compression):
+def compiled(strategy, compression, dropout=0.0):
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                                  *([keras.layers.Dropout(dropout)] if dropout else []),
                                   keras.layers.Dense(1)])
         optimizer = keras.optimizers.Adam(0.01)
         if compression:
@@ -93,6 +95,37 @@ def test_a_sigterm_saves_at_the_next_step_and_the_rerun_trains_each_step_once(
             float(clean.optimizer.dynamic_scale.numpy()) < 32768  # it moved
     for a, b in zip(resumed.weights, clean.weights):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("compression", [None, "fp16"])
+def test_a_model_with_dropout_resumes_drawing_the_masks_an_uninterrupted_run_draws(
+        strategies, tmp_path, compression):
+    """Keras' `save_weights` leaves a Dropout's seed generator out: a resumed run would draw
+    other masks than the uninterrupted one (and end with other weights). The backup keeps
+    it; the resumed weights equal the uninterrupted run's, and differ from a run whose
+    masks started again (so the masks mattered)."""
+    strategy = strategies("mirrored")
+    x, y = data()
+    backup = str(tmp_path / "backup")
+    fit = dict(batch_size=BATCH, epochs=3, verbose=0, shuffle=False)
+    with pytest.raises(Preempted):
+        compiled(strategy, compression, 0.5).fit(
+            x, y, **fit, callbacks=[SignalAt(1, 1), tfdist.callbacks.BackupAndRestore(backup)])
+    resumed = compiled(strategy, compression, 0.5)
+    resumed.fit(x, y, **fit, callbacks=[tfdist.callbacks.BackupAndRestore(backup)])
+    clean = compiled(strategy, compression, 0.5)
+    clean.fit(x, y, **fit)
+    for a, b in zip(resumed.weights, clean.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+    fresh_masks = compiled(strategy, compression, 0.5)
+    initial = [state.numpy() for state in seed_states(fresh_masks)]
+    assert initial  # a Dropout's seed generator: what the backup keeps
+    fresh_masks.fit(x, y, **{**fit, "epochs": 1})
+    for state, value in zip(seed_states(fresh_masks), initial):
+        state.assign(value)  # what a resume without it would draw
+    fresh_masks.fit(x, y, **{**fit, "epochs": 2})
+    assert any(not np.allclose(a.numpy(), b.numpy(), rtol=1e-4)
+               for a, b in zip(fresh_masks.weights, clean.weights))
 
 
 def per_replica(strategy, model):

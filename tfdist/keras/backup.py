@@ -7,7 +7,9 @@ gathered from every replica of every worker in `replica_state.npz` — the excha
 (error-feedback residuals, PowerSGD's P and Q, EF21's estimates) and, where replicas
 train apart (local SGD, DiLoCo), their weights, optimizer slots and DiLoCo's anchors, so
 a backup between two synchronisations changes nothing; and, in the metadata, the hooks'
-kept state (`compression: auto`'s choice, where local SGD's schedule stands). Each backup is a `tfdist.checkpoint.CheckpointStore`
+kept state (`compression: auto`'s choice, where local SGD's schedule stands) and the
+layers' random state that Keras' `save_weights` leaves out (a Dropout's seed generator),
+so a resumed run draws the masks the uninterrupted one would. Each backup is a `tfdist.checkpoint.CheckpointStore`
 checkpoint: written apart, made durable, then switched to.
 """
 
@@ -35,7 +37,7 @@ WEIGHTS = "backup.weights.h5"
 #: Each replica's own state of the exchange, stacked over all replicas.
 REPLICA_STATE = "replica_state.npz"
 #: The metadata keys tfdist writes itself (BackupAndRestore adds epoch, batch, epochs).
-RESERVED = ("steps", "hooks", "policy", "checkpoint")
+RESERVED = ("steps", "hooks", "policy", "seeds", "checkpoint")
 #: A step count no run reaches (an int64 optimizer counter, with room).
 MAX_STEPS = 2**62
 #: What a file of a backup may hold beyond its variables' bytes (HDF5's or NumPy's own).
@@ -70,7 +72,8 @@ def policy_of(model):
 def check_metadata(path, metadata, model):
     """Raises CheckpointError unless tfdist's part of a backup's metadata is what a backup
     of `model` can hold: a step count, the hooks' list, the precision policy it trains in."""
-    steps, hooks, policy = (metadata.get(k) for k in ("steps", "hooks", "policy"))
+    steps, hooks, policy, seeds = (metadata.get(k) for k in ("steps", "hooks", "policy",
+                                                             "seeds"))
     if steps is not None and not (type(steps) is int and 0 <= steps < MAX_STEPS):
         raise CheckpointError(f"the backup {path} holds steps={repr(steps)[:60]}, not a "
                               "step count: it is not a backup tfdist wrote")
@@ -83,6 +86,36 @@ def check_metadata(path, metadata, model):
             f"trains under {policy_of(model)!r}, whose optimizer state (step, slots, loss "
             f"scale) it does not fit. Run it under {policy!r} again, or give another "
             "backup directory")
+    if seeds is not None and _seed_values(model, seeds) is None:
+        raise CheckpointError(
+            f"the backup {path} holds seeds={repr(seeds)[:80]}, not the random state of this "
+            f"model's {len(seed_states(model))} seed generators: it is not a backup of this "
+            "model")
+
+
+def seed_states(model):
+    """The model's integer variables that Keras' `save_weights` leaves out: its layers' seed
+    generators' states (Dropout's, a noise layer's), a few integers each."""
+    weights = {id(v) for v in model.weights}
+    return [v for v in model.variables
+            if id(v) not in weights and np.issubdtype(_numpy_dtype(v), np.integer)]
+
+
+def _seed_values(model, seeds):
+    """`seeds` (a backup's lists of integers) as arrays for `seed_states(model)`, or None
+    when they do not fit them (count, size, the dtype's range)."""
+    states = seed_states(model)
+    if not isinstance(seeds, list) or len(seeds) != len(states):
+        return None
+    arrays = []
+    for state, values in zip(states, seeds):
+        dtype = _numpy_dtype(state)
+        if not isinstance(values, list) or len(values) != int(np.prod(state.shape)) or not all(
+                type(v) is int and np.iinfo(dtype).min <= v <= np.iinfo(dtype).max
+                for v in values):
+            return None
+        arrays.append(np.array(values, dtype).reshape(tuple(state.shape)))
+    return arrays
 
 
 def capture(model, strategy):
@@ -91,7 +124,8 @@ def capture(model, strategy):
     each replica's state are collectives)."""
     before_backup(model)
     metadata = {"steps": _steps(model), "policy": policy_of(model),
-                "hooks": [pipeline_of(o).checkpoint_states() for o in _built(model)]}
+                "hooks": [pipeline_of(o).checkpoint_states() for o in _built(model)],
+                "seeds": [np.asarray(v.numpy()).ravel().tolist() for v in seed_states(model)]}
     values = gather_replica_values(strategy, _replica_state(model))
 
     def write(path):
@@ -121,6 +155,9 @@ def restore(model, strategy, path, metadata):
         raise CheckpointError(f"the backup {path} does not fit this model: "
                               f"{' '.join(str(error).split())[:300]}") from None
     _restore_replica_state(model, strategy, path)
+    for state, value in zip(seed_states(model), _seed_values(model, metadata.get("seeds"))
+                            or []):
+        state.assign(value)
     for optimizer, states in zip(_built(model), metadata.get("hooks") or []):
         pipeline_of(optimizer).restore_checkpoint_states(states)
 
