@@ -13,9 +13,10 @@ same environments (one install per TensorFlow: installs were a third of the matr
   canaries, Keras swapped in place;
 - a Keras below the floor is forced in (`--no-deps`) beside the TensorFlow that shipped
   it, and the quickstart must stop in one line naming the floor, with no traceback;
-- an image's TensorFlow with the old Keras it carries (NVIDIA's TF 2.17): `pip install` of
-  the checkout beside it keeps that TensorFlow, brings a Keras tfdist is right on, and
-  the quickstart trains on 2 workers.
+- cluster images' TensorFlow with the Keras they carry (`IMAGES`): the README's `pip
+  install .` (no extras: no matplotlib) beside each keeps that TensorFlow, brings a Keras
+  tfdist is right on, the quickstart trains on 2 workers, and so does the UNet example,
+  saying in one line before it trains that it will not draw its curves.
 
 Every swap is undone: an environment ends with the Keras it was installed with. pip's
 cache keeps a second run cheap; an environment is reused while setup.cfg and its pins
@@ -44,8 +45,13 @@ UNET_EXAMPLE = ("tests/test_unet_training.py::test_every_config_runs_a_few_steps
 #: A Keras below the floor and the TensorFlow that shipped it (issue 28: trained silently
 #: wrong before tfdist refused it).
 BELOW_FLOOR = ("2.18.1", "3.8.0")
-#: A cluster image's TensorFlow and the Keras installed with it.
-IMAGE = ("2.17.1", "3.5.0")
+#: Cluster images' TensorFlow and the Keras installed with them (TF 2.16's and NVIDIA's
+#: 2.17 carry a Keras below the floor; 2.19's one inside the range, which pip keeps).
+IMAGES = (("2.16.2", "3.3.3"), ("2.17.1", "3.5.0"), ("2.19.1", "3.10.0"))
+#: The UNet example for a few steps on 2 workers (what an image's user runs first).
+UNET_FEW_STEPS = ("--epochs", "1", "--steps_per_epoch", "3", "--validation_steps", "1",
+                  "--image_size", "16", "--batch_size", "8", "--depth", "1",
+                  "--base_filters", "8")
 PIP = ("-m", "pip", "--disable-pip-version-check", "install", "--quiet")
 
 
@@ -141,28 +147,80 @@ def check_below_floor(python):
     print(f"Keras {keras} beside TensorFlow {tensorflow}: refused in one line")
 
 
-def check_beside_an_image(python):
-    """pip kept the image's TensorFlow, upgraded its Keras into the range, and the
-    quickstart trains on 2 workers there. The image is `python`'s venv (that TensorFlow)
-    with the image's old Keras forced in; then the checkout is installed as a user would."""
-    tensorflow, old_keras = IMAGE
-    with keras_installed(python, old_keras, check=False):
-        assert versions(python) == IMAGE, versions(python)
-        run([python, *PIP, "-e", str(ROOT)])
-        run([python, "-m", "pip", "check"])
-        have_tf, have_keras = versions(python)
-        assert have_tf == tensorflow, f"pip replaced the image's TensorFlow: {have_tf}"
-        assert tuple(map(int, have_keras.split(".")[:2])) >= (3, 10), have_keras
-        result = subprocess.run(
-            [python, "-m", "tfdist", "launch", "configs/quickstart.yaml", "--", python,
-             "examples/quickstart/train.py", "--config", "configs/quickstart.yaml",
-             "--epochs", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+def check_beside_an_image(python, image):
+    """The README's `pip install .` beside an image: `python`'s venv (that TensorFlow) with
+    the image's Keras forced in and without tfdist or matplotlib; pip must keep the
+    TensorFlow and bring a Keras in the range, and the quickstart and the UNet example
+    train on 2 workers (the UNet saying once, before training, that it draws no curves).
+    The venv is given back as it was (the checkout editable, with its test extra)."""
+    tensorflow, image_keras = image
+    with keras_installed(python, image_keras, check=False):
+        assert versions(python) == image, versions(python)
+        with installed_as_a_user(python):
+            have_keras = beside_an_image(python, image)
+    print(f"beside TensorFlow {tensorflow} with Keras {image_keras}: pip brought Keras "
+          f"{have_keras}; the quickstart and the UNet example trained on 2 workers")
+
+
+def beside_an_image(python, image):
+    """The checks of `check_beside_an_image` once tfdist is installed; Keras' version."""
+    tensorflow, image_keras = image
+    run([python, "-m", "pip", "check"])
+    have_tf, have_keras = versions(python)
+    assert have_tf == tensorflow, f"pip replaced the image's TensorFlow: {have_tf}"
+    assert tuple(map(int, have_keras.split(".")[:2])) >= (3, 10), have_keras
+    if tuple(map(int, image_keras.split(".")[:2])) >= (3, 10):
+        assert have_keras == image_keras, f"pip replaced a Keras in the range: {have_keras}"
+    quickstart = launch(python, "quickstart.yaml", "quickstart/train.py", "--config",
+                        ROOT / "configs" / "quickstart.yaml", "--epochs", "1")
+    sums = re.findall(r"^\[worker:\d\] final weights checksum ([\d.]+)", quickstart, re.M)
+    assert len(sums) == 2 and len(set(sums)) == 1, quickstart[-3000:]  # one model
+    out = ENVS / "image-unet"
+    shutil.rmtree(out, ignore_errors=True)
+    unet = launch(python, "unet_multi_worker_mirrored.yaml", "unet_segmentation/train.py",
+                  "--config", ROOT / "configs" / "unet_multi_worker_mirrored.yaml",
+                  "--output_dir", out, *UNET_FEW_STEPS)
+    said = [i for i, line in enumerate(unet.splitlines()) if "matplotlib is not" in line]
+    assert len(said) == 1, unet[-3000:]
+    assert "final validation mean IoU" in unet, unet[-3000:]
+    assert (out / "metrics.json").exists() and (out / "predictions.png").exists()
+    assert not (out / "curves.png").exists()
+    return have_keras
+
+
+@contextlib.contextmanager
+def installed_as_a_user(python):
+    """tfdist installed in `python`'s venv for the block as the README says (`pip install
+    .` of a copy of the checkout: pip builds in the tree), without matplotlib; the
+    editable install with its test extra put back after it."""
+    import tempfile
+
+    run([python, "-m", "pip", "uninstall", "--quiet", "--yes", "tfdist", "matplotlib"])
+    try:
+        with tempfile.TemporaryDirectory() as copy:
+            files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                                   capture_output=True, text=True, check=True).stdout.split()
+            for name in files:
+                if (ROOT / name).is_file():
+                    (pathlib.Path(copy) / name).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(ROOT / name, pathlib.Path(copy) / name)
+            run([python, *PIP, copy])
+        yield
+    finally:
+        run([python, "-m", "pip", "uninstall", "--quiet", "--yes", "tfdist"])
+        run([python, *PIP, "-e", f"{ROOT}[test]"])
+
+
+def launch(python, config, script, *flags):
+    """The output of `tfdist launch configs/<config> -- python examples/<script> flags`, run
+    outside the checkout (so the installed tfdist is the one imported); it must succeed
+    within 10 minutes."""
+    result = subprocess.run(
+        [python, "-m", "tfdist", "launch", ROOT / "configs" / config, "--", python,
+         ROOT / "examples" / script, *map(str, flags)], cwd=ENVS, capture_output=True,
+        text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    sums = re.findall(r"^\[worker:\d\] final weights checksum ([\d.]+)", result.stdout, re.M)
-    assert len(sums) == 2 and len(set(sums)) == 1, result.stdout[-3000:]  # one model
-    print(f"beside TensorFlow {tensorflow} with Keras {old_keras}: pip brought Keras "
-          f"{have_keras}; the quickstart trained on 2 workers")
+    return result.stdout + result.stderr
 
 
 def main():
@@ -186,7 +244,7 @@ def main():
         ready = {t: installer.submit(environment, t, k) for t, k in first.items()}
         if args.pairs is None:
             extra = {t: installer.submit(environment, t, KERAS_CHECKED[-1])
-                     for t in (BELOW_FLOOR[0], IMAGE[0]) if t not in ready}
+                     for t in (BELOW_FLOOR[0], *(i[0] for i in IMAGES)) if t not in ready}
             ready.update(extra)
         for tensorflow, keras in pairs:
             began, python = time.monotonic(), ready[tensorflow].result()
@@ -199,7 +257,8 @@ def main():
             between = [k for k in KERAS_CHECKED if k not in {p[1] for p in TESTED}]
             check_keras_between(ready[lowest].result(), between)
             check_below_floor(ready[BELOW_FLOOR[0]].result())
-            check_beside_an_image(ready[IMAGE[0]].result())
+            for image in IMAGES:
+                check_beside_an_image(ready[image[0]].result(), image)
     finally:  # a failure does not wait for the environments still to install
         installer.shutdown(wait=False, cancel_futures=True)
     print(f"== version matrix passed in {time.monotonic() - start:.0f} s", flush=True)
