@@ -260,9 +260,11 @@ class AutoCompression(TrainingHook):
         for hook in self.hooks.values():
             hook.build(strategy, variables)
 
-    def phase(self, step):
+    def prepare(self, step):
         if self.choice == "probe":  # every worker's first step: time the link, take the prior
             self._start(step)
+
+    def phase(self, step):
         return self.choice
 
     def replica_state(self):

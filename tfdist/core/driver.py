@@ -61,12 +61,16 @@ class HookDriver:
                 hook.plan(end)
 
     def begin_step(self):
-        """Enters each hook's phase for the next step (every hook's before the first step a
-        pipeline runs, then those that change); returns the phases (a cache key)."""
+        """Prepares each hook for the next step (`prepare`), reads its phase, and enters it
+        (every hook's before the first step a pipeline runs, then those that change);
+        returns the phases (a cache key)."""
         phases = []
         for optimizer, pipeline in zip(self.optimizers, self.pipelines):
             hooks = pipeline.hooks
             step = _steps(optimizer) if any(h.phased for h in hooks) else 0
+            for hook in hooks:
+                if hook.phased or not pipeline.driven:
+                    hook.prepare(step)
             mine = tuple(hook.phase(step) for hook in hooks)
             for hook, phase in zip(hooks, mine):
                 if phase != hook.current_phase or not pipeline.driven:

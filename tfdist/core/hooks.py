@@ -12,6 +12,9 @@ moments under `model.fit`, `tfdist.Trainer` and your own loop (`tfdist.function`
 
     in Python, on every worker (the loop's `HookDriver`, `tfdist.core.driver`, calls them):
     plan(steps)                               before training: the step it plans to end at
+    prepare(step)                             before each step's phase is read: the one
+                                              moment to time the link or run a collective
+    phase(step)                               a pure query: no collective, no output
     enter_phase(phase)                        before the first step, and before a step
                                               whose phase differs
     after_step(model, steps_done)             after each step
@@ -64,10 +67,17 @@ class TrainingHook:
     def build(self, strategy, variables):
         """Creates the hook's state; called once, under `strategy.scope()`."""
 
+    def prepare(self, step):
+        """Called by the driver in Python on every worker before the phase of optimizer
+        step `step` is read (every step of a `phased` hook): the one moment a hook may
+        time the link, run a collective or say something to decide its phase
+        (`compression: auto` before its first step)."""
+
     def phase(self, step):
-        """What the traced step depends on at optimizer step `step` (e.g. "compressing"),
-        without side effects. Collectives cannot sit inside `tf.cond` in replica context,
-        so a hook whose exchange changes at some step says so here."""
+        """What the traced step depends on at optimizer step `step` (e.g. "compressing"):
+        a pure query of the step and of what `prepare` decided — no collective, no
+        output, no state changed. Collectives cannot sit inside `tf.cond` in replica
+        context, so a hook whose exchange changes at some step says so here."""
         return None
 
     def plan(self, steps):

@@ -347,16 +347,21 @@ class ModelAverager(TrainingHook):
         if "auto" in keys and state["auto"] is not None:
             self.warmup_exchange.restore_checkpoint_state(state["auto"])
 
+    def prepare(self, step):
+        """During the warm-up, auto's exchange prepares (its first step: the link timed);
+        `warmup_steps: auto` judges there, before step 0, whether to go local at once."""
+        if step < self.warmup_steps and isinstance(self.warmup_exchange, AutoCompression):
+            self.warmup_exchange.prepare(step)
+            if self.auto_warmup and step == 0:
+                self._judge_local_from_first_step()
+
     def phase(self, step):
         """Synchronous during the warm-up (True; with auto's exchange, the name of the
         method it exchanges with), local (False) after it."""
         if step >= self.warmup_steps:
             return False
         if isinstance(self.warmup_exchange, AutoCompression):
-            method = self.warmup_exchange.phase(step)  # the first step's: the link timed
-            if self.auto_warmup and step == 0 and self._judge_local_from_first_step():
-                return False
-            return method
+            return self.warmup_exchange.phase(step)
         return True
 
     def enter_phase(self, phase):
