@@ -97,13 +97,17 @@ def test_a_sigterm_saves_at_the_next_step_and_the_rerun_trains_each_step_once(
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("compression", [None, "fp16"])
+@pytest.mark.parametrize("compression,policy", [(None, None), ("fp16", None),
+                                                ("fp16", "mixed_float16")])
 def test_a_model_with_dropout_resumes_drawing_the_masks_an_uninterrupted_run_draws(
-        strategies, tmp_path, compression):
+        strategies, tmp_path, compression, policy, request):
     """Keras' `save_weights` leaves a Dropout's seed generator out: a resumed run would draw
     other masks than the uninterrupted one (and end with other weights). The backup keeps
     it; the resumed weights equal the uninterrupted run's, and differ from a run whose
     masks started again (so the masks mattered)."""
+    if policy:
+        keras.mixed_precision.set_global_policy(policy)
+        request.addfinalizer(lambda: keras.mixed_precision.set_global_policy("float32"))
     strategy = strategies("mirrored")
     x, y = data()
     backup = str(tmp_path / "backup")
