@@ -130,7 +130,7 @@ def test_the_judgement_reads_autos_measurements_and_the_models_bytes(strategies)
     averager.warmup_exchange = types.SimpleNamespace(
         decisions=[{"compute_seconds": 0.06, "measured": 0.1}], kept=True, link=link,
         workers=2, choice="topk+EF", min_gain=0.05)
-    averager._judge_going_local(steps_done=20)
+    averager.warmup.judge(steps_done=20)
     ring = 2 * (2 - 1) / 2 * 4 * 1024  # bytes one worker sends for 1024 floats
     sync = 8 * ring / 20e6 + 2 * (2 * (2 - 1)) * 1e-3  # 2 fragments, 2 messages each
     local = 0.06 * go_local.LOCAL_OVERHEAD + sync / PERIOD
@@ -140,7 +140,7 @@ def test_the_judgement_reads_autos_measurements_and_the_models_bytes(strategies)
     assert judged["remaining_steps"] is None  # no length planned: the rates alone
     going = local * go_local.LOCAL_STEPS < 0.95 * 0.1 * auto_module.QUALITY["steps"]["topk+EF"]
     assert judged["local"] is going is True and averager.warmup_steps == 20
-    averager._judge_going_local(steps_done=24)  # judged once per auto decision
+    averager.warmup.judge(steps_done=24)  # judged once per auto decision
     assert len(averager.going_local) == 1
 
 
@@ -161,7 +161,7 @@ def test_the_judgement_weighs_the_switch_over_the_steps_the_run_plans(strategies
         decisions=[{"compute_seconds": 0.06, "measured": 0.1, "trace_seconds": 5.0}],
         kept=True, link=cost_model.Link(20e6, 1e-3), workers=2, choice="topk+EF",
         min_gain=0.05)
-    averager._judge_going_local(steps_done=20)
+    averager.warmup.judge(steps_done=20)
     judged = averager.going_local[-1]
     assert judged["remaining_steps"] == planned - 20
     assert judged["switch_seconds"] == pytest.approx(5.0 * go_local.SWITCH_TRACES)

@@ -128,14 +128,15 @@ def test_an_islands_backup_needs_its_count_of_attempted_steps(strategies, attemp
     import tensorflow as tf
 
     from tfdist.checkpoint import CheckpointError
+    from tfdist.local_sgd.agreement import IslandAgreement
 
     strategy = strategies("mirrored")
     _, _ = fit(strategy, [local := tfdist.callbacks.LocalSGD(period=2)], steps=1)
     averager = local.averager
-    averager.island_verdict, averager._attempts = True, tf.Variable(0, dtype=tf.int64)
+    averager.agreement = IslandAgreement(strategy, islands=None)  # as islands of workers
     good = {**averager.checkpoint_state(), "attempts": 5}
     averager.restore_checkpoint_state(good)
-    assert averager.checkpoint_state() == good and int(averager._attempts.numpy()) == 5
+    assert averager.checkpoint_state() == good and int(averager.agreement.attempts.numpy()) == 5
     bad = {k: v for k, v in good.items() if k != "attempts" or attempts is not None}
     if attempts is not None:
         bad["attempts"] = attempts
@@ -152,7 +153,7 @@ def test_replicas_differ_between_averages_and_agree_right_after(strategies):
     # steps 1-2 synchronous; then local steps 3, 4 and an average after step 5, and so on
     assert same == [True, True, False, False, True, False, False, True], same
     assert replicas_agree(model)  # the end of training averaged the last two local steps
-    (average,) = local_sgd.averager._functions.values()  # 2 averages, traced once
+    (average,) = local_sgd.averager.rounds.synchronisers[0].functions.values()  # traced once
     assert local_sgd.averager.averages == 2 and average.experimental_get_tracing_count() == 1
 
 

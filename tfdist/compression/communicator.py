@@ -34,6 +34,10 @@ class Communicator:
         """Sums each of `tensors` (any all-reducible dtype) over the replicas."""
         return wire.all_reduce(self.context, tf.distribute.ReduceOp.SUM, tensors)
 
+    def mean(self, tensors):
+        """Each of `tensors` averaged over the replicas (a model average's)."""
+        return wire.all_reduce(self.context, tf.distribute.ReduceOp.MEAN, tensors)
+
     def all_reduce_fused(self, tensors):
         """Sums float `tensors` in fused float32 all-reduces: one, or one per bucket of
         `bucket_bytes` (`tfdist.core.buckets`); the last carries the step's finiteness
