@@ -168,8 +168,7 @@ def before_backup(model):
     for optimizer in optimizers_of(model):
         pipeline = pipeline_of(optimizer)
         if pipeline.changed:
-            for hook in pipeline.hooks:
-                hook.before_backup(model, _steps(optimizer))
+            pipeline.before_backup(model, _steps(optimizer))
 
 
 def _before_read(model, pipelines):

@@ -29,6 +29,8 @@ the model in `after_step` and `before_read`.
 import tensorflow as tf
 
 from tfdist.core import gradients, wire
+from tfdist.core.abilities import (CouplesWorkers, FreezesVariance, PreparesBackups,
+                                   SkipsCalls, found)
 from tfdist.core.buckets import DEFAULT_BUCKET_BYTES, all_reduce_in_buckets, checked_bucket_bytes
 
 
@@ -51,10 +53,8 @@ class TrainingHook:
     phased = False
     #: The phase the step is traced for (set by `enter_phase`; None before a driver ran).
     current_phase = None
-    #: True when the hook freezes Adam's second moment in some phase (`frozen_variance_step`).
-    freeze_variance = False
-    #: A codec that compresses each gradient pushed to parameter servers, or None.
-    push_codec = None
+    #: Parts of the hook that have optional abilities (`tfdist.core.abilities`).
+    abilities = ()
     #: True when the replicas train apart (local SGD): each replica's weights and optimizer
     #: slots are its own, and a backup keeps every replica's (`tfdist.keras.backup`).
     replicas_apart = False
@@ -110,42 +110,13 @@ class TrainingHook:
     def after_step(self, model, steps_done):
         """Runs in Python after each step, on every worker; `steps_done` counts the steps."""
 
-    def couples_workers(self):
-        """(Python, after the phase of the next step is entered) False when the step
-        traced for the current phase runs no collective across every worker (islands
-        between synchronisations): the loop then reads its logs without one either."""
-        return True
-
-    def trains_next(self):
-        """(Python, after the phase of the next step call is entered) False when this
-        worker's next step call trains nothing (a slower island of heterogeneous islands,
-        `tfdist.local_sgd`): the loop reads no batch if it can, and calls `skipped()`."""
-        return True
-
-    def skipped(self):
-        """A step call that `trains_next()` declined: nothing ran; `after_step` follows."""
-
     def before_read(self, model):
         """Runs in Python on every worker before anything reads the model (validation,
         checkpoints, the end of an epoch or of training), once after each change: whatever
         reads the model must see one model."""
 
-    def before_backup(self, model, steps_done):
-        """Runs in Python on every worker before a backup of the model is captured (which
-        resumes training, rather than reads the model), `steps_done` steps in — possibly
-        before this step's `after_step` (a callback listed earlier saves); by default
-        `before_read`. A hook whose replicas' difference the backup keeps
-        (`replica_state`) leaves them apart, so the resumed run goes on exactly as an
-        uninterrupted one."""
-        self.before_read(model)
-
     def get_config(self):
         """Options that rebuild this hook when a model is loaded, or None (not saved)."""
-        return None
-
-    def frozen_variance_step(self):
-        """The optimizer step at which Adam's second moment stays in the phase traced
-        (1-bit Adam; `tfdist.core.optimizer.frozen_variance_adam`), or None."""
         return None
 
     def saveables(self):
@@ -259,20 +230,29 @@ class GradientPipeline:
             hook.on_step_end(step)
 
     def trains_next(self):
-        return all(hook.trains_next() for hook in self.hooks)
+        return all(part.trains_next() for part in found(self.hooks, SkipsCalls))
 
     def couples_workers(self):
-        return all(hook.couples_workers() for hook in self.hooks)
+        return all(part.couples_workers() for part in found(self.hooks, CouplesWorkers))
 
     def skipped(self):
+        for part in found(self.hooks, SkipsCalls):
+            part.skipped()
+
+    def before_backup(self, model, steps_done):
+        """Each hook prepares a backup (`PreparesBackups`), or makes one model."""
         for hook in self.hooks:
-            hook.skipped()
+            parts = found([hook], PreparesBackups)
+            for part in parts:
+                part.before_backup(model, steps_done)
+            if not parts:
+                hook.before_read(model)
 
     def frozen_variance_step(self):
         """The step Adam's second moment stays at in the phase traced, if a hook freezes it
         (`GradientCompression(freeze_variance=True)`), else None."""
-        return next((s for h in self.hooks if (s := h.frozen_variance_step()) is not None),
-                    None)
+        return next((s for part in found(self.hooks, FreezesVariance)
+                     if (s := part.frozen_variance_step()) is not None), None)
 
     def saveables(self):
         """Every hook's `saveables()`, in order."""
@@ -298,7 +278,8 @@ class GradientPipeline:
 
     def push_codec(self):
         """The codec of the gradient push to parameter servers, if a hook has one."""
-        return next((h.push_codec for h in self.hooks if h.push_codec is not None), None)
+        return next((h.push_codec for h in self.hooks
+                     if getattr(h, "push_codec", None) is not None), None)
 
     def saved_config(self):
         """What a saved model keeps of the exchange: its owner's `get_config()`, or None."""

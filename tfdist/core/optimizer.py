@@ -469,7 +469,7 @@ def keep_hook_state(optimizer):
 
 def check_update_rule(optimizer, hooks):
     """UnsupportedError if a hook freezes Adam's second moment and `optimizer` has none."""
-    freezing = [type(h).__name__ for h in hooks if h.freeze_variance]
+    freezing = [type(h).__name__ for h in hooks if getattr(h, "freeze_variance", False)]
     if freezing and (not isinstance(optimizer, keras.optimizers.Adam) or optimizer.amsgrad):
         raise UnsupportedError(
             f"{freezing[0]} freezes Adam's second moment after start_step (freeze_variance, "

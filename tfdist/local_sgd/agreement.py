@@ -119,7 +119,7 @@ class IslandAgreement(NoIslands):
 
         def replica():
             flag = preemption().rider() if watching else None
-            values = [tf.concat([tf.stack([self.refused.read_value()]), self._timing_share()],
+            values = [tf.concat([tf.stack([self.refused.read_value()]), _share(self.timing, self.islands)],
                                 0)] + ([flag] if watching else [])
             summed = wire.all_reduce(tf.distribute.get_replica_context(),
                                      tf.distribute.ReduceOp.SUM, values)
@@ -141,11 +141,6 @@ class IslandAgreement(NoIslands):
         if self.pacing is not None and self.pacing.pace.measured:
             self.timing.assign(self.pacing.pace.timing())
 
-    def _timing_share(self):
-        """(replica context) This replica's share of its island's measured times: summed
-        over every replica, each island's mean."""
-        return self.timing.read_value() / self.islands.replica_island_size()
-
     def _take(self, refused, timing, where):
         """Acts on an agreement, the same on every worker: its refused steps fail here;
         measured times go to the pace."""
@@ -166,7 +161,7 @@ class IslandAgreement(NoIslands):
         flag = preemption().rider()
         refused = self.refused.read_value()
         self.staged.assign_add(tf.concat([
-            tf.stack([refused, tf.zeros([]) if flag is None else flag]), self._timing_share()],
+            tf.stack([refused, tf.zeros([]) if flag is None else flag]), _share(self.timing, self.islands)],
             0))
         self.refused.assign_sub(refused)
 
@@ -220,6 +215,12 @@ class IslandAgreement(NoIslands):
             self.pacing.pace.restore(state["pace"])
 
 
+def _share(timing, islands):
+    """(replica context) This replica's share of its island's measured times: summed over
+    every replica, each island's mean."""
+    return timing.read_value() / islands.replica_island_size()
+
+
 class Pacing:
     """Heterogeneous islands (`island_steps`): the counts of trained calls (`IslandPace`)
     and the weight this island's replicas' changes take, so that the outer mean weighs
@@ -230,9 +231,6 @@ class Pacing:
         self.pace = IslandPace(island_steps, period, islands.sizes(), islands.own)
         self.scale = tf.Variable(1.0, trainable=False, name="tfdist_island_weight",
                                  aggregation=tf.VariableAggregation.NONE)
-
-    def trains_next(self, attempts):
-        return self.pace.trains_next(attempts)
 
     def before_sending(self, attempts):
         """(Python) The weight of the change over the last period's calls."""
@@ -255,3 +253,27 @@ class Pacing:
                     f"{self.pace.counts(local // self.period)} of {self.period} (seconds "
                     f"per step by island: {seconds})")
         self.pace.resume()
+
+
+class IslandCalls:
+    """What the loop asks islands of workers between steps (`tfdist.core.abilities`):
+    whether a step couples every worker, and — heterogeneous islands — whether this
+    worker trains on its next step call."""
+
+    def __init__(self, hook, agreement, pace=None):
+        self.hook, self.agreement, self.pace = hook, agreement, pace
+
+    def couples_workers(self):
+        return self.hook.current_phase is not False
+
+    def trains_next(self):
+        """A local step of an island that trains some of each period's calls (evenly
+        spread, `IslandPace`) trains nothing on the others (`skipped`)."""
+        if self.pace is None or self.hook.current_phase is not False:
+            return True
+        return self.pace.trains_next(int(self.agreement.attempts.numpy()))
+
+    def skipped(self):
+        """A step call that trained nothing still counts in the schedule."""
+        self.agreement.count_attempt()
+        self.pace.skipping()

@@ -29,9 +29,9 @@ from tfdist.core.variables import underlying
 from tfdist.errors import UnsupportedError
 from tfdist.local_sgd import fragments as fragmenting
 from tfdist.local_sgd import step as step_exchange
-from tfdist.local_sgd.agreement import IslandAgreement, NoIslands, Pacing
+from tfdist.local_sgd.agreement import IslandAgreement, IslandCalls, NoIslands, Pacing
 from tfdist.local_sgd.arguments import checked_arguments, compression_hook
-from tfdist.local_sgd.islands import IslandReduce
+from tfdist.local_sgd.islands import IslandReduce, exchanged_shapes
 from tfdist.local_sgd.outer import is_plain_average, outer_optimizer
 from tfdist.local_sgd.rounds import Rounds, averaged_state
 from tfdist.local_sgd.schedule import Schedule
@@ -97,9 +97,8 @@ class ModelAverager(TrainingHook):
             self)
         self.phased = self.warmup.steps > 0  # (NOT_YET with auto)
         self.schedule = Schedule(self.period, self.fragments, self.overlap_steps)
-        self.strategy = self.anchors = self.outer_optimizer = self.groups = None
+        self.strategy = self.anchors = self.outer_optimizer = self.groups = self.across = None
         self.island_reduce, self.agreement, self.pace = None, NoIslands(), None
-        self._last_steps_done = None
 
     @classmethod
     def from_config(cls, config, **overrides):
@@ -135,7 +134,9 @@ class ModelAverager(TrainingHook):
         if self.island_reduce is not None and self.island_reduce.multi_worker:
             self.agreement = IslandAgreement(strategy, self.island_reduce, pacing, self.wire_meter)
         self.pace = pacing.pace if pacing is not None else None
-        across = self.island_reduce if self.agreement.decides_alone else None  # hierarchical
+        # islands of workers exchange between them hierarchically
+        self.across = across = (self.island_reduce if self.agreement.decides_alone
+                                and self.island_reduce.across is not None else None)
         sizes = [int(v.shape.num_elements()) for v in variables]
         self.model_bytes, self.model_sizes = 4 * sum(sizes), sizes
         self.groups = fragmenting.split(sizes, self.fragments)
@@ -147,42 +148,22 @@ class ModelAverager(TrainingHook):
         if isinstance(warmup, AutoCompression):  # never between islands
             warmup.build(strategy, variables)
         elif warmup is not None and self.warmup.steps > 0:
-            warmup.build(strategy, variables, shapes=self._shapes(sizes))
+            warmup.build(strategy, variables, shapes=exchanged_shapes(across, sizes))
         self.exchanges = [None] * len(self.groups)
         if self.compression is not None:
             self.exchanges = [self.compression if i == 0 else build(self.compression.get_config())
                               for i in range(len(self.groups))]
             for hook, group in zip(self.exchanges, self.groups):
                 hook.build(strategy, [self.anchors.tensors[i] for i in group],
-                           shapes=self._shapes([sizes[i] for i in group]))
-        self.rounds = Rounds(self.schedule, [FragmentSync(
+                           shapes=exchanged_shapes(across, [sizes[i] for i in group]))
+        self.rounds = Rounds(self.warmup, self.schedule, [FragmentSync(
             group, replicas, self.anchors, hook, across, self.agreement, pacing,
             bool(self.overlap_steps), [variables[i].shape for i in group])
             for group, hook in zip(self.groups, self.exchanges)], self.agreement, pacing,
             self.overlap_mix, lambda model: averaged_state(
                 strategy, model, self.average_non_trainable, self.average_optimizer_state))
-
-    def _shapes(self, sizes):
-        """The shapes weights of `sizes` values are exchanged in: one shard per replica
-        between islands (`IslandReduce.shard`), else the weights' own (None)."""
-        if not self.agreement.decides_alone:
-            return None
-        return [(self.island_reduce.shard_size([(n,) for n in sizes]),)]
-
-    def bytes_per_step(self, step=None):
-        """Like `GradientCompression.bytes_per_step`: after the warm-up, one synchronisation
-        of the trainable weights (compressed or not) every `period` steps."""
-        dense = {"payload": self.model_bytes, "dense": self.model_bytes, "gathered": 0}
-        if self.agreement.decides_alone:  # between islands, a share of the model per replica
-            dense["payload"] = 4 * sum(self._shapes([self.model_sizes[i] for i in g])[0][0]
-                                       for g in self.groups)
-        if step is not None and step < self.warmup.steps:
-            exchange = self.warmup.exchange
-            return dense if exchange is None else exchange.bytes_per_step()
-        sent = dense if self.compression is None else {
-            k: sum(h.bytes_per_step()[k] for h in self.exchanges) for k in ("payload", "gathered")}
-        return {"payload": sent["payload"] / self.period, "dense": self.model_bytes,
-                "gathered": sent["gathered"] / self.period}
+        self.abilities = (self.rounds,) + ((IslandCalls(self, self.agreement, self.pace),)
+                                           if self.agreement.decides_alone else ())
 
     def saveables(self):
         """The outer optimizer (its momentum and step): `BackupAndRestore` resumes it."""
@@ -212,22 +193,6 @@ class ModelAverager(TrainingHook):
         for part in parts:
             part.restore(state)
 
-    def couples_workers(self):
-        return not (self.agreement.decides_alone and self.current_phase is False)
-
-    def trains_next(self):
-        """Whether this worker trains on its next step call: a local step of an island
-        that trains some of each period's calls (evenly spread, `IslandPace`) trains
-        nothing on the others (`skipped`)."""
-        if self.pace is None or self.current_phase is not False:
-            return True
-        return self.pace.trains_next(int(self.agreement.attempts.numpy()))
-
-    def skipped(self):
-        """A step call that trained nothing still counts in the schedule."""
-        self.agreement.count_attempt()
-        self.pace.skipping()
-
     def prepare(self, step):
         self.warmup.prepare(step)
 
@@ -250,7 +215,7 @@ class ModelAverager(TrainingHook):
                        else self.current_phase is not False)
         if not synchronous:
             return step_exchange.local_exchange(grads, self.island_reduce, self.agreement)
-        if self.agreement.decides_alone and self.island_reduce.across is not None:
+        if self.across is not None:
             return step_exchange.warmup_across_islands(grads, step, self.island_reduce,
                                                        self.warmup.exchange)
         if self.warmup.exchange is not None:
@@ -265,31 +230,13 @@ class ModelAverager(TrainingHook):
     def after_step(self, model, steps_done):
         """Synchronises the fragments that are due `period` local steps after the warm-up,
         and applies the overlapped exchanges that have run beside `overlap_steps` steps."""
-        steps_done = self.agreement.steps(steps_done, self.warmup.steps)  # skips count too
-        if steps_done == self._last_steps_done:  # micro-batches of an accumulated step
-            return
-        self._last_steps_done = steps_done
-        if steps_done <= self.warmup.steps:  # the steps so far were synchronous
-            self.warmup.after_step(model, steps_done)
-        else:
-            self.rounds.after_local_step(model, steps_done - self.warmup.steps)
-
-    def before_backup(self, model, steps_done):
-        """The replicas stay apart (the backup keeps each one's weights), after this step's
-        synchronisations; an overlapped exchange in flight is waited for, so its result is
-        in the backup."""
-        self.after_step(model, steps_done)  # once per step count: a no-op if it ran
-        self.rounds.wait()
+        self.rounds.after_step(model, steps_done)
 
     def before_read(self, model):
+        """Every replica's weights (and the chosen state) synchronised, after any exchange
+        in flight: one model (collectives: on every worker at the same point)."""
         if not self.schedule.in_sync:
-            self.average(model)
-
-    def average(self, model):
-        """Synchronises every replica's weights (and the chosen state) over replicas and
-        workers now, after any exchange in flight: one model. Call it on every worker at
-        the same point: it runs collectives."""
-        self.rounds.average(model)
+            self.rounds.average(model)
 
 
 def _pacing(averager, strategy):

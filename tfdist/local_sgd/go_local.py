@@ -25,6 +25,7 @@ and their measured quality is within auto's `max_quality_loss` (`starts_local`).
 
 from tfdist.compression import cost_model
 from tfdist.compression.auto import PRIOR_COMPUTE, predict
+from tfdist.local_sgd.islands import exchanged_shapes
 
 #: Steps to validation mean IoU 0.85 of auto's synchronous warm-up (20 steps) then
 #: Streaming DiLoCo (period 32, 4 fragments, 2 steps of overlap, Nesterov 0.7/0.9, int4),
@@ -69,10 +70,28 @@ def local_step_seconds(compute, sync_seconds, period, fragments=1, overlap_steps
     return compute * LOCAL_OVERHEAD + exposed / period
 
 
+def bytes_per_step(averager, step=None):
+    """Like `GradientCompression.bytes_per_step`, of a built `ModelAverager`: during the
+    warm-up its exchange's; after it one synchronisation of the trainable weights
+    (compressed or not; between islands a share per replica) every `period` steps."""
+    model = averager.model_bytes
+    dense = {"payload": model, "dense": model, "gathered": 0}
+    if averager.across is not None:
+        dense["payload"] = 4 * sum(exchanged_shapes(averager.across, [
+            averager.model_sizes[i] for i in g])[0][0] for g in averager.groups)
+    if step is not None and step < averager.warmup_steps:
+        exchange = averager.warmup_exchange
+        return dense if exchange is None else exchange.bytes_per_step()
+    sent = dense if averager.compression is None else {
+        k: sum(h.bytes_per_step()[k] for h in averager.exchanges) for k in ("payload", "gathered")}
+    return {"payload": sent["payload"] / averager.period, "dense": model,
+            "gathered": sent["gathered"] / averager.period}
+
+
 def sync_seconds(averager, link, workers):
     """Seconds of one whole synchronisation of `averager`'s model on `link` (every
     fragment, compressed as configured), by the cost model."""
-    per_step = averager.bytes_per_step()  # after the warm-up: a period's exchanges / period
+    per_step = bytes_per_step(averager)  # after the warm-up: a period's exchanges / period
     whole = {k: per_step[k] * averager.period for k in ("payload", "gathered")}
     messages = cost_model.messages(whole, workers) * averager.fragments
     return cost_model.exchange_seconds(cost_model.sent_bytes(whole, workers), messages, link)

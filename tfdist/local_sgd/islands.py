@@ -246,6 +246,12 @@ class CrossIslands:
                   ordering_token=[], communication_hint="auto", timeout_seconds=0, **options)
 
 
+def exchanged_shapes(across, sizes):
+    """The shapes weights of `sizes` values are exchanged in: one shard per replica between
+    islands (`IslandReduce.shard`; `across`), else the weights' own (None)."""
+    return None if across is None else [(across.shard_size([(n,) for n in sizes]),)]
+
+
 def _worker_index(strategy):
     """This task's index among the workers, chief first (as `_workers` orders them)."""
     resolver = strategy.cluster_resolver

@@ -12,6 +12,7 @@ class Rounds:
     """Synchronises a model's fragments when the schedule says.
 
     Args:
+        warmup: `Warmup` (the synchronous steps before the local ones).
         schedule: `Schedule`.
         synchronisers: one `FragmentSync` per fragment, in order.
         agreement: the islands' agreement (`NoIslands` without islands of workers).
@@ -21,12 +22,33 @@ class Rounds:
             Keras state, optimizer slots), as tf.Variables.
     """
 
-    def __init__(self, schedule, synchronisers, agreement, pacing=None, overlap_mix=0.5,
-                 state_of=lambda model: []):
-        self.schedule, self.synchronisers = schedule, synchronisers
+    def __init__(self, warmup, schedule, synchronisers, agreement, pacing=None,
+                 overlap_mix=0.5, state_of=lambda model: []):
+        self.warmup, self.schedule, self.synchronisers = warmup, schedule, synchronisers
         self.agreement, self.pacing, self.overlap_mix = agreement, pacing, overlap_mix
         self.state_of = state_of
         self.background = Background() if schedule.overlap_steps else None
+        self.last_steps_done = None
+
+    def after_step(self, model, steps_done):
+        """After `steps_done` steps: the warm-up's own work, or the synchronisations due
+        (once per count: the micro-batches of an accumulated step call it again)."""
+        steps_done = self.agreement.steps(steps_done, self.warmup.steps)  # skips count too
+        if steps_done == self.last_steps_done:
+            return
+        self.last_steps_done = steps_done
+        if steps_done <= self.warmup.steps:  # the steps so far were synchronous
+            self.warmup.after_step(model, steps_done)
+        else:
+            self.after_local_step(model, steps_done - self.warmup.steps)
+
+    def before_backup(self, model, steps_done):
+        """The replicas stay apart (the backup keeps each one's weights), after this step's
+        synchronisations (`after_step`: a no-op if it ran); an overlapped exchange in
+        flight is waited for, so its result is in the backup."""
+        self.after_step(model, steps_done)
+        if self.background is not None:
+            self.background.wait()
 
     def after_local_step(self, model, local):
         """The synchronisations due after local step `local`."""
@@ -116,10 +138,6 @@ class Rounds:
             raise ValueError(f"the model has {len(weights)} trainable weights but the "
                              f"averager was built for {count}; use one averager per model")
         return weights
-
-    def wait(self):
-        if self.background is not None:
-            self.background.wait()
 
 
 def averaged_state(strategy, model, non_trainable, optimizer_state):
