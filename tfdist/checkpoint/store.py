@@ -32,7 +32,7 @@ import tempfile
 from tfdist.checkpoint import files, lock
 from tfdist.checkpoint.files import STAGING_PREFIX, TEMPORARY_PREFIX, UnsafeFile
 from tfdist.config import checks
-from tfdist.config.load import check_arguments
+from tfdist.config.checks import check_arguments
 from tfdist.errors import TfdistError
 
 #: keep >= 2: the previous good checkpoint is kept until a new one is complete.

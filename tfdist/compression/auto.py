@@ -50,7 +50,7 @@ from tfdist.compression import cost_model
 from tfdist.compression.compressors import compressor_by_name
 from tfdist.compression.exchange import GradientCompression
 from tfdist.config import checks
-from tfdist.config.load import check_arguments
+from tfdist.config.checks import check_arguments
 from tfdist.core.buckets import bucket_bytes_for
 from tfdist.core.hooks import TrainingHook
 from tfdist.errors import UnsupportedError

@@ -27,7 +27,8 @@ from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize
 from tfdist.config.hyperparameters import (LOCAL_CLIP_NORM, MOMENTUM_CORRECTION,
                                            RATIO_WARMUP_START, RATIO_WARMUP_STEPS)
 from tfdist.config import checks
-from tfdist.config.load import EXCHANGE_OPTIONS, check_arguments
+from tfdist.config.checks import check_arguments
+from tfdist.config.sections.compression import EXCHANGE_OPTIONS
 from tfdist.core import gradients, transaction
 from tfdist.core.buckets import DEFAULT_BUCKET_BYTES
 from tfdist.core.hooks import TrainingHook, exchange_rows_apart

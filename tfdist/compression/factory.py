@@ -5,7 +5,8 @@ from tfdist.compression.compressors import compressor_by_name
 from tfdist.compression.exchange import GradientCompression
 from tfdist.config import checks
 from tfdist.config.errors import ConfigError
-from tfdist.config.load import check_arguments, compression_from_dict
+from tfdist.config.checks import check_arguments
+from tfdist.config.load import compression_from_dict
 from tfdist.config.yaml_source import Source
 from tfdist.config.schema import CompressionConfig
 

@@ -12,7 +12,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.compression.buffers import Layout, pack, unpack
-from tfdist.config.load import EXCHANGE_OPTIONS, check_arguments
+from tfdist.config.checks import check_arguments
+from tfdist.config.sections.compression import EXCHANGE_OPTIONS
 from tfdist.core.buckets import buckets
 
 

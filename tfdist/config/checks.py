@@ -11,6 +11,7 @@ import os
 
 from tfdist import limits
 from tfdist.config.errors import clip
+from tfdist.config.yaml_source import Source
 from tfdist.errors import shown
 
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
@@ -138,3 +139,10 @@ def _in_range(source, path, value, minimum, maximum):
                   else f">= {minimum}" if minimum is not None else f"<= {maximum}")
         raise source.error(path, f"expected a value {bounds}. "
                                  f"Received: {path_name(path)}={shown(value)}")
+
+
+def check_arguments(call, declared, **values):
+    """Python arguments of `call`, each checked by the loader's check `declared[name]`:
+    refused exactly when the same value in a config file is. Returns them, converted."""
+    source = Source.of_call(call)
+    return {name: declared[name](source, (name,), value) for name, value in values.items()}

@@ -11,7 +11,8 @@ layers' gradients are still being computed. The step's finiteness verdict
 
 import tensorflow as tf
 
-from tfdist.config.load import EXCHANGE_OPTIONS, check_arguments
+from tfdist.config.checks import check_arguments
+from tfdist.config.sections.compression import EXCHANGE_OPTIONS
 from tfdist.core import transaction, wire
 from tfdist.core.wire import nbytes
 

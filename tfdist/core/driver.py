@@ -10,7 +10,7 @@ a `tf.GradientTape` loop. It is the only place that changes phases; the optimize
 import tensorflow as tf
 
 from tfdist.config import checks
-from tfdist.config.load import check_arguments
+from tfdist.config.checks import check_arguments
 from tfdist.core.hooks import TrainingHook
 from tfdist.core.optimizer import driving, pipeline_of
 from tfdist.core.owned import optimizers_of

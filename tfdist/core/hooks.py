@@ -21,6 +21,10 @@ moments under `model.fit`, `tfdist.Trainer` and your own loop (`tfdist.function`
     before_read(model)                        before validation, a checkpoint, the end of
                                               an epoch or of training — once per change
 
+Abilities only some hooks have (whether a step couples every worker, skipping a step
+call, preparing a backup, freezing Adam's variance) are not in the base: they are small
+protocols the pipeline looks up (`tfdist.core.abilities`).
+
 Gradient compression replaces `exchange` (compress, communicate the payload,
 decompress); local SGD replaces it with "no exchange" between averages and averages
 the model in `after_step` and `before_read`.

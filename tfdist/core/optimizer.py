@@ -22,6 +22,27 @@ behaviour tfdist relies on changed (`check_seam`, run once per class on the real
   called while defining a new graph`). Here the choice is a phase (`AccumulationPhase`):
   the step is traced once for each branch and the loop's driver picks the right one.
 
+The hidden mechanics, all on tfdist's own objects (nothing patched in Keras), each with
+the canary in `tests/test_keras_seams.py` that fails if Keras moves under it:
+
+    mechanic                          where                 canary
+    a subclass of the optimizer's     `routed_class`        test_optimizer_seams_are_where_
+    own class overriding `OVERRIDDEN`  (+ `check_seam` at    fit_applies_and_exchanges_
+    and calling `CALLED`              run time)             gradients
+    the instance's `iterations.       `_count_atomically`   test_keras_apply_still_counts_
+    assign_add` replaced: one atomic                        the_step_after_applying_the_
+    add, 0 in a refused step                                gradients
+    `__setattr__` of the routed       `_setattr`            test_keras_loss_scale_optimizer_
+    class: `loss_scale_factor = None`                       is_what_compile_wraps_and_it_
+    is Keras' LossScaleOptimizer                            is_taken_over
+    wrapping it
+    that Keras `LossScaleOptimizer`   `loss_scale.take_     (the same)
+    swapped in place to tfdist's      over` (`__class__`)
+    subclass (same object, config)
+    saved as the Keras base class     `routed.get_config`,  test_keras_loads_a_registered_
+    under a registered name           `routed.register`    name_first_else_the_keras_class_
+                                                            which_ignores_decay
+
 Saved models (`get_config`) keep the exchange: the routed class is saved as its Keras
 base class under the registered name `SAVED_NAME`, with tfdist's part under the config
 key `SAVED_KEY` (`tfdist.keras.saving` loads it back).
@@ -29,22 +50,26 @@ key `SAVED_KEY` (`tfdist.keras.saving` loads it back).
 
 import contextlib
 import itertools
-import threading
 import weakref
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tfdist.core import loss_scale, transaction, wire
-from tfdist.core.hooks import GradientPipeline, TrainingHook
+from tfdist.core.hooks import GradientPipeline
 from tfdist.core.preemption import preemption
+from tfdist.core.accumulation import AccumulationPhase, average_accumulated
+from tfdist.core.frozen_variance import (check_update_rule, frozen_variance_adam,  # noqa: F401
+                                         frozen_variance_update)
 from tfdist.core.replica_state import SyncReplicaState
+from tfdist.core.routed import (SAVED_KEY, SAVED_NAME, get_config,  # noqa: F401 (saving)
+                                keras_base, register)
+from tfdist.core.seam_check import check_seam, refuse
 from tfdist.core.variables import underlying
 from tfdist.errors import UnsupportedError
 from tfdist.strategies.initial_values import identical_initial_values
 from tfdist.strategies.kind import capabilities_of
-from tfdist.versions import KERAS_CHECKED, KERAS_FIX, UnsupportedVersionError
+from tfdist.versions import KERAS_CHECKED  # noqa: F401 (the seams checked: tests read it)
 
 #: Keras methods the routed subclass overrides, and those it calls (all must exist).
 OVERRIDDEN = ("apply", "_backend_apply_gradients", "_backend_update_step", "build",
@@ -53,11 +78,7 @@ CALLED = ("update_step", "_clip_gradients", "_use_weight_decay",
           "_update_model_variables_moving_average",
           "_overwrite_model_variables_with_average_value", "_get_variable_index",
           "_backend_increment_gradient_accumulators")
-SAVED_PACKAGE, SAVED_CLASS = "tfdist", "DistributedOptimizer"
-SAVED_NAME = f"{SAVED_PACKAGE}>{SAVED_CLASS}"  # the registered name of every routed class
-SAVED_KEY, SAVED_VERSION = "tfdist", 1
 _ROUTED = {}  # optimizer class -> its tfdist subclass
-_SEAM_CHECKED = set()  # optimizer classes whose behaviour check_seam saw
 _BUILT = weakref.WeakValueDictionary()  # creation number -> a built routed optimizer
 _NUMBERS = itertools.count()
 _DRIVEN = []  # stack of the optimizers a loop's driver drives in the call being traced
@@ -156,14 +177,14 @@ def routed_class(base):
     if base not in _ROUTED:
         for seam in OVERRIDDEN + CALLED:
             if not hasattr(base, seam):
-                _refuse(f"its {base.__name__} has no {seam}")
+                refuse(f"its {base.__name__} has no {seam}")
         _ROUTED[base] = type(base.__name__, (base,), {
             "apply": _apply, "build": _build, "_backend_apply_gradients": _apply_gradients,
             "_backend_update_step": _update_step, "_tfdist_update_variables": _update_variables,
-            "get_config": _get_config, "_tfdist_routed": True, "_tfdist_pipeline": None,
+            "get_config": get_config, "_tfdist_routed": True, "_tfdist_pipeline": None,
             "__setattr__": _setattr,
             "__module__": base.__module__, "__qualname__": base.__qualname__})
-        _register(_ROUTED[base])
+        register(_ROUTED[base])
     return _ROUTED[base]
 
 
@@ -171,7 +192,7 @@ def _setattr(self, name, value):
     """Keras' `__setattr__`; `loss_scale_factor` set to None on a tfdist optimizer after
     it was made is Keras' `LossScaleOptimizer.__init__` wrapping it, which tfdist then
     takes over (`tfdist.core.loss_scale.take_over_caller`)."""
-    _base(self).__setattr__(self, name, value)
+    keras_base(self).__setattr__(self, name, value)
     if name == "loss_scale_factor" and value is None and "_tfdist_pipeline" in self.__dict__:
         loss_scale.take_over_caller(self)
 
@@ -206,97 +227,6 @@ def _check_driven(optimizer):
             "keep it as an attribute of the model (a custom train_step's optimizers), or "
             "name it: tfdist.function(step, model=model, optimizer=[...]). Received: "
             f"optimizer={optimizer.name!r}")
-
-
-def _refuse(finding):
-    raise UnsupportedVersionError(
-        f"Keras {keras.__version__} cannot run tfdist's optimizer seam: {finding} "
-        f"(tfdist/core/optimizer.py; checked on Keras {', '.join(KERAS_CHECKED)}); "
-        f"{KERAS_FIX}")
-
-
-def check_seam(base, config):
-    """Checks, on optimizer class `base` built from `config`, the Keras behaviour the routed
-    class relies on: every layer variable is a `keras.Variable` wrapping a `tf.Variable`
-    (`underlying`), and `apply` itself counts the step once, after
-    `_backend_apply_gradients` (Keras ≤ 3.9 counted it inside that method, which the
-    routed class replaces: `iterations` would never advance). Runs once per class, eagerly,
-    in a thread of its own (no strategy there), on a one-element variable.
-
-    Raises:
-        UnsupportedVersionError: the behaviour differs; the message names the Keras floor.
-    """
-    if base in _SEAM_CHECKED:
-        return
-    found = {}
-
-    def probe():
-        try:
-            found["finding"] = _seam_finding(base, config)
-        except Exception as error:  # noqa: BLE001 (reported in the calling thread)
-            found["error"] = error
-
-    thread = threading.Thread(target=probe, name="tfdist-keras-seam-check")
-    thread.start()
-    thread.join()
-    if "error" in found:
-        raise found["error"]
-    if found["finding"]:
-        _refuse(found["finding"])
-    _SEAM_CHECKED.add(base)
-
-
-def _seam_finding(base, config):
-    """What `check_seam` found wrong, or None."""
-    layer = keras.layers.Dense(1)
-    layer.build((None, 1))
-    if not isinstance(layer.kernel, keras.Variable) or not isinstance(
-            underlying(layer.kernel), tf.Variable):
-        return (f"a layer's variable is a {type(layer.kernel).__name__}, not a keras.Variable "
-                "wrapping a tf.Variable")
-    counted = type(base.__name__, (base,), {"_backend_apply_gradients": lambda *_: None})
-    optimizer = counted.from_config(dict(config, gradient_accumulation_steps=None))
-    variable = keras.Variable(np.zeros(1, np.float32))
-    optimizer.build([variable])
-    before = int(optimizer.iterations.numpy())
-    optimizer.apply([tf.zeros(1)], [variable])
-    steps = int(optimizer.iterations.numpy()) - before
-    if steps != 1:
-        return (f"its optimizer's apply counted {steps} steps, not 1, around "
-                "_backend_apply_gradients, which tfdist replaces (Keras 3.9 and older count "
-                "the step inside it, so training would never advance the step)")
-    return None
-
-
-def _register(routed):
-    """Registers `routed` for saving under `SAVED_NAME`, keeping whatever loads that name
-    (`tfdist.keras.saving.Loader`): the registry maps one name to one class."""
-    objects = keras.saving.get_custom_objects()
-    loader = objects.get(SAVED_NAME)
-    keras.saving.register_keras_serializable(SAVED_PACKAGE, SAVED_CLASS)(routed)
-    if loader is not None:
-        objects[SAVED_NAME] = loader
-
-
-def _get_config(self):
-    """The base class's config plus tfdist's part under `SAVED_KEY` of ``decay`` (a key
-    Keras' optimizers accept and ignore, so a process without tfdist still loads it).
-
-    Raises:
-        ValueError: the base config already uses ``decay``, or the exchange cannot be
-            described by options (see `GradientCompression.get_config`).
-    """
-    config = _base(self).get_config(self)
-    if config.get("decay") is not None:
-        raise ValueError("tfdist saves its settings in the optimizer config key 'decay', "
-                         f"which {type(self).__name__} uses itself. Received: {config}")
-    base = _base(self)
-    config["decay"] = {SAVED_KEY: {
-        "version": SAVED_VERSION,
-        "optimizer": {"module": base.__module__, "class": base.__name__,
-                      "registered_name": keras.saving.get_registered_name(base)},
-        "compression": self._tfdist_pipeline.saved_config()}}
-    return config
 
 
 def _routed_copy(optimizer, pipeline):
@@ -338,36 +268,12 @@ def _count_atomically(counter):
     counter.assign_add = assign_add
 
 
-class AccumulationPhase(TrainingHook):
-    """The phase of Keras' gradient accumulation: True while accumulating (no exchange),
-    False in the micro-step that exchanges and updates."""
-
-    phased = True
-
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-
-    def phase(self, step):
-        micro_steps = int(self.optimizer._iterations.numpy())
-        return (micro_steps + 1) % self.optimizer.gradient_accumulation_steps != 0
-
-
-def _accumulating(self):
-    hook = next(h for h in self._tfdist_pipeline.hooks if isinstance(h, AccumulationPhase))
-    return hook.current_phase
-
-
 def slots_context(optimizer):
     """`identical_initial_values()` for the slots of Keras' own optimizer classes (zeros
     and constants); any other class's build keeps the broadcast (its slots might be
     random)."""
-    keras_own = _base(optimizer).__module__.startswith("keras.")
+    keras_own = keras_base(optimizer).__module__.startswith("keras.")
     return identical_initial_values() if keras_own else contextlib.nullcontext()
-
-
-def _base(optimizer):
-    """The Keras class a routed optimizer's class derives from."""
-    return type(optimizer).__mro__[1]
 
 
 def _apply(self, grads, trainable_variables=None):
@@ -385,7 +291,7 @@ def _apply(self, grads, trainable_variables=None):
     _check_driven(self)
     decision = transaction.decide(list(grads))
     with transaction.active(decision):
-        _base(self).apply(self, grads, trainable_variables)
+        keras_base(self).apply(self, grads, trainable_variables)
     if decision.guard is None:  # the updates did not wait for the failure (`_update_step`)
         transaction.fail_if_refused(decision, _refusal_hint(self, grads))
     return decision.committed
@@ -408,7 +314,7 @@ def _apply_gradients(self, grads, trainable_variables):
         self._tfdist_pipeline.check_phases_driven()
         accumulators = [self._accumulated_gradients[self._get_variable_index(v)]
                         for v in trainable_variables]
-        grads = _average_accumulated(self, grads, accumulators)
+        grads = average_accumulated(self, grads, accumulators)
         if grads is None:  # accumulated locally, nothing exchanged
             return
     self._backend_update_step(self._clip_gradients(grads), trainable_variables,
@@ -419,25 +325,6 @@ def _apply_gradients(self, grads, trainable_variables):
                                                                  accumulator.dtype))
     if self.use_ema:
         decision.cond(lambda: _update_ema(self))
-
-
-def _average_accumulated(self, grads, accumulators):
-    """In an accumulating micro-step, adds `grads` to the accumulators (unless refused)
-    and returns None; in the exchanging one, returns the mean of the micro-steps."""
-    context = tf.distribute.get_replica_context()
-    stored_once = capabilities_of().stored_once
-    if _accumulating(self):  # local only: no exchange
-        decision = transaction.current()
-        grads = [tf.convert_to_tensor(g) for g in grads]
-        grads = [decision.gate(g, tf.zeros_like(g)) for g in grads]
-        if stored_once and context is not None:  # one accumulator for all (local) replicas
-            grads = wire.all_reduce(context, tf.distribute.ReduceOp.SUM, grads)
-        self._backend_increment_gradient_accumulators(grads, accumulators)
-        return None
-    if stored_once and context is not None:  # the sum below adds it once per replica
-        accumulators = [a / context.num_replicas_in_sync for a in accumulators]
-    steps = self.gradient_accumulation_steps
-    return [(g + a) / steps for g, a in zip(grads, accumulators)]  # as Keras does
 
 
 def _update_ema(self):
@@ -454,7 +341,7 @@ def _build(self, variables):
     state starts alike on every worker: not broadcast (`identical_initial_values`)."""
     check_update_rule(self, self._tfdist_pipeline.hooks)
     with slots_context(self):
-        _base(self).build(self, variables)
+        keras_base(self).build(self, variables)
     with identical_initial_values():
         self._tfdist_pipeline.build(tf.distribute.get_strategy(), variables)
     keep_hook_state(self)
@@ -465,40 +352,6 @@ def keep_hook_state(optimizer):
     """The hooks' `saveables()` as an attribute Keras' saving walks, so the optimizer's
     checkpoint (`save_weights`, `BackupAndRestore`) holds their state."""
     optimizer.tfdist_hook_state = optimizer._tfdist_pipeline.saveables()
-
-
-def check_update_rule(optimizer, hooks):
-    """UnsupportedError if a hook freezes Adam's second moment and `optimizer` has none."""
-    freezing = [type(h).__name__ for h in hooks if getattr(h, "freeze_variance", False)]
-    if freezing and (not isinstance(optimizer, keras.optimizers.Adam) or optimizer.amsgrad):
-        raise UnsupportedError(
-            f"{freezing[0]} freezes Adam's second moment after start_step (freeze_variance, "
-            "1-bit Adam): it needs keras.optimizers.Adam or AdamW without amsgrad. Received: "
-            f"{type(optimizer).__name__}" + (" with amsgrad=True" if getattr(
-                optimizer, "amsgrad", False) else ""))
-
-
-def frozen_variance_adam(gradient, m, v, learning_rate, step, frozen_step, beta_1, beta_2,
-                         epsilon):
-    """One Adam step with the second moment `v` frozen at optimizer step `frozen_step`
-    (1-bit Adam): returns (new first moment, the change of the variable). `step` counts
-    from 1 (Keras' `iterations + 1`); v's bias correction stays the one of `frozen_step`."""
-    m = m + (gradient - m) * (1 - beta_1)
-    alpha = (learning_rate * tf.sqrt(1 - beta_2 ** frozen_step) / (1 - beta_1 ** step))
-    return m, -alpha * m / (tf.sqrt(v) + epsilon)
-
-
-def _frozen_variance_update(self, gradient, variable, learning_rate, frozen_step):
-    """Adam's `update_step` with the second moment frozen at `frozen_step` (1-bit Adam)."""
-    index = self._get_variable_index(variable)
-    m, v = self._momentums[index], self._velocities[index]
-    dtype = variable.dtype
-    new_m, change = frozen_variance_adam(
-        gradient, m, v, tf.cast(learning_rate, dtype), tf.cast(self.iterations + 1, dtype),
-        tf.cast(frozen_step, dtype), tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype),
-        tf.cast(self.epsilon, dtype))
-    m.assign(new_m)
-    variable.assign_add(change)
 
 
 def _update_step(self, grads, trainable_variables, learning_rate):
@@ -546,7 +399,7 @@ def _update_variables(self, distribution, grads_and_vars, learning_rate, committ
             if frozen_step is None:
                 self.update_step(tf.cast(grad, variable.dtype), variable, rate)
             else:
-                _frozen_variance_update(self, tf.cast(grad, variable.dtype), variable, rate,
+                frozen_variance_update(self, tf.cast(grad, variable.dtype), variable, rate,
                                         frozen_step)
             return tf.constant(True)
 

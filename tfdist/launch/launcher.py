@@ -16,7 +16,7 @@ from tfdist.cluster.roles import runs_server, task_argv
 from tfdist.cluster.spec import check_local_ports_free, check_resolvable, cluster_dict
 from tfdist.cluster.tf_config import tf_config_json
 from tfdist.config import checks
-from tfdist.config.load import check_arguments
+from tfdist.config.checks import check_arguments
 from tfdist.errors import TfdistError
 from tfdist.launch import reaper
 from tfdist.launch.output import Sink

@@ -17,8 +17,6 @@ the synchronisations between steps (`rounds`), the step's own exchange (`step`) 
 islands' agreement (`agreement`); docs/architecture.md draws them.
 """
 
-import tensorflow as tf
-
 from tfdist.capabilities import names_with
 from tfdist.checkpoint import CheckpointError
 from tfdist.compression.auto import AutoCompression

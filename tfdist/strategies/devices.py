@@ -2,7 +2,8 @@
 
 import tensorflow as tf
 
-from tfdist.config.load import STRATEGY_OPTIONS, check_arguments
+from tfdist.config.checks import check_arguments
+from tfdist.config.sections.strategy import STRATEGY_OPTIONS
 from tfdist.strategies.errors import StrategyError
 
 

@@ -7,7 +7,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.config import checks
-from tfdist.config.load import check_arguments
+from tfdist.config.checks import check_arguments
 from tfdist.core.driver import HookDriver
 from tfdist.core.hooks import GradientPipeline
 from tfdist.core.loss_scale import LossScaleOptimizer, is_loss_scale

@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.config import checks
-from tfdist.config.load import check_arguments
+from tfdist.config.checks import check_arguments
 from tfdist.core.owned import named_optimizers
 from tfdist.core.optimizer import pipeline_of
 

@@ -5,7 +5,7 @@ import functools
 import keras
 
 from tfdist.config import checks
-from tfdist.config.load import check_arguments
+from tfdist.config.checks import check_arguments
 from tfdist.core.optimizer import learning_rate_schedule
 from tfdist.keras.callbacks.worker_scratch import strategy_of
 

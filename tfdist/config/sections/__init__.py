@@ -1,0 +1,1 @@
+"""The config file's sections, one module each: YAML value -> frozen section config."""
