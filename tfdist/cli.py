@@ -104,6 +104,20 @@ def _parser():
     p.add_argument("--task", required=True, metavar="TYPE:INDEX")
     p.set_defaults(run=_tf_config)
 
+    _add_launch(sub)
+    _add_manifest(sub)
+
+    p = sub.add_parser("exec", help="in a scheduled task (JobSet pod, SLURM step, Vertex AI "
+                                    "replica): set its TF_CONFIG and run COMMAND",
+                       usage="tfdist exec CONFIG -- COMMAND [ARGS...]")
+    p.add_argument("config")
+    p.set_defaults(run=_exec)
+
+    _add_sbatch(sub)
+    return parser
+
+
+def _add_launch(sub):
     p = sub.add_parser("launch", help="run every task locally: tfdist launch CONFIG -- CMD ...",
                        usage="tfdist launch CONFIG [--max-restarts N] [--task TYPE:INDEX] "
                              "-- COMMAND [ARGS...]")
@@ -121,6 +135,8 @@ def _parser():
                         "as hung and killed (default 600; 0: never)")
     p.set_defaults(run=_launch)
 
+
+def _add_manifest(sub):
     p = sub.add_parser("manifest", help="print a Kubeflow TFJob, or a Trainer v2 "
                                         "TrainingRuntime and TrainJob, for the cluster",
                        usage="tfdist manifest CONFIG --image IMAGE [--format tfjob|trainjob] "
@@ -143,12 +159,8 @@ def _parser():
                                      f"save after SIGTERM (default {DEFAULT_GRACE_SECONDS})")
     p.set_defaults(run=_manifest)
 
-    p = sub.add_parser("exec", help="in a scheduled task (JobSet pod, SLURM step, Vertex AI "
-                                    "replica): set its TF_CONFIG and run COMMAND",
-                       usage="tfdist exec CONFIG -- COMMAND [ARGS...]")
-    p.add_argument("config")
-    p.set_defaults(run=_exec)
 
+def _add_sbatch(sub):
     p = sub.add_parser("sbatch", help="print a SLURM batch script for a cluster: slurm config",
                        usage="tfdist sbatch CONFIG [--ntasks N] [--nodes N] [--time T] "
                              "[--partition P] [...] -- COMMAND [ARGS...]")
@@ -161,7 +173,6 @@ def _parser():
                    metavar="N", help="SIGTERM this long before the time limit to save "
                                      f"(#SBATCH --signal=B:TERM@N; default {DEFAULT_GRACE_SECONDS})")
     p.set_defaults(run=_sbatch)
-    return parser
 
 
 def _grace_seconds(text):

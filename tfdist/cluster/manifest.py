@@ -112,6 +112,25 @@ def tfjob_manifest(config, *, image, command, name=None, namespace="default", ma
     """
     if config.cluster is None:
         raise ClusterError("the config has no cluster: section to turn into a TFJob")
+    name = _checked_name(config, name)
+    dns_name(namespace, "--namespace")
+    check_image(image)
+    check_argv(command)
+    check_max_restarts(max_restarts, "backoffLimit")
+    check_grace_seconds(grace_seconds)
+    replicas = _replica_specs(config, image, command, grace_seconds,
+                              "ExitCode" if max_restarts > 0 else "Never")
+    run_policy = {"cleanPodPolicy": "Running"}
+    if max_restarts > 0:
+        run_policy["backoffLimit"] = int(max_restarts)
+    return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"runPolicy": run_policy, "tfReplicaSpecs": replicas}}
+
+
+def _checked_name(config, name):
+    """The TFJob's name: `name` or one from the config file's, a DNS-1123 label short
+    enough for the pod and Service names the operator derives from it."""
     limit = DNS_LABEL_LENGTH - longest_suffix(config.cluster)
     name = default_name(config.path or "tfjob", limit) if name is None else name
     dns_name(name, "--name")
@@ -120,14 +139,13 @@ def tfjob_manifest(config, *, image, command, name=None, namespace="default", ma
                            f"operator names pods and Services <name>-<type>-<index> (up to "
                            f"{DNS_LABEL_LENGTH - limit} more) and Kubernetes allows "
                            f"{DNS_LABEL_LENGTH}. Received: {name!r} ({len(name)} characters)")
-    dns_name(namespace, "--namespace")
-    check_image(image)
-    check_argv(command)
-    check_max_restarts(max_restarts, "backoffLimit")
-    check_grace_seconds(grace_seconds)
+    return name
+
+
+def _replica_specs(config, image, command, grace_seconds, policy):
+    """One TFJob replica spec per job type of `config`'s cluster."""
     strategy = config.strategy.name if config.strategy else None
-    policy = "ExitCode" if max_restarts > 0 else "Never"
-    replicas = {
+    return {
         REPLICA_TYPES[job]: {
             "replicas": len(addresses),
             "restartPolicy": policy,
@@ -140,9 +158,3 @@ def tfjob_manifest(config, *, image, command, name=None, namespace="default", ma
         }
         for job, addresses in config.cluster.jobs().items()
     }
-    run_policy = {"cleanPodPolicy": "Running"}
-    if max_restarts > 0:
-        run_policy["backoffLimit"] = int(max_restarts)
-    return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"runPolicy": run_policy, "tfReplicaSpecs": replicas}}

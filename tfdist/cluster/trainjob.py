@@ -79,13 +79,16 @@ def trainjob_manifests(config, *, image, command, config_path, name=None,
     runtime = training_runtime(config, counts, image=image, argv=argv, name=f"tfdist-{name}",
                                namespace=namespace, trainer_job=trainer_job,
                                max_restarts=max_restarts, grace_seconds=grace_seconds)
-    job = {"apiVersion": API_VERSION, "kind": "TrainJob",
-           "metadata": {"name": name, "namespace": namespace},
-           "spec": {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
-                                   "name": runtime["metadata"]["name"]},
-                    "trainer": {"image": image, "command": argv,
-                                "numNodes": counts[trainer_job]}}}
-    return [runtime, job]
+    return [runtime, _train_job(name, namespace, runtime, image, argv, counts[trainer_job])]
+
+
+def _train_job(name, namespace, runtime, image, argv, nodes):
+    """The TrainJob that runs `runtime` with `nodes` trainer nodes."""
+    return {"apiVersion": API_VERSION, "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
+                                    "name": runtime["metadata"]["name"]},
+                     "trainer": {"image": image, "command": argv, "numNodes": nodes}}}
 
 
 def training_runtime(config, counts, *, image, argv, name, namespace, trainer_job,

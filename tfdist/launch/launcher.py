@@ -2,7 +2,6 @@
 
 import functools
 import os
-import resource
 import secrets
 import shutil
 import signal
@@ -17,8 +16,8 @@ from tfdist.cluster.spec import check_local_ports_free, check_resolvable, cluste
 from tfdist.cluster.tf_config import tf_config_json
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.errors import TfdistError
-from tfdist.launch import reaper
+from tfdist.launch import os_limits, reaper
+from tfdist.launch.errors import LaunchError
 from tfdist.launch.output import Sink
 from tfdist.launch.summary import summary
 from tfdist.launch.task_process import TaskProcess, exit_code
@@ -29,8 +28,6 @@ MAX_GRACE_SECONDS = 3600.0  # an hour to stop: more would make Ctrl-C look ignor
 MAX_HANG_SECONDS = 7 * 24 * 3600.0  # a week; 0 switches hang detection off
 DRAIN_SECONDS = 2.0  # at the end, how long output may take to reach a slow reader
 _STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
-_FILES_PER_TASK = 3  # its output pipe; while starting, the exec-error pipe; a probed port
-_FILES_SPARE = 32
 
 
 class _Stopped(BaseException):
@@ -181,7 +178,7 @@ class Launcher:
                 shutil.rmtree(self.tmpdir, ignore_errors=True)
             reaper.restore_subreaper(subreaper)
             if nofile is not None:
-                _set_open_files_limit(nofile)
+                os_limits.set_open_files(nofile)
             self._close_output(code, time.monotonic() - started)
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
@@ -230,25 +227,9 @@ class Launcher:
                      f"process{'' if processes == 1 else 'es'}")
 
     def _ensure_open_files_limit(self):
-        """Raises the soft open-files limit as far as the job needs (up to the hard limit);
-        returns the previous limits to restore, or None if unchanged.
-
-        Raises:
-            LaunchError: even the hard limit is too low.
-        """
+        """Raises the open-files limit as far as the job's tasks need (`os_limits`)."""
         count = len(self.config.cluster.tasks()) if self.config.cluster else 1
-        if self.only_task is not None:
-            count = 1
-        need = reaper.open_files() + _FILES_PER_TASK * count + _FILES_SPARE
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft == resource.RLIM_INFINITY or soft >= need:
-            return None
-        if hard != resource.RLIM_INFINITY and hard < need:
-            raise LaunchError(
-                f"{count} tasks need about {need} open files, but the open-files limit is "
-                f"{soft} (hard limit {hard}); raise it, e.g. with `ulimit -n {need}`")
-        _set_open_files_limit((need, hard))
-        return soft, hard
+        return os_limits.ensure_open_files(1 if self.only_task is not None else count)
 
     def _selected_tasks(self, only_task):
         """The (job, index) tasks to start, [] for a job without a cluster.
@@ -309,7 +290,7 @@ class Launcher:
         try:
             task.start()
         except OSError as e:
-            raise LaunchError(_start_failure(task, e)) from None
+            raise LaunchError(os_limits.start_failure(task, e)) from None
         self._popen_pids.add(task.pid)
 
     def _supervise(self):
@@ -416,32 +397,6 @@ class Launcher:
         return handlers
 
 
-def _set_open_files_limit(limits):
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
-    except (OSError, ValueError):
-        pass
-
-
-def _start_failure(task, error):
-    """The one-line reason `task` could not be started."""
-    import errno
-
-    reason = error.strerror or str(error)
-    if error.errno in (errno.EMFILE, errno.ENFILE):
-        hint = "; raise the open-files limit (ulimit -n)"
-    elif error.errno == errno.E2BIG:
-        size = sum(len(k) + len(v) + 2 for k, v in task.env.items())
-        size += sum(len(a) + 1 for a in task.argv)
-        hint = (f"; its command line and environment are {size} bytes "
-                f"(TF_CONFIG alone {len(task.env.get('TF_CONFIG', ''))})")
-    elif error.errno == errno.EAGAIN:
-        hint = "; the process limit (ulimit -u) or memory is exhausted"
-    else:
-        hint = ""
-    return f"{task.name}: cannot run {task.argv[0]!r}: {reason}{hint}"
-
-
 #: The launcher's options (``tfdist launch --max-restarts/--grace-seconds/--hang-seconds``),
 #: checked by the config loader's checks.
 OPTIONS = {
@@ -463,10 +418,6 @@ def _check_all_local(cluster):
                 f"{job}:{index} is at {address}, which is not this machine; to run every task "
                 "here use localhost addresses or task counts, or start one task per host "
                 "with --task TYPE:INDEX")
-
-
-class LaunchError(TfdistError, RuntimeError):
-    """A job that cannot start: a command that does not exist, a port in use..."""
 
 
 def launch(config, command, **options):

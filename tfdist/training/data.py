@@ -66,3 +66,12 @@ def captured_datasets(fn):
     cells = zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ()))
     names = ((n, fn.__globals__.get(n)) for n in code.co_names)
     return [name for name, value in [*cells, *names] if isinstance(value, tf.data.Dataset)]
+
+
+def steps_per_epoch_of(dataset_or_fn, steps_per_epoch):
+    """`steps_per_epoch`, or a dataset's batches if it has a known, finite number (as
+    Keras' fit counts them); None otherwise."""
+    if steps_per_epoch is not None or not isinstance(dataset_or_fn, tf.data.Dataset):
+        return steps_per_epoch
+    batches = int(dataset_or_fn.cardinality())
+    return batches if batches > 0 else None

@@ -18,7 +18,8 @@ from tfdist.local_sgd.islands import warn_if_input_couples
 from tfdist.keras.callbacks.training_hooks import TrainingHooks
 from tfdist.strategies.kind import capabilities_of
 from tfdist.strategies.task import is_chief
-from tfdist.training.data import distribute
+from tfdist.training.data import distribute, steps_per_epoch_of
+from tfdist.training.losses import as_loss, as_metric, in_scope, update_state, weighed_by
 from tfdist.training.metrics import can_read_at_once, read_at_once, update_metric
 from tfdist.versions import KERAS_FIX, UnsupportedVersionError
 
@@ -71,7 +72,7 @@ class Trainer:
             raise ValueError("the model must be built before training: give it a keras.Input "
                              f"or call model.build(input_shape). Received: model={model.name}")
         self.model = model
-        self.loss = _as_loss(loss)
+        self.loss = as_loss(loss)
         self.coordinator = None
         if capabilities_of(self.strategy).coordinator:
             self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
@@ -86,8 +87,8 @@ class Trainer:
             self.optimizer.build(self.variables)  # builds the hooks too
             self.loss_tracker = keras.metrics.Mean(name="loss")
             shared = self.strategy.num_replicas_in_sync > 1 or self.coordinator is not None
-            made = [_as_metric(m, self.loss, model) for m in metrics or []]
-            self.metrics = [_in_scope(m, self.strategy) if shared else m for m in made]
+            made = [as_metric(m, self.loss, model) for m in metrics or []]
+            self.metrics = [in_scope(m, self.strategy) if shared else m for m in made]
         model.optimizer = self.optimizer
         self.completed_steps = 0
         self.driver = HookDriver(model, self.optimizer)
@@ -112,7 +113,7 @@ class Trainer:
         step's contribution (a step skipped by dynamic loss scaling counts in none). The
         loss counts as many times as the batch has rows, as under `model.fit` (a partial
         last batch weighs less)."""
-        update = update_metric if self.coordinator is not None else _update_state
+        update = update_metric if self.coordinator is not None else update_state
         rows = tf.cast(tf.shape(tf.nest.flatten(y_pred)[0])[0], tf.float32)
         update(self.loss_tracker, loss, rows if keep is None else rows * keep)
         for metric in self.metrics:
@@ -143,7 +144,7 @@ class Trainer:
                 return logs
             keep, weight = None, sample_weight
             if is_loss_scale(self.optimizer):  # a skipped step counts in no metric
-                keep, weight = _weighed_by(committed, y_pred, sample_weight)
+                keep, weight = weighed_by(committed, y_pred, sample_weight)
             self._update_metrics(scaled * strategy.num_replicas_in_sync, y, y_pred, weight, keep)
             return self._replica_results(training=True)
 
@@ -227,45 +228,56 @@ class Trainer:
         if validation_data is not None:
             self._check_steps(validation_steps, "validation_steps")
             val_data = distribute(self.strategy, validation_data, self.coordinator)
-        callbacks = [c for c in callbacks or [] if not isinstance(c, TrainingHooks)]  # us
-        if any(isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks):
-            warn_if_unrestorable(dataset_or_fn)
-        callbacks = keras.callbacks.CallbackList(
-            callbacks, add_history=True, add_progbar=verbose != 0, model=self.model,
-            verbose=verbose, epochs=epochs, steps=steps_per_epoch)
+        callbacks = self._callbacks(callbacks, dataset_or_fn, verbose, epochs, steps_per_epoch)
         self.model.stop_training = False
         callbacks.on_train_begin()
         initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
-        steps = _steps_per_epoch(dataset_or_fn, steps_per_epoch)
+        steps = steps_per_epoch_of(dataset_or_fn, steps_per_epoch)
         self.driver.plan(None if steps is None else max(epochs - initial_epoch, 0) * steps)
-        iterator, logs = iter(train_data), {}
+        self._iterator, logs = iter(train_data), {}
         self._reads = 0  # batches the current iterator yielded (a backup's input position)
         watch_input(self.model, lambda: (self._reads, True))  # renewed before an epoch ends
         if self.coordinator is None:
-            self._read_ahead(iterator, take_advance(self.model))
+            self._read_ahead(self._iterator, take_advance(self.model))
         for epoch in range(initial_epoch, epochs):
-            self._reset_metrics()
-            callbacks.on_epoch_begin(epoch)
-            steps, exhausted = self._run_steps(True, iterator, steps_per_epoch,
-                                               callbacks.on_train_batch_begin,
-                                               callbacks.on_train_batch_end, epoch)
-            if exhausted:
-                if steps == 0:
-                    raise ValueError("the training dataset yielded no batch; check that it is "
-                                     "not empty and that each worker's shard has a full batch")
-                iterator, self._reads = iter(train_data), 0
-            self.completed_steps += steps
-            logs = self._logs()
-            if val_data is not None:
-                val_logs = self._evaluate(val_data, validation_steps, callbacks, verbose=0)
-                logs.update({f"val_{k}": v for k, v in val_logs.items()})
-            self.driver.before_read()  # one model for the epoch's end (as under fit)
-            callbacks.on_epoch_end(epoch, logs)
+            logs = self._epoch(epoch, train_data, steps_per_epoch, val_data, validation_steps,
+                               callbacks)
             if self.model.stop_training:
                 break
         self.driver.before_read()
         callbacks.on_train_end(logs)
         return self.model.history
+
+    def _callbacks(self, callbacks, dataset_or_fn, verbose, epochs, steps_per_epoch):
+        """The run's `CallbackList` (without `TrainingHooks`: the trainer drives the hooks)."""
+        callbacks = [c for c in callbacks or [] if not isinstance(c, TrainingHooks)]
+        if any(isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks):
+            warn_if_unrestorable(dataset_or_fn)
+        return keras.callbacks.CallbackList(
+            callbacks, add_history=True, add_progbar=verbose != 0, model=self.model,
+            verbose=verbose, epochs=epochs, steps=steps_per_epoch)
+
+    def _epoch(self, epoch, train_data, steps_per_epoch, val_data, validation_steps,
+               callbacks):
+        """One epoch's steps, validation and callbacks; returns its logs."""
+        self._reset_metrics()
+        callbacks.on_epoch_begin(epoch)
+        steps, exhausted = self._run_steps(True, self._iterator, steps_per_epoch,
+                                           callbacks.on_train_batch_begin,
+                                           callbacks.on_train_batch_end, epoch)
+        if exhausted:
+            if steps == 0:
+                raise ValueError("the training dataset yielded no batch; check that it is "
+                                 "not empty and that each worker's shard has a full batch")
+            self._iterator, self._reads = iter(train_data), 0
+        self.completed_steps += steps
+        logs = self._logs()
+        if val_data is not None:
+            val_logs = self._evaluate(val_data, validation_steps, callbacks, verbose=0)
+            logs.update({f"val_{k}": v for k, v in val_logs.items()})
+        self.driver.before_read()  # one model for the epoch's end (as under fit)
+        callbacks.on_epoch_end(epoch, logs)
+        return logs
 
     def evaluate(self, dataset_or_fn, steps=None, callbacks=None, verbose="auto"):
         """Evaluates loss and metrics; returns ``{name: value}``."""
@@ -391,15 +403,6 @@ class Trainer:
                              "repeated per-worker datasets, so an epoch has no natural end")
 
 
-def _steps_per_epoch(dataset_or_fn, steps_per_epoch):
-    """`steps_per_epoch`, or a dataset's batches if it has a known, finite number (as
-    Keras' fit counts them); None otherwise."""
-    if steps_per_epoch is not None or not isinstance(dataset_or_fn, tf.data.Dataset):
-        return steps_per_epoch
-    batches = int(dataset_or_fn.cardinality())
-    return batches if batches > 0 else None
-
-
 _COUNTS = {"epochs": functools.partial(checks.integer, minimum=0),
            "initial_epoch": functools.partial(checks.integer, minimum=0)}
 _STEPS = functools.partial(checks.integer, minimum=1)
@@ -417,21 +420,6 @@ def _routed(optimizer, hooks):
     for hook in hooks:
         pipeline.add(hook)
     return optimizer
-
-
-def _weighed_by(committed, y_pred, sample_weight):
-    """(the loss's weight, the metrics' sample weights) that count nothing when the step
-    did not commit: weights of 0 rather than a `tf.cond` around the updates (metric
-    variables that aggregate, as under central storage, cannot be written in a cond in
-    replica context)."""
-    keep = tf.cast(committed, tf.float32)
-    if sample_weight is None:
-        sample_weight = tf.ones(tf.shape(tf.nest.flatten(y_pred)[0])[:1])
-    return keep, sample_weight * tf.cast(keep, sample_weight.dtype)
-
-
-def _update_state(metric, *args):
-    metric.update_state(*args)
 
 
 _LOSS_SCALING_SEEN = []  # True once a Keras loss was seen to scale on several replicas
@@ -457,83 +445,3 @@ def check_loss_scaling(strategy):
             f"{replicas} replicas, not 1/{replicas}: tfdist.Trainer would add up {replicas} "
             f"full gradients; {KERAS_FIX}")
     _LOSS_SCALING_SEEN.append(True)
-
-
-class _FunctionLoss(keras.losses.Loss):
-    """A loss function ``fn(y_true, y_pred) -> per-example values`` as a Keras Loss."""
-
-    def __init__(self, fn):
-        name = getattr(fn, "__name__", "")
-        super().__init__(name=name if name.isidentifier() else "loss")  # not "<lambda>"
-        self.fn = fn
-
-    def call(self, y_true, y_pred):
-        return self.fn(y_true, y_pred)
-
-
-def _as_loss(loss):
-    if isinstance(loss, str):
-        loss = keras.losses.get(loss)
-    if isinstance(loss, keras.losses.Loss):
-        return loss
-    if callable(loss):
-        return _FunctionLoss(loss)
-    raise ValueError(f"expected a Keras loss, its name, or a function. Received: loss={loss!r}")
-
-
-def _in_scope(metric, strategy):
-    """`metric`, or, if its state was created outside `strategy`'s scope, a new one from its
-    config made in it (under the caller's scope): with several replicas or workers, a metric
-    created outside lives on one device of one worker, so its replicas race on it and
-    each worker logs its own share."""
-    if all(strategy.extended.variable_created_in_scope(underlying(v)) for v in metric.variables):
-        return metric
-    try:
-        return type(metric).from_config(metric.get_config())
-    except Exception as e:  # noqa: BLE001 - any failure means the same to the user
-        raise ValueError(
-            f"the metric {metric.name!r} was created outside the strategy's scope and cannot "
-            "be re-created from its config; create it under strategy.scope(). "
-            f"Received: {metric!r} ({e})") from e
-
-
-#: What `model.compile` makes of "accuracy" for each loss (its labels' kind).
-_ACCURACIES = ((keras.losses.SparseCategoricalCrossentropy, keras.metrics.SparseCategoricalAccuracy),
-               (keras.losses.CategoricalCrossentropy, keras.metrics.CategoricalAccuracy),
-               (keras.losses.BinaryCrossentropy, keras.metrics.BinaryAccuracy),
-               (keras.losses.BinaryFocalCrossentropy, keras.metrics.BinaryAccuracy))
-
-
-def _accuracy(name, loss, model):
-    """The accuracy `model.compile(metrics=[name])` would use: binary for one output unit,
-    else the one the loss's labels call for (sparse for integer labels, categorical for
-    one-hot).
-
-    Raises:
-        ValueError: a loss of your own, which does not say what its labels are.
-    """
-    units = [output.shape[-1] for output in tf.nest.flatten(getattr(model, "outputs", None) or [])]
-    if units and all(u == 1 for u in units):
-        return keras.metrics.BinaryAccuracy(name=name)
-    for kind, metric in _ACCURACIES:
-        if isinstance(loss, kind):
-            return metric(name=name)
-    raise ValueError(
-        f"metrics=[{name!r}] needs labels tfdist.Trainer can tell from the loss (compile "
-        "looks at the data): with a loss of your own, name the metric, "
-        "keras.metrics.SparseCategoricalAccuracy() for integer labels or "
-        f"CategoricalAccuracy() for one-hot ones. Received: loss={loss.name!r}")
-
-
-def _as_metric(metric, loss=None, model=None):
-    if isinstance(metric, str) and metric.lower() in ("accuracy", "acc"):
-        return _accuracy(metric, loss, model)
-    if isinstance(metric, str):
-        name, metric = metric, keras.metrics.get(metric)
-        if isinstance(metric, keras.metrics.Metric) and metric.name != name:
-            metric = type(metric).from_config({**metric.get_config(), "name": name})
-    if isinstance(metric, keras.metrics.Metric):
-        return metric
-    if callable(metric):
-        return keras.metrics.MeanMetricWrapper(metric, name=getattr(metric, "__name__", "metric"))
-    raise ValueError(f"expected a Keras metric or its name. Received: metric={metric!r}")
