@@ -8,12 +8,14 @@ schedule's definition, in milliseconds.
 """
 
 import logging
+import pathlib
 import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import tfdist
 from tfdist.core import abilities
 from tfdist.core.hooks import GradientPipeline, TrainingHook
 from tfdist.local_sgd import fragments as fragmenting
@@ -337,3 +339,30 @@ def test_the_pipeline_finds_abilities_on_hooks_and_on_their_parts():
     assert plain.reads == composed.reads == 1
     assert not any(hasattr(TrainingHook, name) for name in (
         "couples_workers", "trains_next", "skipped", "before_backup", "frozen_variance_step"))
+
+
+# --- a backup of the averager before it was taken apart ------------------------------------
+
+def test_a_backup_written_before_local_sgd_was_taken_apart_resumes_as_if_never_interrupted(
+        strategies, tmp_path):
+    """tests/data/local_sgd_backup_v0: Streaming DiLoCo (2 fragments, an exchange in flight,
+    top-k + EF, Nesterov outer, Adam inner) saved after step 6 of 12 by tfdist before this
+    layout (`tests/local_sgd_backup.py`), beside every replica's weights and slots of a run
+    that tfdist never interrupted. Resumed now, every replica ends with those."""
+    import shutil
+
+    import local_sgd_backup
+
+    source = pathlib.Path(__file__).parent / "data" / "local_sgd_backup_v0"
+    shutil.copytree(source / "backup", tmp_path / "backup")
+    strategy = strategies("mirrored")
+    model, start = local_sgd_backup.train(strategy, str(tmp_path / "backup"))
+    assert start == local_sgd_backup.SAVED_AFTER  # resumed, not trained afresh
+    averager = tfdist.core.pipeline_of(model.optimizer).exchange_owner
+    assert averager.averages > 2 and averager.in_sync
+    expected, got = np.load(source / "expected.npz"), local_sgd_backup.replicas(strategy, model)
+    assert sorted(got) == sorted(expected.files) and len(got) == 4 + 8  # weights, Adam's
+    for name in expected.files:
+        assert got[name].shape[0] == 2  # every replica
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
