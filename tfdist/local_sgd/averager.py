@@ -26,6 +26,7 @@ from tfdist.core.tracing import do_not_convert
 from tfdist.core.variables import underlying
 from tfdist.errors import UnsupportedError
 from tfdist.local_sgd import fragments as fragmenting
+from tfdist.local_sgd import go_local
 from tfdist.local_sgd import step as step_exchange
 from tfdist.local_sgd.agreement import IslandAgreement, IslandCalls, NoIslands, Pacing
 from tfdist.local_sgd.arguments import checked_arguments, compression_hook
@@ -70,6 +71,8 @@ class ModelAverager(TrainingHook):
 
     replaces_exchange = True
     replicas_apart = True
+    #: What it sends per step, like `GradientCompression.bytes_per_step` (the cost model's).
+    bytes_per_step = go_local.bytes_per_step
 
     def __init__(self, period, warmup_steps=0, average_non_trainable=False,
                  average_optimizer_state=False, compression=None, outer=None, fragments=1,

@@ -58,6 +58,12 @@ class Anchors:
             self.optimizer = outer_optimizer(outer)
             self.optimizer.build(self.variables)
 
+    def __iter__(self):  # the anchors, as the variables replicas hold (a backup's, a test's)
+        return iter(self.tensors)
+
+    def __len__(self):
+        return len(self.tensors)
+
     def copy_from(self, weights):
         """(replica context) Anchors := the replica's weights."""
         for anchor, weight in zip(self.tensors, weights):
