@@ -281,6 +281,15 @@ ARGUMENTS = [
     ("missing-required", ["tf-config", "{cfg}"], [r"--task"]),
     ("no-command", [], [r"required"]),
     ("launch-without-command", ["launch", "{cfg}"], [r"no command"]),
+    ("launch-n-zero", ["launch", "-n", "0", "--", "p"], [r"-n/--num-workers", r"from 1 to"]),
+    ("launch-n-negative", ["launch", "-n", "-2", "--", "p"], [r"-n/--num-workers"]),
+    ("launch-n-5000-digits", ["launch", "-n", "9" * 5000, "--", "p"], [r"-n/--num-workers"]),
+    ("launch-n-beyond-max-tasks", ["launch", "-n", "10001", "--", "p"], [r"from 1 to 10000"]),
+    ("launch-n-unicode-digit", ["launch", "-n", "٣", "--", "p"], [r"-n/--num-workers"]),
+    ("launch-n-fraction", ["launch", "-n", "2.5", "--", "p"], [r"-n/--num-workers"]),
+    ("launch-n-and-config", ["launch", "{cfg}", "-n", "2", "--", "p"], [r"not both"]),
+    ("launch-neither-config-nor-n", ["launch", "--", "p"], [r"needs a config file or -n N"]),
+    ("launch-n-without-command", ["launch", "-n", "2"], [r"no command"]),
     ("manifest-without-command", ["manifest", "{cfg}", "--image", "i"], [r"no command"]),
 ]
 

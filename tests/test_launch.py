@@ -227,6 +227,27 @@ def test_failing_task_stops_the_job_and_every_process(tmp_path, write_config, en
     assert_gone(pids.values())
 
 
+def test_launch_n_runs_that_many_workers_as_a_config_of_counts_would(tmp_path, env):
+    """`tfdist launch -n 3 -- CMD` (horovodrun -np 3): no config file, three local workers
+    under multi_worker_mirrored, each with the TF_CONFIG `cluster: {worker: 3}` gives."""
+    command = task("""
+        report("tf_config", os.environ["TF_CONFIG"])
+        print("hello from", name)
+    """, tmp_path)
+    result = subprocess.run([PY, "-m", "tfdist", "launch", "-n", "3", "--", *command], env=env,
+                            capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    names = [f"worker:{i}" for i in range(3)]
+    seen = {n: json.loads((tmp_path / f"{n}.tf_config").read_text()) for n in names}
+    assert sorted(p.name for p in tmp_path.glob("*.tf_config")) == [f"{n}.tf_config" for n in names]
+    cluster = seen["worker:0"]["cluster"]
+    assert list(cluster) == ["worker"] and len(set(cluster["worker"])) == 3
+    for i, n in enumerate(names):
+        assert seen[n]["cluster"] == cluster
+        assert seen[n]["task"] == {"type": "worker", "index": i}
+        assert f"[{n}] hello from {n}" in result.stdout.splitlines()
+
+
 def test_failed_task_is_restarted_with_the_same_tf_config(tmp_path, write_config, env):
     config = write_config(TWO_WORKERS)
     result = run_launch(config, "--max-restarts", "1", env=env, command=task("""

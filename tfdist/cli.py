@@ -15,9 +15,10 @@ from tfdist.cluster.sbatch import batch_script
 from tfdist.cluster.slurm import describe_slurm
 from tfdist.cluster.spec import cluster_dict, parse_task
 from tfdist.cluster.tf_config import tf_config
-from tfdist.config import load_config
+from tfdist.config import config_from_dict, load_config
 from tfdist.errors import TfdistError, one_line
 from tfdist.launch import launch
+from tfdist.limits import MAX_TASKS
 
 USAGE_ERROR = 2
 MAX_COUNT_DIGITS = 10  # --max-restarts: a whole number below 10**10
@@ -118,10 +119,14 @@ def _parser():
 
 
 def _add_launch(sub):
-    p = sub.add_parser("launch", help="run every task locally: tfdist launch CONFIG -- CMD ...",
-                       usage="tfdist launch CONFIG [--max-restarts N] [--task TYPE:INDEX] "
-                             "-- COMMAND [ARGS...]")
-    p.add_argument("config")
+    p = sub.add_parser("launch", help="run every task locally: tfdist launch CONFIG -- CMD ..., "
+                                      "or N workers: tfdist launch -n N -- CMD ...",
+                       usage="tfdist launch (CONFIG | -n N) [--max-restarts N] "
+                             "[--task TYPE:INDEX] -- COMMAND [ARGS...]")
+    p.add_argument("config", nargs="?")
+    p.add_argument("-n", "--num-workers", type=_workers, metavar="N",
+                   help="no config file: N local workers under multi_worker_mirrored (as "
+                        "horovodrun -np N)")
     p.add_argument("--max-restarts", type=_non_negative, default=0, metavar="N",
                    help="restart after a failure up to N times (default 0: stop the job); "
                         "multi_worker_mirrored restarts every task, parameter_server the "
@@ -193,6 +198,15 @@ def _non_negative(text):
     return int(text)
 
 
+def _workers(text):
+    """`-n`'s count: 1 to `MAX_TASKS` workers."""
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(MAX_TASKS))
+            and 1 <= int(text) <= MAX_TASKS):
+        raise argparse.ArgumentTypeError(
+            f"expected a number of workers from 1 to {MAX_TASKS}. Received: {text!r}")
+    return int(text)
+
+
 def _validate(args, command):
     config = load_config(args.config)
     print(f"{one_line(args.config)}: OK ({describe(config)})")
@@ -231,7 +245,7 @@ def _tf_config(args, command):
 
 
 def _launch(args, command):
-    config = load_config(args.config)
+    config = _launch_config(args.config, args.num_workers)
     only_task = None
     if args.task:
         if config.cluster is None:
@@ -240,6 +254,19 @@ def _launch(args, command):
     _require_command(command, "launch")
     return launch(config, command, max_restarts=args.max_restarts, only_task=only_task,
                   grace_seconds=args.grace_seconds, hang_seconds=args.hang_seconds)
+
+
+def _launch_config(path, workers):
+    """The config file at `path`, or — `-n N` — N local workers under multi_worker_mirrored."""
+    if (path is None) == (workers is None):
+        given = "takes a config file or -n N, not both" if path is not None else \
+            "needs a config file or -n N (N local workers)"
+        raise UsageError(f"{given}: tfdist launch CONFIG -- COMMAND, or tfdist launch -n N -- "
+                         "COMMAND")
+    if path is not None:
+        return load_config(path)
+    return config_from_dict({"cluster": {"worker": workers}, "strategy": "multi_worker_mirrored"},
+                            name=f"-n {workers}")
 
 
 def _manifest(args, command):
