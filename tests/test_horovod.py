@@ -1,0 +1,114 @@
+"""`tfdist.horovod`: Horovod's API for Horovod scripts (issue 57; so far the ranks)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tfdist.cluster.errors import ClusterError
+from tfdist.horovod import basics
+from tfdist.horovod.ranks import Ranks, ranks_of
+
+
+def tf_config(cluster, job, index):
+    return {"cluster": cluster, "task": {"type": job, "index": index}}
+
+
+#: horovodrun -np 5 -H a:3,b:2 as TF_CONFIG (the chief on a), each task's ranks by hand.
+TWO_HOSTS = {"chief": ["a:2000"], "worker": ["a:2001", "a:2002", "b:2000", "b:2001"]}
+BY_HAND = {("chief", 0): Ranks(0, 5, 0, 3, 0, 2), ("worker", 0): Ranks(1, 5, 1, 3, 0, 2),
+           ("worker", 1): Ranks(2, 5, 2, 3, 0, 2), ("worker", 2): Ranks(3, 5, 0, 2, 1, 2),
+           ("worker", 3): Ranks(4, 5, 1, 2, 1, 2)}
+
+
+def test_the_ranks_of_every_task_are_horovods():
+    for (job, index), expected in BY_HAND.items():
+        assert ranks_of(tf_config(TWO_HOSTS, job, index)) == expected, (job, index)
+
+
+@pytest.mark.parametrize("hosts", [["h"] * 4, ["a", "b", "a", "b", "c"], ["[::1]", "x", "[::1]"],
+                                   ["solo"]])
+def test_ranks_number_the_workers_and_each_host_once(hosts):
+    """Whatever the hosts: ranks 0..size-1 once each, every host's local ranks 0..n-1 once,
+    and (cross_rank, local_rank) names one worker."""
+    cluster = {"worker": [f"{h}:{2000 + i}" for i, h in enumerate(hosts)]}
+    ranks = [ranks_of(tf_config(cluster, "worker", i)) for i in range(len(hosts))]
+    assert [r.rank for r in ranks] == list(range(len(hosts)))
+    assert {r.size for r in ranks} == {len(hosts)}
+    assert {r.cross_size for r in ranks} == {len(set(hosts))}
+    for host in set(hosts):
+        mine = [r for r, h in zip(ranks, hosts) if h == host]
+        assert sorted(r.local_rank for r in mine) == list(range(hosts.count(host)))
+        assert {r.local_size for r in mine} == {hosts.count(host)}
+        assert len({r.cross_rank for r in mine}) == 1
+    assert len({(r.cross_rank, r.local_rank) for r in ranks}) == len(hosts)
+
+
+@pytest.mark.parametrize("job", ["ps", "evaluator"])
+def test_a_task_that_trains_no_step_is_refused_in_one_line(job):
+    cluster = {**TWO_HOSTS, job: ["c:1"]}
+    with pytest.raises(ClusterError, match=f"one process per worker.*this task is {job}:0") as e:
+        ranks_of(tf_config(cluster, job, 0))
+    assert "\n" not in str(e.value)
+
+
+@pytest.fixture
+def horovod(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("CLUSTER_SPEC", raising=False)
+    basics.shutdown()
+    yield basics
+    basics.shutdown()
+
+
+def test_without_init_every_rank_is_refused_as_horovod_refuses(horovod):
+    for ask in (horovod.size, horovod.rank, horovod.local_rank, horovod.local_size,
+                horovod.cross_rank, horovod.cross_size):
+        with pytest.raises(ValueError, match=r"Horovod has not been initialized; use hvd.init"):
+            ask()
+    assert not horovod.is_initialized()
+
+
+def test_init_without_tf_config_is_a_job_of_one_and_reads_tf_config_when_set(horovod,
+                                                                              monkeypatch):
+    horovod.init()
+    assert horovod.is_initialized() and (horovod.size(), horovod.rank()) == (1, 0)
+    monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config(TWO_HOSTS, "worker", 2)))
+    horovod.init()
+    assert (horovod.rank(), horovod.size(), horovod.local_rank(), horovod.local_size(),
+            horovod.cross_rank(), horovod.cross_size()) == (3, 5, 0, 2, 1, 2)
+
+
+@pytest.mark.parametrize("raw, says", [
+    ("{not json", "TF_CONFIG"), ('{"cluster": {"worker": ["a:1"]}}', "task"),
+    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}', "index"),
+])
+def test_init_refuses_a_broken_tf_config_in_one_line(horovod, monkeypatch, raw, says):
+    monkeypatch.setenv("TF_CONFIG", raw)
+    with pytest.raises(ClusterError, match=says) as e:
+        horovod.init()
+    assert "\n" not in str(e.value) and not horovod.is_initialized()
+
+
+def test_init_refuses_an_mpi_communicator_and_process_sets(horovod):
+    for options in ({"comm": object()}, {"process_sets": [[0, 1]]}):
+        with pytest.raises(ValueError, match="no MPI communicator or process sets"):
+            horovod.init(**options)
+
+
+@pytest.mark.multiprocess
+def test_a_horovod_scripts_ranks_under_tfdist_launch_n(tmp_path):
+    """`tfdist launch -n 3` as horovodrun -np 3: each worker's script, with only its import
+    changed, sees its rank, the size and its local rank on this one host."""
+    script = tmp_path / "ranks.py"
+    script.write_text("import tfdist.horovod.tensorflow.keras as hvd\nhvd.init()\n"
+                      "print('ranks', hvd.rank(), hvd.size(), hvd.local_rank(), "
+                      "hvd.local_size(), hvd.cross_rank(), hvd.cross_size())\n")
+    result = subprocess.run([sys.executable, "-m", "tfdist", "launch", "-n", "3", "--",
+                             sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = sorted(line.split("] ", 1)[1] for line in result.stdout.splitlines()
+                  if "] ranks " in line)
+    assert said == [f"ranks {r} 3 {r} 3 0 1" for r in range(3)], result.stdout[-2000:]
