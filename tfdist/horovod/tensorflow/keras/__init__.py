@@ -1,7 +1,5 @@
-"""`horovod.tensorflow.keras`'s API (`tfdist.horovod`): the ranks of this process so far."""
+"""`horovod.tensorflow.keras`'s API (`tfdist.horovod`): what `horovod.tensorflow` has, so
+far the ranks of this process."""
 
-from tfdist.horovod.basics import (cross_rank, cross_size, init, is_initialized, local_rank,
-                                   local_size, rank, shutdown, size)
-
-__all__ = ["cross_rank", "cross_size", "init", "is_initialized", "local_rank", "local_size",
-           "rank", "shutdown", "size"]
+from tfdist.horovod.tensorflow import *  # noqa: F401,F403 (Horovod's names, as Horovod's)
+from tfdist.horovod.tensorflow import __all__  # noqa: F401
