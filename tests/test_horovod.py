@@ -1,9 +1,11 @@
 """`tfdist.horovod`: Horovod's API for Horovod scripts (issue 57; so far the ranks)."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tfdist.cluster.errors import ClusterError
@@ -74,8 +76,13 @@ def test_init_without_tf_config_is_a_job_of_one_and_reads_tf_config_when_set(hor
                                                                               monkeypatch):
     horovod.init()
     assert horovod.is_initialized() and (horovod.size(), horovod.rank()) == (1, 0)
+    assert horovod.group() is None  # a job of one joins no group
     monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config(TWO_HOSTS, "worker", 2)))
+    joined = []
+    monkeypatch.setattr(horovod, "_join", lambda ranks: joined.append(ranks) or "group")
+    monkeypatch.setitem(horovod._state, "group", None)
     horovod.init()
+    assert joined == [Ranks(3, 5, 0, 2, 1, 2)] and horovod.group() == "group"
     assert (horovod.rank(), horovod.size(), horovod.local_rank(), horovod.local_size(),
             horovod.cross_rank(), horovod.cross_size()) == (3, 5, 0, 2, 1, 2)
 
@@ -112,3 +119,57 @@ def test_a_horovod_scripts_ranks_under_tfdist_launch_n(tmp_path):
     said = sorted(line.split("] ", 1)[1] for line in result.stdout.splitlines()
                   if "] ranks " in line)
     assert said == [f"ranks {r} 3 {r} 3 0 1" for r in range(3)], result.stdout[-2000:]
+
+
+@pytest.mark.multiprocess
+def test_the_collectives_on_three_workers_equal_numpy(tmp_path):
+    """allreduce (Average, Sum, Max, average=False, pre/postscale, int32, an IndexedSlices,
+    inside a tf.function called thrice), allgather of unequal first dimensions, broadcast
+    and broadcast_variables, on every worker of `tfdist launch -n 3`."""
+    sys.path.insert(0, str(pathlib.Path(__file__).parent / "jobs"))
+    from horovod_collectives_job import contribution
+
+    job = pathlib.Path(__file__).parent / "jobs" / "horovod_collectives_job.py"
+    result = subprocess.run([sys.executable, "-m", "tfdist", "launch", "-n", "3", "--",
+                             sys.executable, str(job), str(tmp_path)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    size = 3
+    each = [contribution(r) for r in range(size)]
+    total = np.sum(each, axis=0)
+    expected = {"average": total / size, "sum": total, "max": np.max(each, axis=0),
+                "average_deprecated_false": total, "scaled": total,
+                "int_sum": [sum(range(size)), size],
+                "gather": np.concatenate([contribution(r, rows=r + 1) for r in range(size)]),
+                "broadcast": each[-1], "variable": each[0],
+                "sparse": np.stack([e[0] for e in each]) / size,
+                "traced": [total * k for k in (1.0, 2.0, 3.0)]}
+    for rank in range(size):
+        got = json.loads((tmp_path / f"{rank}.json").read_text())
+        for key, want in expected.items():
+            np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want, np.float64),
+                                       rtol=1e-6, atol=1e-6, err_msg=f"rank {rank}: {key}")
+
+
+@pytest.mark.parametrize("options, says", [
+    ({"op": "Adasum"}, "no Adasum"), ({"op": "Mean"}, "op must be one of"),
+    ({"op": "Sum", "average": True}, "not both")])
+def test_allreduce_refuses_what_it_cannot_do_in_one_line(horovod, options, says):
+    import tensorflow as tf
+
+    horovod.init()
+    from tfdist.horovod import ops
+
+    with pytest.raises(ValueError, match=says):
+        ops.allreduce(tf.constant([1.0]), **options)
+
+
+@pytest.mark.parametrize("root", [-1, 1, True, "0", 0.0])
+def test_a_root_rank_outside_the_job_is_refused(horovod, root):
+    import tensorflow as tf
+
+    horovod.init()
+    from tfdist.horovod import ops
+
+    with pytest.raises(ValueError, match="root_rank must be a rank of this job, 0 to 0"):
+        ops.broadcast(tf.constant(1.0), root)

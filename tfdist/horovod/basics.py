@@ -1,11 +1,12 @@
 """Horovod's `init` and the ranks it gives (`horovod.common.basics`): `init()` reads this
-process's TF_CONFIG (`tfdist.horovod.ranks`); the other functions answer from it, and,
-as Horovod's, refuse to answer before it."""
+process's TF_CONFIG (`tfdist.horovod.ranks`) and, in a job of several workers, joins
+them in one collective group (`tfdist.horovod.collectives`); the other functions answer
+from it, and, as Horovod's, refuse to answer before it."""
 
 from tfdist.cluster.tf_config import read_tf_config
 from tfdist.horovod.ranks import ranks_of
 
-_state = {"ranks": None}
+_state = {"ranks": None, "group": None}
 
 
 def init(comm=None, process_sets=None):
@@ -16,11 +17,30 @@ def init(comm=None, process_sets=None):
         raise ValueError("tfdist.horovod.init takes no MPI communicator or process sets: "
                          "every worker of the job is one group (TF_CONFIG). Received: "
                          f"comm={comm!r:.80}, process_sets={process_sets!r:.80}")
-    _state["ranks"] = ranks_of(read_tf_config())
+    ranks = ranks_of(read_tf_config())
+    if ranks.size > 1 and _state["group"] is None:  # once per process: it starts a server
+        _state["group"] = _join(ranks)
+    _state["ranks"] = ranks
+
+
+def _join(ranks):
+    """The workers' collective group, on tfdist's MultiWorkerMirroredStrategy (its server
+    and collective executor, from TF_CONFIG)."""
+    from tfdist.horovod.collectives import WorkerGroup
+    from tfdist.strategies.factory import get_strategy
+
+    return WorkerGroup(get_strategy("multi_worker_mirrored"), ranks.rank, ranks.size)
+
+
+def group():
+    """The workers' collective group (None in a job of one); after `init`."""
+    _ranks()
+    return _state["group"]
 
 
 def shutdown():
-    """Forgets the ranks (`init` reads them again)."""
+    """Forgets the ranks (`init` reads them again; the workers' group stays: a process
+    joins its job once)."""
     _state["ranks"] = None
 
 
