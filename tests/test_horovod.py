@@ -173,3 +173,33 @@ def test_a_root_rank_outside_the_job_is_refused(horovod, root):
 
     with pytest.raises(ValueError, match="root_rank must be a rank of this job, 0 to 0"):
         ops.broadcast(tf.constant(1.0), root)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("workers, fp16", [(2, False), (4, True)], ids=["2-none", "4-fp16"])
+def test_a_horovod_keras_script_trains_as_one_process_on_the_workers_batches(tmp_path,
+                                                                             workers, fp16):
+    """Horovod's Keras idiom with only the import changed (tests/jobs/horovod_fit_job.py):
+    every worker ends with the same weights and the same averaged loss, and they equal one
+    process trained on the batches the workers' shards make together (fp16 on the wire: to
+    float16's precision)."""
+    job = str(pathlib.Path(__file__).parent / "jobs" / "horovod_fit_job.py")
+    flags = ["--fp16"] if fp16 else []
+    run = subprocess.run([sys.executable, "-m", "tfdist", "launch", "-n", str(workers), "--",
+                          sys.executable, job, str(tmp_path), *flags], capture_output=True,
+                         text=True, timeout=400)
+    assert run.returncode == 0, run.stderr[-3000:]
+    single = subprocess.run([sys.executable, job, str(tmp_path), "--single", str(workers)],
+                            capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    reference = np.load(tmp_path / "single.npz")
+    ranks = [np.load(tmp_path / f"{r}.npz") for r in range(workers)]
+    names = [n for n in reference.files]
+    for rank, weights in enumerate(ranks):
+        for name in names:  # every worker alike, bit for bit
+            np.testing.assert_array_equal(weights[name], ranks[0][name], err_msg=f"{rank} {name}")
+        np.testing.assert_array_equal(weights["loss"], ranks[0]["loss"])
+    tolerance = dict(rtol=2e-3, atol=2e-3) if fp16 else dict(rtol=1e-5, atol=1e-6)
+    for name in names:
+        np.testing.assert_allclose(ranks[0][name], reference[name], err_msg=name, **tolerance)
+    assert ranks[0]["loss"][-1] < ranks[0]["loss"][0]  # it learns

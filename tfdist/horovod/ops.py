@@ -68,7 +68,7 @@ def broadcast_variables(variables, root_rank):
     """Assigns `root_rank`'s value of each variable to every worker's."""
     _check_root(root_rank)
     for variable in variables:
-        variable.assign(broadcast(variable.read_value(), root_rank))
+        variable.assign(broadcast(tf.convert_to_tensor(variable), root_rank))
 
 
 def _check_root(root_rank):
