@@ -22,6 +22,8 @@ def main(out):
     rank, size = hvd.rank(), hvd.size()
     mine = contribution(rank)
     results = {
+        "ranks": [rank, size, hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
+                  hvd.cross_size()],
         "average": hvd.allreduce(mine).numpy(),
         "sum": hvd.allreduce(mine, op=hvd.Sum).numpy(),
         "max": hvd.allreduce(mine, op=hvd.Max).numpy(),
