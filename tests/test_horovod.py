@@ -161,7 +161,7 @@ def test_a_root_rank_outside_the_job_is_refused(horovod, root):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("workers, fp16", [(2, False), (4, True)], ids=["2-none", "4-fp16"])
+@pytest.mark.parametrize("workers, fp16", [(4, False)], ids=["4-none"])
 def test_a_horovod_keras_script_trains_as_one_process_on_the_workers_batches(tmp_path,
                                                                              workers, fp16):
     """Horovod's Keras idiom with only the import changed (tests/jobs/horovod_fit_job.py):
@@ -188,3 +188,23 @@ def test_a_horovod_keras_script_trains_as_one_process_on_the_workers_batches(tmp
     for name in names:
         np.testing.assert_allclose(ranks[0][name], reference[name], err_msg=name, **tolerance)
     assert ranks[0]["loss"][-1] < ranks[0]["loss"][0]  # it learns
+
+
+def test_fp16_compression_sends_floats_as_float16_and_gives_them_back_in_their_dtype():
+    """Horovod's Compression.fp16: floating tensors cross as float16 (NumPy's rounding),
+    anything else as it is; Compression.none changes nothing."""
+    import tensorflow as tf
+
+    from tfdist.horovod.optimizer import Compression
+
+    values = np.array([0.1, 1.0 / 3.0, 65504.0, -2.5e-8], np.float32)
+    sent, ctx = Compression.fp16.compress(tf.constant(values))
+    assert sent.dtype == tf.float16
+    np.testing.assert_array_equal(sent.numpy(), values.astype(np.float16))
+    back = Compression.fp16.decompress(sent, ctx)
+    assert back.dtype == tf.float32
+    np.testing.assert_array_equal(back.numpy(), values.astype(np.float16).astype(np.float32))
+    ints, ctx = Compression.fp16.compress(tf.constant([1, 2]))
+    assert ints.dtype == tf.int32 and Compression.fp16.decompress(ints, ctx) is ints
+    same, ctx = Compression.none.compress(tf.constant(values))
+    assert Compression.none.decompress(same, ctx) is same

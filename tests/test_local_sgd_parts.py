@@ -277,18 +277,21 @@ def test_warmup_auto_logs_its_judgement_and_a_user_can_silence_it(capsys, monkey
 
     monkeypatch.setattr(go_local, "sync_seconds", lambda shape, link, workers: 0.01)
     said, logger = [], logging.getLogger("tfdist")
-    monkeypatch.setattr(logger, "level", logger.level)  # put back after the test
-    for level in (logging.INFO, logging.WARNING):
-        logger.setLevel(level)
-        exchange = auto_exchange()
-        warmup = Warmup("auto", exchange, shape())
-        warmup.exchange = types.SimpleNamespace(
-            decisions=[{"compute_seconds": 0.06, "measured": 0.1}], kept=True,
-            link=cost_model.Link(20e6, 1e-3), workers=2, choice="topk+EF", min_gain=0.05)
-        assert warmup.steps == NOT_YET
-        warmup.judge(20)
-        said.append(capsys.readouterr().out)
-        assert warmup.steps == 20 and [j["local"] for j in warmup.going_local] == [True]
+    previous = logger.level
+    try:
+        for level in (logging.INFO, logging.WARNING):
+            logger.setLevel(level)
+            exchange = auto_exchange()
+            warmup = Warmup("auto", exchange, shape())
+            warmup.exchange = types.SimpleNamespace(
+                decisions=[{"compute_seconds": 0.06, "measured": 0.1}], kept=True,
+                link=cost_model.Link(20e6, 1e-3), workers=2, choice="topk+EF", min_gain=0.05)
+            assert warmup.steps == NOT_YET
+            warmup.judge(20)
+            said.append(capsys.readouterr().out)
+            assert warmup.steps == 20 and [j["local"] for j in warmup.going_local] == [True]
+    finally:
+        logger.setLevel(previous)  # setLevel, not the attribute: logging caches the check
     assert said[0].startswith("tfdist local_sgd warmup_steps auto at step 20: local steps "
                               "predicted") and said[0].count("\n") == 1
     assert said[1] == ""
