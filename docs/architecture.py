@@ -17,7 +17,7 @@ LAYERS = (
     ("strategies",),                        # get_strategy and the subclasses
     ("core",),                              # the step: hooks, driver, optimizer seam
     ("compression", "local_sgd"),           # features, as hooks
-    ("keras", "callbacks"),                 # thin Keras adapters
+    ("keras", "callbacks", "horovod"),      # thin Keras adapters; Horovod's API
     ("training",),                          # the Trainer
     ("launch", "cli", "__main__", "__init__"),  # the command line
 )

@@ -47,6 +47,7 @@ CLI_CASES = {
     ("launch", "config"): [["/nonexistent.yaml", "--", "true"]],
     ("launch", "--max-restarts"): [["{config}", "--max-restarts", v, "--", "true"] for v in
                                    ("-1", "1.5", "nan", BIG, "0x10")],
+    ("launch", "-n"): [["-n", v, "--", "true"] for v in ("0", "-1", "1.5", BIG, "٣", "two", "")],
     ("launch", "--task"): [["{config}", "--task", "worker:0", "--", "true"],  # counts
                            ["{config}", "--task", "ps:0", "--", "true"]],
     ("launch", "--grace-seconds"): [["{config}", "--grace-seconds", v, "--", "true"] for v in

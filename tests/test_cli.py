@@ -46,12 +46,18 @@ def test_console_entry_point_exits_2_without_traceback(write_config):
     assert "strategy.devices" in result.stderr and path in result.stderr
 
 
-@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["launch"], ["tf-config", "x.yaml"],
+@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["tf-config", "x.yaml"],
                                   ["launch", "x.yaml", "--max-restarts", "-1", "--", "true"]])
 def test_usage_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as raised:
         main(argv)
     assert raised.value.code == 2
+
+
+def test_launch_with_neither_a_config_nor_n_exits_2_naming_both(capsys):
+    assert main(["launch"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config file or -n N" in err, err
 
 
 def test_launch_without_command(write_config, capsys):

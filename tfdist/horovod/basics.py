@@ -4,7 +4,9 @@ them in one collective group (`tfdist.horovod.collectives`); the other functions
 from it, and, as Horovod's, refuse to answer before it."""
 
 from tfdist.cluster.tf_config import read_tf_config
+from tfdist.horovod.collectives import WorkerGroup
 from tfdist.horovod.ranks import ranks_of
+from tfdist.strategies.factory import get_strategy
 
 _state = {"ranks": None, "group": None}
 
@@ -26,9 +28,6 @@ def init(comm=None, process_sets=None):
 def _join(ranks):
     """The workers' collective group, on tfdist's MultiWorkerMirroredStrategy (its server
     and collective executor, from TF_CONFIG)."""
-    from tfdist.horovod.collectives import WorkerGroup
-    from tfdist.strategies.factory import get_strategy
-
     return WorkerGroup(get_strategy("multi_worker_mirrored"), ranks.rank, ranks.size)
 
 
