@@ -1,13 +1,21 @@
-"""A Horovod Keras script as Horovod's examples write it (its own model per process, a
-shard of the data by rank, `hvd.DistributedOptimizer`, `BroadcastGlobalVariablesCallback`,
-`MetricAverageCallback`), with only its import changed; or, `--single`, the same model
-trained in one process on the batches the workers' shards make together — what Horovod's
-averaged gradients are equivalent to. Writes the weights to <out>/<rank or single>.npz."""
+"""Horovod scripts as Horovod's examples write them, with only their import changed: its
+own model per process, a shard of the data by rank, and
+
+- `fit`: `hvd.DistributedOptimizer` (`--passes N`: `backward_passes_per_step=N`, summed as
+  Horovod's default, or averaged with `--average-passes`), `BroadcastGlobalVariablesCallback`,
+  `MetricAverageCallback`;
+- `tape`: a `tf.function` step with `hvd.DistributedGradientTape` and
+  `hvd.broadcast_variables` after the first batch (Horovod's tensorflow2_mnist.py).
+
+`--single W` trains the same models in one process on the batches W workers' shards make
+together — what Horovod's averaged gradients are equivalent to. Writes the weights (and
+losses) to <out>/<mode>-<rank or single>.npz."""
 
 import argparse
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import tfdist.horovod.tensorflow.keras as hvd
 
@@ -26,34 +34,79 @@ def model():
                              keras.layers.Dense(1)])
 
 
+def single(x, y, workers, passes=1, summed=False):
+    """One process: each update on `passes` steps of every worker's batches, one mean
+    (times `passes` when Horovod sums the passes)."""
+    shards = np.split(np.arange(len(x)), workers)
+    order = np.concatenate([s[i * WORKERS_BATCH:(i + 1) * WORKERS_BATCH]
+                            for i in range(STEPS) for s in shards])
+    net = model()
+    rate = 0.05 * workers * (passes if summed else 1)
+    net.compile(keras.optimizers.SGD(rate), "mse")
+    history = net.fit(x[order], y[order], batch_size=WORKERS_BATCH * workers * passes,
+                      epochs=EPOCHS, verbose=0, shuffle=False)
+    return net.get_weights(), history.history["loss"]
+
+
+def fit(x, y, passes, average_passes, fp16):
+    net = model()
+    compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
+    net.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.05 * hvd.size()),
+                                         compression=compression,
+                                         backward_passes_per_step=passes,
+                                         average_aggregated_gradients=average_passes), "mse")
+    history = net.fit(x, y, batch_size=WORKERS_BATCH, epochs=EPOCHS, verbose=0, shuffle=False,
+                      callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                 hvd.callbacks.MetricAverageCallback()])
+    return net.get_weights(), history.history["loss"]
+
+
+def tape(x, y):
+    net = model()
+    loss = keras.losses.MeanSquaredError()
+    opt = keras.optimizers.SGD(0.05 * hvd.size())
+
+    @tf.function
+    def training_step(images, labels, first_batch):
+        with tf.GradientTape() as tape:
+            loss_value = loss(labels, net(images, training=True))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss_value, net.trainable_variables)
+        opt.apply_gradients(zip(grads, net.trainable_variables))
+        if first_batch:
+            hvd.broadcast_variables(net.variables, root_rank=0)
+            hvd.broadcast_variables(opt.variables, root_rank=0)  # Keras 3: a list
+        return loss_value
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(WORKERS_BATCH)
+    losses = [float(training_step(a, b, i == 0))
+              for i, (a, b) in enumerate(dataset.repeat(EPOCHS))]
+    return net.get_weights(), losses
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
+    parser.add_argument("--modes", default="fit", help="fit,tape")
     parser.add_argument("--single", type=int, help="one process, as this many workers")
+    parser.add_argument("--passes", type=int, default=1)
+    parser.add_argument("--average-passes", action="store_true")
     parser.add_argument("--fp16", action="store_true")
     args = parser.parse_args()
     hvd.init()
     workers = args.single or hvd.size()
     x, y = data(workers)
-    net = model()
-    if args.single:  # step i: every worker's i-th batch, one mean
-        shards = np.split(np.arange(len(x)), workers)
-        order = np.concatenate([s[i * WORKERS_BATCH:(i + 1) * WORKERS_BATCH]
-                                for i in range(STEPS) for s in shards])
-        net.compile(keras.optimizers.SGD(0.05 * workers), "mse")
-        net.fit(x[order], y[order], batch_size=WORKERS_BATCH * workers, epochs=EPOCHS,
-                verbose=0, shuffle=False)
-        np.savez(f"{args.out}/single.npz", *net.get_weights())
-        return
-    shard = slice(hvd.rank() * len(x) // workers, (hvd.rank() + 1) * len(x) // workers)
-    compression = hvd.Compression.fp16 if args.fp16 else hvd.Compression.none
-    net.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.05 * hvd.size()),
-                                         compression=compression), "mse")
-    history = net.fit(x[shard], y[shard], batch_size=WORKERS_BATCH, epochs=EPOCHS, verbose=0,
-                      shuffle=False, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                                                hvd.callbacks.MetricAverageCallback()])
-    np.savez(f"{args.out}/{hvd.rank()}.npz", *net.get_weights(),
-             loss=np.asarray(history.history["loss"]))
+    for mode in args.modes.split(","):
+        if args.single:
+            passes = args.passes if mode == "fit" else 1
+            weights, losses = single(x, y, workers, passes, not args.average_passes)
+            name = "single"
+        else:
+            shard = slice(hvd.rank() * len(x) // workers, (hvd.rank() + 1) * len(x) // workers)
+            weights, losses = (fit(x[shard], y[shard], args.passes, args.average_passes,
+                                   args.fp16) if mode == "fit" else tape(x[shard], y[shard]))
+            name = hvd.rank()
+        np.savez(f"{args.out}/{mode}-{name}.npz", *weights, loss=np.asarray(losses))
 
 
 if __name__ == "__main__":

@@ -1,77 +1,51 @@
-"""Horovod's `DistributedOptimizer` and gradient compression (`horovod.tensorflow.keras`):
-a Keras optimizer whose gradients are averaged over the workers before each update.
+"""Horovod's `DistributedOptimizer` (`horovod.tensorflow.keras`): a Keras optimizer whose
+gradients are averaged over the workers before each update.
 
 Built on tfdist's optimizer seam (`tfdist.core.optimizer`): the optimizer becomes a routed
 copy whose exchange is `HorovodExchange` — each gradient allreduced over the workers'
-group (`tfdist.horovod.collectives`), cast to float16 on the wire with
-`Compression.fp16` — and the step stays one transaction: each worker's finiteness flag
-rides the same collectives, so a NaN gradient on one worker refuses the step on all.
+group (`tfdist.horovod.gradients`), cast to float16 on the wire with `Compression.fp16` —
+and the step stays one transaction: each worker's finiteness flag rides the same
+collectives, so a NaN gradient on one worker refuses the step on all.
+`backward_passes_per_step=N` is Keras' own gradient accumulation (`gradient_accumulation_
+steps`, each micro-step's gradient kept on its worker, one exchange per update).
 """
 
+import keras
 import tensorflow as tf
 
 from tfdist.core import transaction
 from tfdist.core.hooks import GradientPipeline, TrainingHook
 from tfdist.core.optimizer import with_gradient_pipeline
 from tfdist.horovod import basics
+from tfdist.horovod.gradients import Compression, check_options, reduce_gradients
 from tfdist.horovod.ops import allreduce, reduce_op
 
-
-class _NoneCompressor:
-    """Horovod's `Compression.none`: the tensor as it is."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class _FP16Compressor:
-    """Horovod's `Compression.fp16`: floating tensors cross as float16."""
-
-    @staticmethod
-    def compress(tensor):
-        if tensor.dtype.is_floating:
-            return tf.cast(tensor, tf.float16), tensor.dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else tf.cast(tensor, ctx)
-
-
-class Compression:
-    """Horovod's gradient compression choices."""
-
-    none = _NoneCompressor
-    fp16 = _FP16Compressor
+__all__ = ["Compression", "DistributedOptimizer", "HorovodExchange"]
 
 
 class HorovodExchange(TrainingHook):
     """Each gradient reduced over the workers with `op` (Horovod's Average by default),
-    compressed on the wire by `compression`; the step's verdict summed beside them."""
+    compressed on the wire by `compression`, times `scale`; the step's verdict summed
+    beside them."""
 
     replaces_exchange = True
 
-    def __init__(self, op="Average", compression=Compression.none):
+    def __init__(self, op="Average", compression=Compression.none, sparse_as_dense=False,
+                 scale=1.0):
         self.op, self.compression = reduce_op(op=op), compression
+        self.sparse_as_dense, self.scale = sparse_as_dense, scale
 
     def exchange(self, grads, variables, step):
         decision = transaction.current()
         if decision is not None and not decision.settled:
             riders = decision.riders()
             decision.settle([allreduce(r, op="Sum") for r in riders])
-        exchanged = []
-        for grad in grads:
-            if isinstance(grad, tf.IndexedSlices):
-                exchanged.append(allreduce(grad, op=self.op))
-                continue
-            compressed, ctx = self.compression.compress(tf.convert_to_tensor(grad))
-            exchanged.append(self.compression.decompress(allreduce(compressed, op=self.op), ctx))
-        return exchanged
+        reduced = reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense)
+        if self.scale == 1.0:
+            return reduced
+        return [g * tf.cast(self.scale, g.dtype) if not isinstance(g, tf.IndexedSlices) else
+                tf.IndexedSlices(g.values * tf.cast(self.scale, g.values.dtype), g.indices,
+                                 g.dense_shape) for g in reduced]
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802
@@ -80,23 +54,30 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=None, scale_local_gradients=True):
     """`optimizer` with its gradients averaged over the workers before each update, as
-    Horovod's (call `hvd.init()` first). `sparse_as_dense` turns an embedding's gradient
-    into a dense one first; gradient accumulation (`backward_passes_per_step` > 1),
-    grouping and process sets are not there yet and are refused in one line."""
+    Horovod's (call `hvd.init()` first).
+
+    `backward_passes_per_step=N` updates every N-th batch with the sum of the N batches'
+    averaged gradients (their mean with `average_aggregated_gradients=True`), as
+    Horovod's; it needs fit's steps driven by tfdist (`hvd.callbacks.
+    BroadcastGlobalVariablesCallback` does it, or `tfdist.callbacks.TrainingHooks()`).
+    Unlike Horovod's, `optimizer.iterations` then counts batches, not updates (Keras').
+    Grouping, process sets and predivision are refused in one line.
+    """
     basics.size()  # Horovod's error before init
-    if backward_passes_per_step != 1 or num_groups or groups is not None \
-            or process_set is not None or gradient_predivide_factor != 1.0:
-        raise ValueError(
-            "tfdist.horovod.DistributedOptimizer does not yet take backward_passes_per_step "
-            "other than 1, num_groups, groups, process_set or gradient_predivide_factor; "
-            "Keras' own gradient_accumulation_steps accumulates. Received: "
-            f"backward_passes_per_step={backward_passes_per_step!r}")
-    exchange = HorovodExchange(op, compression)
-    if sparse_as_dense:
-        exchange = _SparseAsDense(op, compression)
+    check_options(compression, num_groups, groups, process_set, gradient_predivide_factor)
+    passes = backward_passes_per_step
+    if type(passes) is not int or passes < 1:
+        raise ValueError("backward_passes_per_step must be a whole number of batches, 1 or "
+                         f"more. Received: backward_passes_per_step={passes!r}")
+    optimizer = keras.optimizers.get(optimizer)
+    scale = 1.0
+    if passes > 1:
+        if optimizer.gradient_accumulation_steps:
+            raise ValueError("give backward_passes_per_step or the optimizer's "
+                             "gradient_accumulation_steps, not both. Received: "
+                             f"gradient_accumulation_steps={optimizer.gradient_accumulation_steps}")
+        config = {**optimizer.get_config(), "gradient_accumulation_steps": passes}
+        optimizer = type(optimizer).from_config(config)  # Keras averages the passes
+        scale = 1.0 if average_aggregated_gradients else float(passes)
+    exchange = HorovodExchange(op, compression, sparse_as_dense, scale)
     return with_gradient_pipeline(optimizer, GradientPipeline([exchange]))
-
-
-class _SparseAsDense(HorovodExchange):
-    def exchange(self, grads, variables, step):
-        return super().exchange([tf.convert_to_tensor(g) for g in grads], variables, step)
