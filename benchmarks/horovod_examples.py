@@ -1,0 +1,129 @@
+"""Horovod's own TF2/Keras examples under `tfdist launch -n N`, their import changed to
+`tfdist.horovod` (issue 57). Run by hand beside a Horovod checkout — its code is not in
+tfdist, and CI has no copy of it:
+
+    python benchmarks/horovod_examples.py --horovod /path/to/horovod [--workers 1 2 4]
+
+Each example is copied with these edits, every one listed in the results:
+
+- the import (`horovod.tensorflow[.keras]` -> `tfdist.horovod.tensorflow[.keras]`, and
+  `import horovod` for the `horovod.run` branch a `tfdist launch` run does not take);
+- what Keras 3 itself refuses, with or without Horovod: `compile(...,
+  experimental_run_tf_function=False)` (no such argument) and `opt.variables()` (a list);
+- what this machine cannot do: MNIST is not downloadable here (a synthetic MNIST of the
+  same shapes and dtypes), and the step counts are cut to run in minutes on 2 CPU cores.
+
+Writes results/horovod_examples.{json,md}: per example and number of workers, the exit
+code, the wall time, the first and last loss (or images/s) the chief printed.
+"""
+
+import argparse
+import json
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+IMPORTS = [("import horovod.tensorflow.keras as hvd", "import tfdist.horovod.tensorflow.keras as hvd"),
+           ("import horovod.tensorflow as hvd", "import tfdist.horovod.tensorflow as hvd"),
+           ("import horovod\n", "import tfdist.horovod as horovod\n")]
+KERAS_3 = [(",\n                        experimental_run_tf_function=False)", ")"),
+           (",\n              experimental_run_tf_function=False)", ")"),
+           ("opt.variables()", "opt.variables")]
+SYNTHETIC_MNIST = ("tf.keras.datasets.mnist.load_data(path='mnist-%d.npz' % hvd.rank())",
+                   "_synthetic_mnist(hvd.rank())")
+#: MNIST's shapes and dtypes, learnable: each digit class lights its own band of rows.
+SYNTHETIC_MNIST_DEF = """
+def _synthetic_mnist(seed, n=6000):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, n)
+    images = rng.integers(0, 96, (n, 28, 28))
+    rows = np.arange(28)[None, :, None]
+    band = (rows >= 2 * labels[:, None, None] + 4) & (rows < 2 * labels[:, None, None] + 8)
+    return (np.where(band, images + 150, images).astype("uint8"), labels.astype("uint8")), None
+"""
+EXAMPLES = {
+    "tensorflow2_keras_mnist.py": {
+        "cuts": [("epochs=24", "epochs=3"), ("500 // hvd.size()", "48 // hvd.size()")],
+        "args": []},
+    "tensorflow2_mnist.py": {
+        "cuts": [("10000 // hvd.size()", "120 // hvd.size()")], "args": []},
+    "tensorflow2_keras_synthetic_benchmark.py": {
+        "cuts": [], "args": ["--batch-size", "4", "--num-iters", "3",
+                             "--num-batches-per-iter", "2", "--no-cuda"]},
+    "tensorflow2_synthetic_benchmark.py": {
+        "cuts": [], "args": ["--batch-size", "4", "--num-iters", "2", "--num-batches-per-iter",
+                             "2", "--num-warmup-batches", "1", "--no-cuda"]},
+}
+NUMBER = r"([0-9.]+(?:e[-+]?[0-9]+)?)"
+NUMBERS = re.compile(rf"(?:[Ll]oss:\s*){NUMBER}|{NUMBER} img/sec per")
+
+
+def edited(source, cuts):
+    """The example's text with the edits, and the list of those that applied."""
+    applied = []
+    for kind, pairs in (("import", IMPORTS), ("Keras 3", KERAS_3),
+                        ("offline data", [SYNTHETIC_MNIST]), ("fewer steps", cuts)):
+        for old, new in pairs:
+            if old in source:
+                source = source.replace(old, new)
+                applied.append(f"{kind}: {old.strip()!r} -> {new.strip()!r}")
+    if SYNTHETIC_MNIST[1] in source:
+        source = source.replace("import tensorflow as tf\n",
+                                "import tensorflow as tf\n" + SYNTHETIC_MNIST_DEF, 1)
+    return source, applied
+
+
+def run(script, workers, args):
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "tfdist", "launch", "-n", str(workers), "--",
+                           sys.executable, str(script), *args], capture_output=True, text=True,
+                          timeout=3600, cwd=script.parent)
+    seconds = time.monotonic() - began
+    chief = [line for line in done.stdout.splitlines() if line.startswith("[worker:0]")]
+    values = [float(a or b) for line in chief for a, b in NUMBERS.findall(line)]
+    return {"workers": workers, "exit": done.returncode, "seconds": round(seconds, 1),
+            "first": values[0] if values else None, "last": values[-1] if values else None,
+            "tail": (done.stderr if done.returncode else "\n".join(chief))[-1500:]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--horovod", required=True, type=pathlib.Path,
+                        help="a Horovod checkout (its examples/tensorflow2)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--only", nargs="*", help="example file names")
+    args = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, spec in EXAMPLES.items():
+            if args.only and name not in args.only:
+                continue
+            source, applied = edited((args.horovod / "examples" / "tensorflow2" / name)
+                                     .read_text(), spec["cuts"])
+            script = pathlib.Path(scratch) / name
+            script.write_text(source)
+            for workers in args.workers:
+                result = {"example": name, "edits": applied, **run(script, workers, spec["args"])}
+                print(f"{name} on {workers}: exit {result['exit']} in {result['seconds']} s, "
+                      f"{result['first']} -> {result['last']}", flush=True)
+                results.append(result)
+    (HERE / "results" / "horovod_examples.json").write_text(json.dumps(results, indent=1))
+    lines = ["# Horovod's examples under tfdist launch -n (benchmarks/horovod_examples.py)", "",
+             "| example | workers | exit | seconds | first -> last (loss, or img/s) |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['example']} | {r['workers']} | {r['exit']} | {r['seconds']} | "
+              f"{r['first']} -> {r['last']} |" for r in results]
+    lines += ["", "Edits per example:", ""]
+    for name in dict.fromkeys(r["example"] for r in results):
+        edits = next(r["edits"] for r in results if r["example"] == name)
+        lines += [f"- {name}: " + "; ".join(f"`{e}`" for e in edits)]
+    (HERE / "results" / "horovod_examples.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
