@@ -196,9 +196,15 @@ def assert_alike_and_as_one_process(ranks, reference, tolerance, same_loss=True)
 def test_a_horovod_keras_script_trains_as_one_process_on_the_workers_batches(tmp_path):
     """Horovod's Keras idiom with only the import changed (tests/jobs/horovod_fit_job.py),
     on 4 workers: every worker ends with the same weights and the same averaged loss, and
-    they equal one process trained on the batches the workers' shards make together."""
-    (ranks, reference), = run_horovod_job(tmp_path, 4).values()
-    assert_alike_and_as_one_process(ranks, reference, dict(rtol=1e-5, atol=1e-6))
+    they equal one process trained on the batches the workers' shards make together; under
+    mixed_float16 too (to float16's rounding), with the same loss scale and update count
+    on every worker and in the one process."""
+    results = run_horovod_job(tmp_path, 4, "--modes", "fit,mixed")
+    assert_alike_and_as_one_process(*results["fit"], dict(rtol=1e-5, atol=1e-6))
+    ranks, reference = results["mixed"]
+    assert_alike_and_as_one_process(ranks, reference, dict(rtol=1e-2, atol=2e-3))
+    scale, updates = (f"arr_{len(reference.files) - 3}", f"arr_{len(reference.files) - 2}")
+    assert ranks[0][scale] == reference[scale] == 256 and ranks[0][updates] == reference[updates] == 8
 
 
 @pytest.mark.multiprocess

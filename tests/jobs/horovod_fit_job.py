@@ -4,6 +4,7 @@ own model per process, a shard of the data by rank, and
 - `fit`: `hvd.DistributedOptimizer` (`--passes N`: `backward_passes_per_step=N`, summed as
   Horovod's default, or averaged with `--average-passes`), `BroadcastGlobalVariablesCallback`,
   `MetricAverageCallback`;
+- `mixed`: `fit` under mixed_float16 (its loss scale given: see `main`);
 - `tape`: a `tf.function` step with `hvd.DistributedGradientTape` and
   `hvd.broadcast_variables` after the first batch (Horovod's tensorflow2_mnist.py).
 
@@ -34,7 +35,7 @@ def model():
                              keras.layers.Dense(1)])
 
 
-def single(x, y, workers, passes=1, summed=False):
+def single(x, y, workers, passes=1, summed=False, initial_scale=None):
     """One process: each update on `passes` steps of every worker's batches, one mean
     (times `passes` when Horovod sums the passes)."""
     shards = np.split(np.arange(len(x)), workers)
@@ -42,23 +43,36 @@ def single(x, y, workers, passes=1, summed=False):
                             for i in range(STEPS) for s in shards])
     net = model()
     rate = 0.05 * workers * (passes if summed else 1)
-    net.compile(keras.optimizers.SGD(rate), "mse")
+    optimizer = keras.optimizers.SGD(rate)
+    if initial_scale:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=initial_scale)
+    net.compile(optimizer, "mse")
     history = net.fit(x[order], y[order], batch_size=WORKERS_BATCH * workers * passes,
                       epochs=EPOCHS, verbose=0, shuffle=False)
-    return net.get_weights(), history.history["loss"]
+    return net.get_weights() + optimizer_state(net), history.history["loss"]
 
 
-def fit(x, y, passes, average_passes, fp16):
+def optimizer_state(net):
+    """[the loss scale (1 without one), the updates the optimizer counted]."""
+    optimizer = net.optimizer
+    scale = float(optimizer.dynamic_scale.numpy()) if hasattr(optimizer, "dynamic_scale") else 1.0
+    return [np.float32(scale), np.float32(optimizer.iterations.numpy())]
+
+
+def fit(x, y, passes, average_passes, fp16, initial_scale=None):
     net = model()
     compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
-    net.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.05 * hvd.size()),
+    optimizer = keras.optimizers.SGD(0.05 * hvd.size())
+    if initial_scale:  # mixed_float16's loss scaling, by hand (else compile adds it)
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=initial_scale)
+    net.compile(hvd.DistributedOptimizer(optimizer,
                                          compression=compression,
                                          backward_passes_per_step=passes,
                                          average_aggregated_gradients=average_passes), "mse")
     history = net.fit(x, y, batch_size=WORKERS_BATCH, epochs=EPOCHS, verbose=0, shuffle=False,
                       callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                                  hvd.callbacks.MetricAverageCallback()])
-    return net.get_weights(), history.history["loss"]
+    return net.get_weights() + optimizer_state(net), history.history["loss"]
 
 
 def tape(x, y):
@@ -81,7 +95,7 @@ def tape(x, y):
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(WORKERS_BATCH)
     losses = [float(training_step(a, b, i == 0))
               for i, (a, b) in enumerate(dataset.repeat(EPOCHS))]
-    return net.get_weights(), losses
+    return net.get_weights() + [np.float32(1.0), np.float32(opt.iterations.numpy())], losses
 
 
 def main():
@@ -94,19 +108,23 @@ def main():
     parser.add_argument("--fp16", action="store_true")
     parser.add_argument("--policy", default="float32", help="e.g. mixed_float16")
     args = parser.parse_args()
-    keras.mixed_precision.set_global_policy(args.policy)
     hvd.init()
     workers = args.single or hvd.size()
     x, y = data(workers)
     for mode in args.modes.split(","):
+        # mixed: fit under mixed_float16 with a loss scale small enough never to overflow
+        # here (the per-worker batch overflows where one process's larger one does not)
+        scale = 256 if mode == "mixed" else None
+        keras.mixed_precision.set_global_policy("mixed_float16" if scale else args.policy)
         if args.single:
-            passes = args.passes if mode == "fit" else 1
-            weights, losses = single(x, y, workers, passes, not args.average_passes)
+            passes = args.passes if mode != "tape" else 1
+            weights, losses = single(x, y, workers, passes, not args.average_passes, scale)
             name = "single"
         else:
             shard = slice(hvd.rank() * len(x) // workers, (hvd.rank() + 1) * len(x) // workers)
-            weights, losses = (fit(x[shard], y[shard], args.passes, args.average_passes,
-                                   args.fp16) if mode == "fit" else tape(x[shard], y[shard]))
+            weights, losses = (tape(x[shard], y[shard]) if mode == "tape" else
+                               fit(x[shard], y[shard], args.passes, args.average_passes,
+                                   args.fp16, scale))
             name = hvd.rank()
         np.savez(f"{args.out}/{mode}-{name}.npz", *weights, loss=np.asarray(losses))
 

@@ -59,7 +59,7 @@ class LossScaleOptimizer(KerasLossScaleOptimizer):
         transaction that is skipped, not failed, if any replica's gradient is not finite;
         then updates the scale from that verdict. Returns whether the step committed."""
         if not self.built:
-            with keras.backend.name_scope(self.name, caller=self):
+            with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
             self.built = True
         variables = trainable_variables or self._trainable_variables

@@ -84,6 +84,14 @@ class Decision:
             self.preempted = summed[1] if len(summed) > 1 else None
         return self._refusals
 
+    def settle_across(self, summed):
+        """Sets `refusals` (and `preempted`) from `riders()` summed over more than the
+        replica context knows of — every worker of a Horovod job, one replica per process
+        (`tfdist.horovod`), where `decide` took this replica's own flag as the verdict."""
+        self._refusals = summed[0]
+        self.preempted = summed[1] if len(summed) > 1 else None
+        self._committed = None
+
     def settle_within(self, refusals, defer):
         """Sets `refusals` from a sum over a *part* of the replicas — an island's
         (`tfdist.local_sgd.islands`) — that agree among themselves only: no preemption

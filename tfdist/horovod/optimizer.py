@@ -5,7 +5,9 @@ Built on tfdist's optimizer seam (`tfdist.core.optimizer`): the optimizer become
 copy whose exchange is `HorovodExchange` — each gradient allreduced over the workers'
 group (`tfdist.horovod.gradients`), cast to float16 on the wire with `Compression.fp16` —
 and the step stays one transaction: each worker's finiteness flag rides the same
-collectives, so a NaN gradient on one worker refuses the step on all.
+collectives (each process is a replica of its own: `decide` alone would take its own
+flag for the verdict), so a NaN gradient on one worker refuses the step on all, and under
+mixed_float16 an overflow on one worker skips the step and halves the scale on all.
 `backward_passes_per_step=N` is Keras' own gradient accumulation (`gradient_accumulation_
 steps`, each micro-step's gradient kept on its worker, one exchange per update).
 """
@@ -37,9 +39,8 @@ class HorovodExchange(TrainingHook):
 
     def exchange(self, grads, variables, step):
         decision = transaction.current()
-        if decision is not None and not decision.settled:
-            riders = decision.riders()
-            decision.settle([allreduce(r, op="Sum") for r in riders])
+        if decision is not None and basics.group() is not None:  # every worker's verdict
+            decision.settle_across([allreduce(r, op="Sum") for r in decision.riders()])
         reduced = reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense)
         if self.scale == 1.0:
             return reduced
