@@ -13,7 +13,6 @@ import tensorflow as tf
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "unet_segmentation" / "train.py"
-QUICKSTART = ROOT / "examples" / "quickstart" / "train.py"
 RECORD_JOB = ROOT / "tests" / "jobs" / "unet_record_job.py"
 pytestmark = pytest.mark.usefixtures("unet_path", "two_cpus")
 
@@ -86,10 +85,11 @@ def run(command, cwd=ROOT, timeout=420):
     return result
 
 
-# own_loop*.yaml run in tests/test_quickstart.py (the own-loop example's test), *slurm*.yaml
-# under a real SLURM in tests/test_slurm.py
+# The UNet's configs; the others run elsewhere under tfdist launch, with stronger checks:
+# own_loop*.yaml and quickstart.yaml in tests/test_quickstart.py, lm_*.yaml in
+# tests/test_char_lm.py; *slurm*.yaml under a real SLURM in tests/test_slurm.py
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml")
-                 if not p.name.startswith("own_loop") and "slurm" not in p.name)
+                 if p.name.startswith("unet_") and "slurm" not in p.name)
 RUNS = ROOT / "tests" / "jobs" / "runs.py"
 
 
@@ -98,9 +98,6 @@ def few_steps(name, out):
     import tfdist
 
     config = tfdist.load_config(ROOT / "configs" / name)
-    if not name.startswith("unet_"):
-        return QUICKSTART, ["--config", f"configs/{name}", "--output_dir", str(out),
-                            "--epochs", "1"]
     flags = ["--config", f"configs/{name}", "--output_dir", str(out), "--epochs", "1",
              "--steps_per_epoch", "3", "--validation_steps", "1", "--image_size", "16",
              "--batch_size", "8", "--depth", "1", "--base_filters", "8"]  # what is tested
@@ -172,39 +169,36 @@ def test_every_config_runs_a_few_steps(request, tmp_path, name):
         result = run([sys.executable, "-m", "tfdist", "launch", f"configs/{name}", "--", *script]
                      if config.cluster else script)
         stdout = result.stdout
-        assert not name.startswith("unet_") or "wrote predictions.png" in stdout
+        assert "wrote predictions.png" in stdout
     metrics = json.loads((out / "metrics.json").read_text())
-    if name.startswith("unet_"):
-        assert metrics["steps"] == 3 and metrics["strategy"] == config.strategy.name
-        assert metrics["policy"] == config.section("train").get("policy", "float32")
-        ratio = metrics["bytes_exchanged"]["compression_ratio"]
-        said = chief_says(stdout, name)
-        local_auto = config.local_sgd and config.local_sgd.warmup_steps == "auto"
-        judged = re.findall(r"tfdist local_sgd warmup_steps auto at step 0: local steps from "
-                            r"the first step .*; (local steps begin|staying synchronous)", said)
-        assert len(judged) == (1 if local_auto else 0), said[-3000:]  # said once, before
-        local = not local_auto or judged[0] == "local steps begin"  # the first step
-        if (config.compression and config.compression.name == "auto") or not local:
-            # still timing its prior, which it started with from the first step (the link
-            # timed before it): what it sends is the prior's (the NaN guard's verdict, a
-            # few bytes a step, rides along: what is sent, counted)
-            started = re.findall(r"tfdist compression auto at step 0: .*starting with (\S+),",
-                                 said)
-            assert len(started) == 1, said[-3000:]  # the chief says it, once
-            assert ratio == pytest.approx(1.0, rel=1e-3) if started[0] == "none" else ratio > 1.5
-        elif config.compression:
-            assert metrics["compression"] == config.compression.name
-            assert ratio > 1.5
-        if config.local_sgd and local:  # measured: one synchronous warm-up step, two local
-            # steps that send nothing, and one synchronisation of the model before
-            # validation reads it, where synchronous training all-reduces the gradients 3 times
-            assert ratio >= 1.5 * 0.99
-        if not (config.compression or config.local_sgd):  # the gradients and the verdict
-            assert ratio == pytest.approx(1.0, rel=1e-3)  # the verdict: 1.4e-4 of a small UNet
-        assert set(metrics["final"]) >= {"loss", "mean_iou", "pixel_accuracy", "val_mean_iou"}
-        assert (out / "predictions.png").stat().st_size > 0 and (out / "curves.png").exists()
-    else:
-        assert len(metrics["loss"]) == 1
+    assert metrics["steps"] == 3 and metrics["strategy"] == config.strategy.name
+    assert metrics["policy"] == config.section("train").get("policy", "float32")
+    ratio = metrics["bytes_exchanged"]["compression_ratio"]
+    said = chief_says(stdout, name)
+    local_auto = config.local_sgd and config.local_sgd.warmup_steps == "auto"
+    judged = re.findall(r"tfdist local_sgd warmup_steps auto at step 0: local steps from "
+                        r"the first step .*; (local steps begin|staying synchronous)", said)
+    assert len(judged) == (1 if local_auto else 0), said[-3000:]  # said once, before
+    local = not local_auto or judged[0] == "local steps begin"  # the first step
+    if (config.compression and config.compression.name == "auto") or not local:
+        # still timing its prior, which it started with from the first step (the link
+        # timed before it): what it sends is the prior's (the NaN guard's verdict, a
+        # few bytes a step, rides along: what is sent, counted)
+        started = re.findall(r"tfdist compression auto at step 0: .*starting with (\S+),",
+                             said)
+        assert len(started) == 1, said[-3000:]  # the chief says it, once
+        assert ratio == pytest.approx(1.0, rel=1e-3) if started[0] == "none" else ratio > 1.5
+    elif config.compression:
+        assert metrics["compression"] == config.compression.name
+        assert ratio > 1.5
+    if config.local_sgd and local:  # measured: one synchronous warm-up step, two local
+        # steps that send nothing, and one synchronisation of the model before
+        # validation reads it, where synchronous training all-reduces the gradients 3 times
+        assert ratio >= 1.5 * 0.99
+    if not (config.compression or config.local_sgd):  # the gradients and the verdict
+        assert ratio == pytest.approx(1.0, rel=1e-3)  # the verdict: 1.4e-4 of a small UNet
+    assert set(metrics["final"]) >= {"loss", "mean_iou", "pixel_accuracy", "val_mean_iou"}
+    assert (out / "predictions.png").stat().st_size > 0 and (out / "curves.png").exists()
 
 
 @pytest.mark.multiprocess
