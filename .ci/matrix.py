@@ -18,8 +18,10 @@ same environments (one install per TensorFlow: installs were a third of the matr
   tfdist is right on, the quickstart trains on 2 workers, and so does the UNet example,
   saying in one line before it trains that it will not draw its curves.
 
-Every swap is undone: an environment ends with the Keras it was installed with. pip's
-cache keeps a second run cheap; an environment is reused while setup.cfg and its pins
+Every swap is undone: an environment ends with the Keras it was installed with. pip
+installs with `--no-compile` (byte-compiling every file of each TensorFlow took CPU the
+suite beside it waited for; Python compiles what it imports). pip's cache keeps a second
+run cheap; an environment is reused while setup.cfg and its pins
 are unchanged. Usage: python .ci/matrix.py [--pairs 2.16.2/3.10.0 ...] [--list]
 """
 
@@ -52,7 +54,7 @@ IMAGES = (("2.16.2", "3.3.3"), ("2.17.1", "3.5.0"), ("2.19.1", "3.10.0"))
 UNET_FEW_STEPS = ("--epochs", "1", "--steps_per_epoch", "3", "--validation_steps", "1",
                   "--image_size", "16", "--batch_size", "8", "--depth", "1",
                   "--base_filters", "8")
-PIP = ("-m", "pip", "--disable-pip-version-check", "install", "--quiet")
+PIP = ("-m", "pip", "--disable-pip-version-check", "install", "--quiet", "--no-compile")
 
 
 def run(command, **kwargs):

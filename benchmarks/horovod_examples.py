@@ -13,8 +13,12 @@ Each example is copied with these edits, every one listed in the results:
 - what this machine cannot do: MNIST is not downloadable here (a synthetic MNIST of the
   same shapes and dtypes), and the step counts are cut to run in minutes on 2 CPU cores.
 
+Each task runs its copy under a runner (RUNNER, not an edit): at exit it writes a SHA-256
+of every Keras model's weights in that process, so the workers' final weights are compared.
+
 Writes results/horovod_examples.{json,md}: per example and number of workers, the exit
-code, the wall time, the first and last loss (or images/s) the chief printed.
+code, the wall time, the first and last loss (or images/s) the chief printed, and whether
+every worker ended with the same weights.
 """
 
 import argparse
@@ -59,6 +63,31 @@ EXAMPLES = {
         "cuts": [], "args": ["--batch-size", "4", "--num-iters", "2", "--num-batches-per-iter",
                              "2", "--num-warmup-batches", "1", "--no-cuda"]},
 }
+#: Runs a script as its own __main__, then writes weights-<task index>.sha256: every Keras
+#: model of the process (by name), its weights in order.
+RUNNER = """
+import atexit, gc, hashlib, json, os, runpy, sys
+
+
+def fingerprint():
+    import keras
+    import numpy as np
+
+    digest = hashlib.sha256()
+    models = sorted((o for o in gc.get_objects() if isinstance(o, keras.Model)),
+                    key=lambda m: m.name)
+    for model in models:
+        for weight in model.get_weights():
+            digest.update(np.ascontiguousarray(weight).tobytes())
+    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
+    with open(f"weights-{task}.sha256", "w") as f:
+        f.write(f"{len(models)} {digest.hexdigest()}")
+
+
+atexit.register(fingerprint)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 NUMBER = r"([0-9.]+(?:e[-+]?[0-9]+)?)"
 NUMBERS = re.compile(rf"(?:[Ll]oss:\s*){NUMBER}|{NUMBER} img/sec per")
 
@@ -79,15 +108,23 @@ def edited(source, cuts):
 
 
 def run(script, workers, args):
+    runner = script.parent / "runner.py"
+    runner.write_text(RUNNER)
+    for old in script.parent.glob("weights-*.sha256"):
+        old.unlink()
     began = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "tfdist", "launch", "-n", str(workers), "--",
-                           sys.executable, str(script), *args], capture_output=True, text=True,
-                          timeout=3600, cwd=script.parent)
+                           sys.executable, str(runner), str(script), *args],
+                          capture_output=True, text=True, timeout=3600, cwd=script.parent)
     seconds = time.monotonic() - began
+    prints = {p.read_text() for p in script.parent.glob("weights-*.sha256")}
+    alike = (len(list(script.parent.glob("weights-*.sha256"))) == workers and len(prints) == 1
+             and not next(iter(prints)).startswith("0 "))
     chief = [line for line in done.stdout.splitlines() if line.startswith("[worker:0]")]
     values = [float(a or b) for line in chief for a, b in NUMBERS.findall(line)]
     return {"workers": workers, "exit": done.returncode, "seconds": round(seconds, 1),
             "first": values[0] if values else None, "last": values[-1] if values else None,
+            "weights_alike": alike,
             "tail": (done.stderr if done.returncode else "\n".join(chief))[-1500:]}
 
 
@@ -110,14 +147,16 @@ def main():
             for workers in args.workers:
                 result = {"example": name, "edits": applied, **run(script, workers, spec["args"])}
                 print(f"{name} on {workers}: exit {result['exit']} in {result['seconds']} s, "
-                      f"{result['first']} -> {result['last']}", flush=True)
+                      f"{result['first']} -> {result['last']}, weights alike: "
+                      f"{result['weights_alike']}", flush=True)
                 results.append(result)
     (HERE / "results" / "horovod_examples.json").write_text(json.dumps(results, indent=1))
     lines = ["# Horovod's examples under tfdist launch -n (benchmarks/horovod_examples.py)", "",
-             "| example | workers | exit | seconds | first -> last (loss, or img/s) |",
-             "|---|---|---|---|---|"]
+             "| example | workers | exit | seconds | first -> last (loss, or img/s) "
+             "| every worker's weights alike |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['example']} | {r['workers']} | {r['exit']} | {r['seconds']} | "
-              f"{r['first']} -> {r['last']} |" for r in results]
+              f"{r['first']} -> {r['last']} | {'yes' if r['weights_alike'] else 'no'} |"
+              for r in results]
     lines += ["", "Edits per example:", ""]
     for name in dict.fromkeys(r["example"] for r in results):
         edits = next(r["edits"] for r in results if r["example"] == name)

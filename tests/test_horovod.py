@@ -163,31 +163,34 @@ def test_a_root_rank_outside_the_job_is_refused(horovod, root):
 JOB = str(pathlib.Path(__file__).parent / "jobs" / "horovod_fit_job.py")
 
 
-def run_horovod_job(tmp_path, workers, *flags):
-    """tests/jobs/horovod_fit_job.py under `tfdist launch -n workers`, then in one process
-    as that many workers; {mode: ([each rank's npz], the single process's)}."""
-    run = subprocess.run([sys.executable, "-m", "tfdist", "launch", "-n", str(workers), "--",
-                          sys.executable, JOB, str(tmp_path), *flags], capture_output=True,
-                         text=True, timeout=400)
+def run_horovod_job(tmp_path, workers, *flags, launcher=(), launched=()):
+    """tests/jobs/horovod_fit_job.py under `tfdist launch -n workers` (and `launcher`'s
+    options; `launched`: flags of the launched job only), then in one process as that many
+    workers; {mode: ([each rank's npz], the single process's)}, the launch's result."""
+    run = subprocess.run([sys.executable, "-m", "tfdist", "launch", "-n", str(workers),
+                          *launcher, "--", sys.executable, JOB, str(tmp_path), *flags,
+                          *launched], capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, run.stderr[-3000:]
     single = subprocess.run([sys.executable, JOB, str(tmp_path), "--single", str(workers),
                              *flags], capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
     modes = dict(zip(flags[::2], flags[1::2])).get("--modes", "fit").split(",")
     return {mode: ([np.load(tmp_path / f"{mode}-{r}.npz") for r in range(workers)],
-                   np.load(tmp_path / f"{mode}-single.npz")) for mode in modes}
+                   np.load(tmp_path / f"{mode}-single.npz")) for mode in modes}, run
 
 
-def assert_alike_and_as_one_process(ranks, reference, tolerance, same_loss=True):
+def assert_alike_and_as_one_process(ranks, reference, tolerance, same_loss=True,
+                                    learns=True):
     """Every worker's weights bit for bit alike (and its loss, if averaged), equal to the
-    single process's to `tolerance`; the loss falls."""
+    single process's to `tolerance`; the loss falls (if `learns`: a resumed run's first
+    epoch is a part of one)."""
     names = [n for n in reference.files if n != "loss"]
     for rank, weights in enumerate(ranks):
         for name in names:
             np.testing.assert_array_equal(weights[name], ranks[0][name], err_msg=f"{rank} {name}")
         if same_loss:
             np.testing.assert_array_equal(weights["loss"], ranks[0]["loss"])
-        assert weights["loss"][-1] < weights["loss"][0]  # it learns
+        assert not learns or weights["loss"][-1] < weights["loss"][0]
     for name in names:
         np.testing.assert_allclose(ranks[0][name], reference[name], err_msg=name, **tolerance)
 
@@ -199,7 +202,7 @@ def test_a_horovod_keras_script_trains_as_one_process_on_the_workers_batches(tmp
     they equal one process trained on the batches the workers' shards make together; under
     mixed_float16 too (to float16's rounding), with the same loss scale and update count
     on every worker and in the one process."""
-    results = run_horovod_job(tmp_path, 4, "--modes", "fit,mixed")
+    results, _ = run_horovod_job(tmp_path, 4, "--modes", "fit,mixed")
     assert_alike_and_as_one_process(*results["fit"], dict(rtol=1e-5, atol=1e-6))
     ranks, reference = results["mixed"]
     assert_alike_and_as_one_process(ranks, reference, dict(rtol=1e-2, atol=2e-3))
@@ -208,18 +211,49 @@ def test_a_horovod_keras_script_trains_as_one_process_on_the_workers_batches(tmp
 
 
 @pytest.mark.multiprocess
-def test_backward_passes_and_a_distributed_gradient_tape_train_as_one_process(tmp_path):
-    """On 3 workers: fit with backward_passes_per_step=2 (Horovod sums the two passes'
+def test_backward_passes_a_gradient_tape_and_fp16_train_as_one_process(tmp_path):
+    """On 2 workers: fit with backward_passes_per_step=2 (Horovod sums the two passes'
     averaged gradients: one process on both passes' batches at twice the rate), and a
     tf.function loop with hvd.DistributedGradientTape and broadcast_variables after the
-    first batch, each equal to one process on the workers' batches together."""
-    results = run_horovod_job(tmp_path, 3, "--modes", "fit,tape", "--passes", "2")
+    first batch, each equal to one process on the workers' batches together; fit with
+    Compression.fp16 ends bit for bit where tfdist's own fp16 exchange does (on 2
+    replicas the float16 sum has one order; on more, the two collectives may add in
+    different orders, a float16 rounding apart), away from the float32 run."""
+    results, _ = run_horovod_job(tmp_path, 2, "--modes", "fit,tape,fp16", "--passes", "2")
     tolerance = dict(rtol=1e-5, atol=1e-6)
     assert_alike_and_as_one_process(*results["fit"], tolerance)
     assert_alike_and_as_one_process(*results["tape"], tolerance, same_loss=False)
     fit_weights = results["fit"][0][0]
     tape_weights = results["tape"][0][0]  # two updates a pass apart: not the same run
     assert not np.allclose(fit_weights["arr_0"], tape_weights["arr_0"])
+    ranks, native = results["fp16"]
+    assert_alike_and_as_one_process(ranks, native, dict(rtol=0, atol=0))
+    float32 = tape_weights  # one update a step, as fp16's, in float32 (the tape loop)
+    assert not np.allclose(ranks[0]["arr_0"], float32["arr_0"], rtol=0, atol=1e-5)
+
+
+@pytest.mark.multiprocess
+def test_a_sigterm_to_one_rank_of_a_horovod_script_loses_no_step(tmp_path):
+    """A Horovod Keras script that adds tfdist's BackupAndRestore, on 3 workers: rank 2
+    gets SIGTERM after step 1 of epoch 0; every rank saves after the same step (agreed
+    through the Horovod exchange) and exits 143, `--max-restarts 1` relaunches the job,
+    which resumes there: each rank trains every step once, and the job ends with one
+    process's weights on the workers' batches, alike on every rank."""
+    backup = tmp_path / "backup"
+    results, run = run_horovod_job(tmp_path, 3, "--modes", "fit",
+                                   launcher=("--max-restarts", "1"),
+                                   launched=("--backup", str(backup), "--preempt", "0,1,2"))
+    assert (tmp_path / "preempted").exists()
+    assert "exited with code 143; restarting the whole job (1/1)" in run.stderr, run.stderr[-3000:]
+    saved = [line for line in run.stdout.splitlines() if "tfdist: preempted: saved" in line]
+    assert len(saved) == 3 and all("after step 3 of epoch 0" in line for line in saved), saved
+    for rank in range(3):
+        log = (tmp_path / f"steps-{rank}.log").read_text().split("\n")[:-1]
+        trained = [tuple(int(v) for v in line.split()) for line in log]
+        assert trained == [(e, b, e * 4 + b + 1) for e in range(2) for b in range(4)], trained
+    ranks, reference = results["fit"]
+    assert_alike_and_as_one_process(ranks, reference, dict(rtol=1e-5, atol=1e-6),
+                                    same_loss=False, learns=False)
 
 
 def test_fp16_compression_sends_floats_as_float16_and_gives_them_back_in_their_dtype():

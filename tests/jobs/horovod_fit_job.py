@@ -6,18 +6,28 @@ own model per process, a shard of the data by rank, and
   `MetricAverageCallback`;
 - `mixed`: `fit` under mixed_float16 (its loss scale given: see `main`);
 - `tape`: a `tf.function` step with `hvd.DistributedGradientTape` and
-  `hvd.broadcast_variables` after the first batch (Horovod's tensorflow2_mnist.py).
+  `hvd.broadcast_variables` after the first batch (Horovod's tensorflow2_mnist.py);
+- `fp16`: `fit` with `compression=hvd.Compression.fp16` (`--passes` is fit's and mixed's).
+
+`--backup DIR` adds tfdist's `BackupAndRestore(DIR)` to fit's callbacks (what a Horovod
+script opts into for preemption); `--preempt E,B,R`: rank R SIGTERMs itself after step B
+of epoch E, once; every rank logs the steps it trains to <out>/steps-<rank>.log.
 
 `--single W` trains the same models in one process on the batches W workers' shards make
-together — what Horovod's averaged gradients are equivalent to. Writes the weights (and
-losses) to <out>/<mode>-<rank or single>.npz."""
+together — what Horovod's averaged gradients are equivalent to; `fp16` there is tfdist's
+own exchange (`tfdist.keras.DistributedOptimizer(compression="fp16", min_size=0)`: Horovod
+casts every tensor) under a MirroredStrategy of W logical CPUs, a replica per worker's
+batch. Writes the weights (and losses) to <out>/<mode>-<rank or single>.npz."""
 
 import argparse
+import os
+import signal
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+import tfdist
 import tfdist.horovod.tensorflow.keras as hvd
 
 WORKERS_BATCH, STEPS, EPOCHS = 8, 4, 2
@@ -52,6 +62,46 @@ def single(x, y, workers, passes=1, summed=False, initial_scale=None):
     return net.get_weights() + optimizer_state(net), history.history["loss"]
 
 
+def native_fp16(x, y, workers):
+    """tfdist's own fp16 exchange in one process: a replica per worker, each on that
+    worker's batch of every step (a global batch splits in order over the replicas)."""
+    strategy = tf.distribute.MirroredStrategy(tfdist.strategies.ensure_logical_cpus(workers))
+    shards = np.split(np.arange(len(x)), workers)
+    order = np.concatenate([s[i * WORKERS_BATCH:(i + 1) * WORKERS_BATCH]
+                            for i in range(STEPS) for s in shards])
+    with strategy.scope():
+        net = model()
+        net.compile(tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.05 * workers),
+                                                      compression="fp16", min_size=0), "mse")
+    history = net.fit(x[order], y[order], batch_size=WORKERS_BATCH * workers, epochs=EPOCHS,
+                      verbose=0, shuffle=False)
+    return net.get_weights() + optimizer_state(net), history.history["loss"]
+
+
+class PreemptOnce(keras.callbacks.Callback):
+    """Each rank logs the steps it trains (not those a resumed run skips); rank `at[2]`
+    SIGTERMs itself after step `at[1]` of epoch `at[0]`, the first time only."""
+
+    def __init__(self, out, at):
+        self.out, self.at, self.epoch = out, at, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        from tfdist.core.preemption import skipping
+
+        if skipping(self.model, self.epoch, batch):
+            return
+        with open(os.path.join(self.out, f"steps-{hvd.rank()}.log"), "a") as f:
+            f.write(f"{self.epoch} {batch} {int(self.model.optimizer.iterations.numpy())}\n")
+        marker = os.path.join(self.out, "preempted")
+        if self.at and (self.epoch, batch, hvd.rank()) == self.at \
+                and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def optimizer_state(net):
     """[the loss scale (1 without one), the updates the optimizer counted]."""
     optimizer = net.optimizer
@@ -59,7 +109,7 @@ def optimizer_state(net):
     return [np.float32(scale), np.float32(optimizer.iterations.numpy())]
 
 
-def fit(x, y, passes, average_passes, fp16, initial_scale=None):
+def fit(x, y, passes, average_passes, fp16, initial_scale=None, extra=()):
     net = model()
     compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
     optimizer = keras.optimizers.SGD(0.05 * hvd.size())
@@ -71,7 +121,7 @@ def fit(x, y, passes, average_passes, fp16, initial_scale=None):
                                          average_aggregated_gradients=average_passes), "mse")
     history = net.fit(x, y, batch_size=WORKERS_BATCH, epochs=EPOCHS, verbose=0, shuffle=False,
                       callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                                 hvd.callbacks.MetricAverageCallback()])
+                                 hvd.callbacks.MetricAverageCallback(), *extra])
     return net.get_weights() + optimizer_state(net), history.history["loss"]
 
 
@@ -107,7 +157,13 @@ def main():
     parser.add_argument("--average-passes", action="store_true")
     parser.add_argument("--fp16", action="store_true")
     parser.add_argument("--policy", default="float32", help="e.g. mixed_float16")
+    parser.add_argument("--backup", help="tfdist.callbacks.BackupAndRestore's directory")
+    parser.add_argument("--preempt", help="E,B,R: rank R SIGTERMs itself after step B of "
+                                          "epoch E")
     args = parser.parse_args()
+    at = tuple(int(v) for v in args.preempt.split(",")) if args.preempt else None
+    if args.single and "fp16" in args.modes.split(","):
+        tfdist.strategies.ensure_logical_cpus(args.single)  # before TensorFlow's first op
     hvd.init()
     workers = args.single or hvd.size()
     x, y = data(workers)
@@ -117,14 +173,18 @@ def main():
         scale = 256 if mode == "mixed" else None
         keras.mixed_precision.set_global_policy("mixed_float16" if scale else args.policy)
         if args.single:
-            passes = args.passes if mode != "tape" else 1
-            weights, losses = single(x, y, workers, passes, not args.average_passes, scale)
+            passes = args.passes if mode in ("fit", "mixed") else 1
+            weights, losses = (native_fp16(x, y, workers) if mode == "fp16" else
+                               single(x, y, workers, passes, not args.average_passes, scale))
             name = "single"
         else:
             shard = slice(hvd.rank() * len(x) // workers, (hvd.rank() + 1) * len(x) // workers)
+            extra = ([PreemptOnce(args.out, at)] if at else []) + (
+                [tfdist.callbacks.BackupAndRestore(args.backup)] if args.backup else [])
+            passes = args.passes if mode in ("fit", "mixed") else 1
             weights, losses = (tape(x[shard], y[shard]) if mode == "tape" else
-                               fit(x[shard], y[shard], args.passes, args.average_passes,
-                                   args.fp16, scale))
+                               fit(x[shard], y[shard], passes, args.average_passes,
+                                   args.fp16 or mode == "fp16", scale, extra))
             name = hvd.rank()
         np.savez(f"{args.out}/{mode}-{name}.npz", *weights, loss=np.asarray(losses))
 
