@@ -211,15 +211,17 @@ def test_a_horovod_keras_script_trains_as_one_process_on_the_workers_batches(tmp
 
 
 @pytest.mark.multiprocess
-def test_backward_passes_a_gradient_tape_and_fp16_train_as_one_process(tmp_path):
+def test_backward_passes_a_tape_fp16_and_a_nan_on_one_worker_end_as_one_process(tmp_path):
     """On 2 workers: fit with backward_passes_per_step=2 (Horovod sums the two passes'
     averaged gradients: one process on both passes' batches at twice the rate), and a
     tf.function loop with hvd.DistributedGradientTape and broadcast_variables after the
     first batch, each equal to one process on the workers' batches together; fit with
     Compression.fp16 ends bit for bit where tfdist's own fp16 exchange does (on 2
     replicas the float16 sum has one order; on more, the two collectives may add in
-    different orders, a float16 rounding apart), away from the float32 run."""
-    results, _ = run_horovod_job(tmp_path, 2, "--modes", "fit,tape,fp16", "--passes", "2")
+    different orders, a float16 rounding apart), away from the float32 run; a NaN in one
+    worker's batch refuses that step on both (Horovod's exchange carries the verdict), and
+    each is left with the weights of one process after the step before it."""
+    results, _ = run_horovod_job(tmp_path, 2, "--modes", "fit,tape,fp16,nan", "--passes", "2")
     tolerance = dict(rtol=1e-5, atol=1e-6)
     assert_alike_and_as_one_process(*results["fit"], tolerance)
     assert_alike_and_as_one_process(*results["tape"], tolerance, same_loss=False)
@@ -230,6 +232,12 @@ def test_backward_passes_a_gradient_tape_and_fp16_train_as_one_process(tmp_path)
     assert_alike_and_as_one_process(ranks, native, dict(rtol=0, atol=0))
     float32 = tape_weights  # one update a step, as fp16's, in float32 (the tape loop)
     assert not np.allclose(ranks[0]["arr_0"], float32["arr_0"], rtol=0, atol=1e-5)
+    ranks, before = results["nan"]  # a NaN in rank 1's batch of step 1 (its second)
+    for rank in range(2):
+        said = (tmp_path / f"refused-{rank}.txt").read_text()
+        assert "the step was refused on every replica and worker" in said, said
+    assert_alike_and_as_one_process(ranks, before, dict(rtol=1e-5, atol=1e-6), learns=False)
+    assert ranks[0][f"arr_{len(before.files) - 2}"] == 1  # one update, the first step's
 
 
 @pytest.mark.multiprocess

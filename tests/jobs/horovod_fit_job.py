@@ -7,7 +7,10 @@ own model per process, a shard of the data by rank, and
 - `mixed`: `fit` under mixed_float16 (its loss scale given: see `main`);
 - `tape`: a `tf.function` step with `hvd.DistributedGradientTape` and
   `hvd.broadcast_variables` after the first batch (Horovod's tensorflow2_mnist.py);
-- `fp16`: `fit` with `compression=hvd.Compression.fp16` (`--passes` is fit's and mixed's).
+- `fp16`: `fit` with `compression=hvd.Compression.fp16` (`--passes` is fit's and mixed's);
+- `nan`: `fit` with a NaN in the last rank's batch of step NAN_STEP (of the first epoch):
+  tfdist refuses that step on every rank and stops fit; each rank writes the refusal to
+  <out>/refused-<rank>.txt and saves the weights the refusal left.
 
 `--backup DIR` adds tfdist's `BackupAndRestore(DIR)` to fit's callbacks (what a Horovod
 script opts into for preemption); `--preempt E,B,R`: rank R SIGTERMs itself after step B
@@ -31,6 +34,7 @@ import tfdist
 import tfdist.horovod.tensorflow.keras as hvd
 
 WORKERS_BATCH, STEPS, EPOCHS = 8, 4, 2
+NAN_STEP = 1
 
 
 def data(workers):
@@ -39,26 +43,35 @@ def data(workers):
     return x, (x ** 2).sum(1, keepdims=True) - 1.0
 
 
+def in_steps(workers):
+    """The rows of every worker's shard in the order the workers' steps read them
+    together: step i's global batch is every worker's i-th batch, rank by rank."""
+    shards = np.split(np.arange(workers * WORKERS_BATCH * STEPS), workers)
+    return np.concatenate([s[i * WORKERS_BATCH:(i + 1) * WORKERS_BATCH]
+                           for i in range(STEPS) for s in shards])
+
+
 def model():
     keras.utils.set_random_seed(1)
     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"),
                              keras.layers.Dense(1)])
 
 
-def single(x, y, workers, passes=1, summed=False, initial_scale=None):
+def single(x, y, workers, passes=1, summed=False, initial_scale=None, upto=None):
     """One process: each update on `passes` steps of every worker's batches, one mean
-    (times `passes` when Horovod sums the passes)."""
-    shards = np.split(np.arange(len(x)), workers)
-    order = np.concatenate([s[i * WORKERS_BATCH:(i + 1) * WORKERS_BATCH]
-                            for i in range(STEPS) for s in shards])
+    (times `passes` when Horovod sums the passes); `upto`: only the first `upto` steps
+    (those before the step a NaN refused)."""
+    rows, epochs = in_steps(workers), EPOCHS
+    if upto is not None:
+        rows, epochs = rows[:upto * WORKERS_BATCH * workers], 1
     net = model()
     rate = 0.05 * workers * (passes if summed else 1)
     optimizer = keras.optimizers.SGD(rate)
     if initial_scale:
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=initial_scale)
     net.compile(optimizer, "mse")
-    history = net.fit(x[order], y[order], batch_size=WORKERS_BATCH * workers * passes,
-                      epochs=EPOCHS, verbose=0, shuffle=False)
+    history = net.fit(x[rows], y[rows], batch_size=WORKERS_BATCH * workers * passes,
+                      epochs=epochs, verbose=0, shuffle=False)
     return net.get_weights() + optimizer_state(net), history.history["loss"]
 
 
@@ -66,9 +79,7 @@ def native_fp16(x, y, workers):
     """tfdist's own fp16 exchange in one process: a replica per worker, each on that
     worker's batch of every step (a global batch splits in order over the replicas)."""
     strategy = tf.distribute.MirroredStrategy(tfdist.strategies.ensure_logical_cpus(workers))
-    shards = np.split(np.arange(len(x)), workers)
-    order = np.concatenate([s[i * WORKERS_BATCH:(i + 1) * WORKERS_BATCH]
-                            for i in range(STEPS) for s in shards])
+    order = in_steps(workers)
     with strategy.scope():
         net = model()
         net.compile(tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.05 * workers),
@@ -109,7 +120,9 @@ def optimizer_state(net):
     return [np.float32(scale), np.float32(optimizer.iterations.numpy())]
 
 
-def fit(x, y, passes, average_passes, fp16, initial_scale=None, extra=()):
+def fit(x, y, passes, average_passes, fp16, initial_scale=None, extra=(), refused=None):
+    """Horovod's Keras idiom; `refused`: where to write tfdist's refusal of a step (the
+    weights are then those it left)."""
     net = model()
     compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
     optimizer = keras.optimizers.SGD(0.05 * hvd.size())
@@ -119,9 +132,17 @@ def fit(x, y, passes, average_passes, fp16, initial_scale=None, extra=()):
                                          compression=compression,
                                          backward_passes_per_step=passes,
                                          average_aggregated_gradients=average_passes), "mse")
-    history = net.fit(x, y, batch_size=WORKERS_BATCH, epochs=EPOCHS, verbose=0, shuffle=False,
-                      callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                                 hvd.callbacks.MetricAverageCallback(), *extra])
+    try:
+        history = net.fit(x, y, batch_size=WORKERS_BATCH, epochs=EPOCHS, verbose=0,
+                          shuffle=False,
+                          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                     hvd.callbacks.MetricAverageCallback(), *extra])
+    except tf.errors.InvalidArgumentError as error:
+        if refused is None:
+            raise
+        with open(refused, "w") as f:
+            f.write(error.message)
+        return net.get_weights() + optimizer_state(net), [np.nan]
     return net.get_weights() + optimizer_state(net), history.history["loss"]
 
 
@@ -175,16 +196,22 @@ def main():
         if args.single:
             passes = args.passes if mode in ("fit", "mixed") else 1
             weights, losses = (native_fp16(x, y, workers) if mode == "fp16" else
-                               single(x, y, workers, passes, not args.average_passes, scale))
+                               single(x, y, workers, passes, not args.average_passes, scale,
+                                      NAN_STEP if mode == "nan" else None))
             name = "single"
         else:
             shard = slice(hvd.rank() * len(x) // workers, (hvd.rank() + 1) * len(x) // workers)
+            mine = x[shard].copy()
+            if mode == "nan" and hvd.rank() == workers - 1:
+                mine[NAN_STEP * WORKERS_BATCH, 0] = np.nan
             extra = ([PreemptOnce(args.out, at)] if at else []) + (
                 [tfdist.callbacks.BackupAndRestore(args.backup)] if args.backup else [])
             passes = args.passes if mode in ("fit", "mixed") else 1
-            weights, losses = (tape(x[shard], y[shard]) if mode == "tape" else
-                               fit(x[shard], y[shard], passes, args.average_passes,
-                                   args.fp16 or mode == "fp16", scale, extra))
+            weights, losses = (tape(mine, y[shard]) if mode == "tape" else
+                               fit(mine, y[shard], passes, args.average_passes,
+                                   args.fp16 or mode == "fp16", scale, extra,
+                                   f"{args.out}/refused-{hvd.rank()}.txt"
+                                   if mode == "nan" else None))
             name = hvd.rank()
         np.savez(f"{args.out}/{mode}-{name}.npz", *weights, loss=np.asarray(losses))
 
