@@ -207,7 +207,8 @@ def test_a_horovod_keras_script_trains_as_one_process_on_the_workers_batches(tmp
     ranks, reference = results["mixed"]
     assert_alike_and_as_one_process(ranks, reference, dict(rtol=1e-2, atol=2e-3))
     scale, updates = (f"arr_{len(reference.files) - 3}", f"arr_{len(reference.files) - 2}")
-    assert ranks[0][scale] == reference[scale] == 256 and ranks[0][updates] == reference[updates] == 8
+    assert ranks[0][scale] == reference[scale] == 256
+    assert ranks[0][updates] == reference[updates] == 8
 
 
 @pytest.mark.multiprocess
