@@ -32,6 +32,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 IMPORTS = [("import horovod.tensorflow.keras as hvd", "import tfdist.horovod.tensorflow.keras as hvd"),
+           ("import horovod.keras as hvd", "import tfdist.horovod.keras as hvd"),
            ("import horovod.tensorflow as hvd", "import tfdist.horovod.tensorflow as hvd"),
            ("import horovod\n", "import tfdist.horovod as horovod\n")]
 KERAS_3 = [(",\n                        experimental_run_tf_function=False)", ")"),
@@ -50,6 +51,39 @@ def _synthetic_mnist(seed, n=6000):
     band = (rows >= 2 * labels[:, None, None] + 4) & (rows < 2 * labels[:, None, None] + 8)
     return (np.where(band, images + 150, images).astype("uint8"), labels.astype("uint8")), None
 """
+#: Horovod's Keras ImageNet ResNet-50 example is TensorFlow 1 and Keras 2 code: what no
+#: TensorFlow 2 or Keras 3 runs, with or without Horovod (each edit listed).
+TF1_SESSION = 'config = tf.ConfigProto()\nconfig.gpu_options.allow_growth = True\nconfig.gpu_options.visible_device_list = str(hvd.local_rank())\nK.set_session(tf.Session(config=config))\n'
+IMAGENET_DIRECTORIES = '# Training data iterator.\ntrain_gen = image.ImageDataGenerator(\n    width_shift_range=0.33, height_shift_range=0.33, zoom_range=0.5, horizontal_flip=True,\n    preprocessing_function=keras.applications.resnet50.preprocess_input)\ntrain_iter = train_gen.flow_from_directory(args.train_dir,\n                                           batch_size=args.batch_size,\n                                           target_size=(224, 224))\n\n# Validation data iterator.\ntest_gen = image.ImageDataGenerator(\n    zoom_range=(0.875, 0.875), preprocessing_function=keras.applications.resnet50.preprocess_input)\ntest_iter = test_gen.flow_from_directory(args.val_dir,\n                                         batch_size=args.val_batch_size,\n                                         target_size=(224, 224))\n'
+SYNTHETIC_IMAGENET = """# Small synthetic images (no ImageNet here): each class brightens its own rows.
+class _SyntheticImages(keras.utils.PyDataset):
+    def __init__(self, batch_size, batches, seed):
+        super().__init__()
+        self.batch_size, self.batches, self.seed = batch_size, batches, seed
+
+    def __len__(self):
+        return self.batches
+
+    def __getitem__(self, index):
+        import numpy as np
+        rng = np.random.default_rng([self.seed, index % self.batches])
+        labels = rng.integers(0, 10, self.batch_size)
+        images = rng.normal(size=(self.batch_size, 32, 32, 3)).astype("float32")
+        rows = np.arange(32)[None, :, None, None]
+        images += 2.0 * ((rows // 3) == labels[:, None, None, None])
+        return images, keras.utils.to_categorical(labels, 10)
+
+
+train_iter = _SyntheticImages(args.batch_size, 16, hvd.rank())
+test_iter = _SyntheticImages(args.val_batch_size, 4, 1000 + hvd.rank())
+"""
+TF1_KERAS2 = [(TF1_SESSION, ""), ("from keras.preprocessing import image\n", ""),
+              (IMAGENET_DIRECTORIES, SYNTHETIC_IMAGENET),
+              ("ResNet50(weights=None)", "ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)"),
+              ("keras.optimizers.SGD(lr=", "keras.optimizers.SGD(learning_rate="),
+              ("model.fit_generator(", "model.fit("), ("                    workers=4,\n", ""),
+              ("model.evaluate_generator(test_iter, len(test_iter), workers=4)",
+               "model.evaluate(test_iter, steps=len(test_iter), verbose=0)")]
 EXAMPLES = {
     "tensorflow2_keras_mnist.py": {
         "cuts": [("epochs=24", "epochs=3"), ("500 // hvd.size()", "48 // hvd.size()")],
@@ -62,6 +96,10 @@ EXAMPLES = {
     "tensorflow2_synthetic_benchmark.py": {
         "cuts": [], "args": ["--batch-size", "4", "--num-iters", "2", "--num-batches-per-iter",
                              "2", "--num-warmup-batches", "1", "--no-cuda"]},
+    "keras_imagenet_resnet50.py": {
+        "folder": "keras", "port": TF1_KERAS2, "cuts": [],
+        "args": ["--epochs", "2", "--warmup-epochs", "1", "--batch-size", "8",
+                 "--val-batch-size", "8"]},
 }
 #: Runs a script as its own __main__, then writes weights-<task index>.sha256: every Keras
 #: model of the process (by name), its weights in order.
@@ -92,15 +130,23 @@ NUMBER = r"([0-9.]+(?:e[-+]?[0-9]+)?)"
 NUMBERS = re.compile(rf"(?:[Ll]oss:\s*){NUMBER}|{NUMBER} img/sec per")
 
 
-def edited(source, cuts):
+def briefly(text):
+    """An edit's text as the results list it: its first line, and how many follow."""
+    lines = text.strip().splitlines() or [""]
+    return lines[0] + (f" ... ({len(lines)} lines)" if len(lines) > 2 else
+                       "\n".join([""] + lines[1:]))
+
+
+def edited(source, cuts, port=()):
     """The example's text with the edits, and the list of those that applied."""
     applied = []
-    for kind, pairs in (("import", IMPORTS), ("Keras 3", KERAS_3),
-                        ("offline data", [SYNTHETIC_MNIST]), ("fewer steps", cuts)):
+    for kind, pairs in (("import", IMPORTS), ("TensorFlow 1 / Keras 2 to TF 2 / Keras 3", port),
+                        ("Keras 3", KERAS_3), ("offline data", [SYNTHETIC_MNIST]),
+                        ("fewer steps", cuts)):
         for old, new in pairs:
             if old in source:
                 source = source.replace(old, new)
-                applied.append(f"{kind}: {old.strip()!r} -> {new.strip()!r}")
+                applied.append(f"{kind}: {briefly(old)!r} -> {briefly(new)!r}")
     if SYNTHETIC_MNIST[1] in source:
         source = source.replace("import tensorflow as tf\n",
                                 "import tensorflow as tf\n" + SYNTHETIC_MNIST_DEF, 1)
@@ -131,7 +177,7 @@ def run(script, workers, args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--horovod", required=True, type=pathlib.Path,
-                        help="a Horovod checkout (its examples/tensorflow2)")
+                        help="a Horovod checkout (its examples/)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--only", nargs="*", help="example file names")
     args = parser.parse_args()
@@ -140,8 +186,9 @@ def main():
         for name, spec in EXAMPLES.items():
             if args.only and name not in args.only:
                 continue
-            source, applied = edited((args.horovod / "examples" / "tensorflow2" / name)
-                                     .read_text(), spec["cuts"])
+            folder = args.horovod / "examples" / spec.get("folder", "tensorflow2")
+            source, applied = edited((folder / name).read_text(), spec["cuts"],
+                                     spec.get("port", ()))
             script = pathlib.Path(scratch) / name
             script.write_text(source)
             for workers in args.workers:

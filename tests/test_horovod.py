@@ -333,6 +333,11 @@ def test_the_schedule_callback_sets_a_rate_per_epoch_or_per_batch(horovod):
                                                           staircase=False))
     expected = [[0.1 * (e + b / 4) for b in range(4)] for e in range(3)]
     np.testing.assert_allclose(smooth, expected, rtol=1e-5, atol=1e-7)
+    # fractional epochs, as Horovod's ImageNet example passes them: from the first epoch
+    # at or past 0.5 to the last one before 1.5 (the fit's rate is 0.4)
+    fractions = _rates_seen(hvd.LearningRateScheduleCallback(0.3, lambda epoch: epoch + 1,
+                                                             start_epoch=0.5, end_epoch=1.5))
+    np.testing.assert_allclose(fractions, [[0.4] * 4, [0.6] * 4, [0.6] * 4], rtol=1e-6)
 
 
 def horovod_keras():
@@ -345,7 +350,8 @@ def horovod_keras():
     (lambda hvd: hvd.LearningRateWarmupCallback(0.1, warmup_epochs=0), "warmup_epochs"),
     (lambda hvd: hvd.LearningRateWarmupCallback(float("nan")), "initial_lr"),
     (lambda hvd: hvd.LearningRateScheduleCallback(0.1, -1.0), "multiplier"),
-    (lambda hvd: hvd.LearningRateScheduleCallback(0.1, 1.0, start_epoch=1.5), "start_epoch"),
+    (lambda hvd: hvd.LearningRateScheduleCallback(0.1, 1.0, start_epoch=-1), "start_epoch"),
+    (lambda hvd: hvd.LearningRateScheduleCallback(0.1, 1.0, end_epoch="3"), "end_epoch"),
     (lambda hvd: hvd.LearningRateScheduleCallback(0.1, 1.0, steps_per_epoch=0),
      "steps_per_epoch"),
     (lambda hvd: hvd.LearningRateScheduleCallback(0.1, 1.0, staircase="yes"), "staircase"),

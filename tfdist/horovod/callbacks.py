@@ -22,9 +22,12 @@ def _optional(check):
 
 ARGUMENTS = {"initial_lr": functools.partial(checks.number, minimum=0),
              "multiplier": functools.partial(checks.number, minimum=0),
-             "warmup_epochs": functools.partial(checks.integer, minimum=1),
-             "start_epoch": functools.partial(checks.integer, minimum=0),
-             "end_epoch": _optional(functools.partial(checks.integer, minimum=0)),
+             # epochs may be fractions, as Horovod's (keras_imagenet_resnet50.py passes
+             # its float --warmup-epochs): an epoch's rate applies from the first epoch
+             # at or past start_epoch, up to the last one before end_epoch
+             "warmup_epochs": functools.partial(checks.number, minimum=0, open_minimum=True),
+             "start_epoch": functools.partial(checks.number, minimum=0),
+             "end_epoch": _optional(functools.partial(checks.number, minimum=0)),
              "steps_per_epoch": _optional(functools.partial(checks.integer, minimum=1)),
              "staircase": checks.boolean, "momentum_correction": checks.boolean}
 
@@ -151,7 +154,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
-        if epoch == self.end_epoch - 1 and self.verbose > 0:
+        if epoch < self.end_epoch <= epoch + 1 and self.verbose > 0:  # its last epoch
             rate = float(self._optimizer().learning_rate.numpy())
             say(f"Epoch {epoch + 1}: finished gradual learning rate warmup to {rate:g}.")
 
