@@ -22,6 +22,7 @@ every worker ended with the same weights.
 """
 
 import argparse
+import importlib.util
 import json
 import pathlib
 import re
@@ -84,6 +85,7 @@ TF1_KERAS2 = [(TF1_SESSION, ""), ("from keras.preprocessing import image\n", "")
               ("model.fit_generator(", "model.fit("), ("                    workers=4,\n", ""),
               ("model.evaluate_generator(test_iter, len(test_iter), workers=4)",
                "model.evaluate(test_iter, steps=len(test_iter), verbose=0)")]
+NO_TENSORBOARD = ("    callbacks.append(keras.callbacks.TensorBoard(args.log_dir))\n", "")
 EXAMPLES = {
     "tensorflow2_keras_mnist.py": {
         "cuts": [("epochs=24", "epochs=3"), ("500 // hvd.size()", "48 // hvd.size()")],
@@ -140,8 +142,10 @@ def briefly(text):
 def edited(source, cuts, port=()):
     """The example's text with the edits, and the list of those that applied."""
     applied = []
+    tensorboard = [] if importlib.util.find_spec("tensorboard") else [NO_TENSORBOARD]
     for kind, pairs in (("import", IMPORTS), ("TensorFlow 1 / Keras 2 to TF 2 / Keras 3", port),
                         ("Keras 3", KERAS_3), ("offline data", [SYNTHETIC_MNIST]),
+                        ("TensorBoard is not installed here", tensorboard),
                         ("fewer steps", cuts)):
         for old, new in pairs:
             if old in source:
