@@ -14,7 +14,8 @@ Each example is copied with these edits, every one listed in the results:
   same shapes and dtypes), and the step counts are cut to run in minutes on 2 CPU cores.
 
 Each task runs its copy under a runner (RUNNER, not an edit): at exit it writes a SHA-256
-of every Keras model's weights in that process, so the workers' final weights are compared.
+of every Keras model's trainable weights in that process, so the workers' final weights
+are compared (batch norm's moving statistics are each worker's own, in Horovod too).
 
 Writes results/horovod_examples.{json,md}: per example and number of workers, the exit
 code, the wall time, the first and last loss (or images/s) the chief printed, and whether
@@ -104,7 +105,9 @@ EXAMPLES = {
                  "--val-batch-size", "8"]},
 }
 #: Runs a script as its own __main__, then writes weights-<task index>.sha256: every Keras
-#: model of the process (by name), its weights in order.
+#: model of the process (by name), its trainable weights in order (Horovod's averaged
+#: gradients keep those alike; batch norm's moving statistics are each worker's own, in
+#: Horovod as here).
 RUNNER = """
 import atexit, gc, hashlib, json, os, runpy, sys
 
@@ -117,8 +120,8 @@ def fingerprint():
     models = sorted((o for o in gc.get_objects() if isinstance(o, keras.Model)),
                     key=lambda m: m.name)
     for model in models:
-        for weight in model.get_weights():
-            digest.update(np.ascontiguousarray(weight).tobytes())
+        for weight in model.trainable_weights:
+            digest.update(np.ascontiguousarray(weight.numpy()).tobytes())
     task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
     with open(f"weights-{task}.sha256", "w") as f:
         f.write(f"{len(models)} {digest.hexdigest()}")
@@ -185,7 +188,9 @@ def main():
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--only", nargs="*", help="example file names")
     args = parser.parse_args()
-    results = []
+    saved = HERE / "results" / "horovod_examples.json"
+    results = [r for r in (json.loads(saved.read_text()) if saved.exists() else [])
+               if r["example"] in EXAMPLES]  # earlier runs, replaced as these run
     with tempfile.TemporaryDirectory() as scratch:
         for name, spec in EXAMPLES.items():
             if args.only and name not in args.only:
@@ -200,13 +205,22 @@ def main():
                 print(f"{name} on {workers}: exit {result['exit']} in {result['seconds']} s, "
                       f"{result['first']} -> {result['last']}, weights alike: "
                       f"{result['weights_alike']}", flush=True)
-                results.append(result)
+                results = [r for r in results
+                           if (r["example"], r["workers"]) != (name, workers)] + [result]
+                write(results)
+
+
+def write(results):
+    """results/horovod_examples.{json,md}, after every run (a long sweep keeps what ran)."""
+    order = list(EXAMPLES)
+    results = sorted(results, key=lambda r: (order.index(r["example"]), r["workers"]))
     (HERE / "results" / "horovod_examples.json").write_text(json.dumps(results, indent=1))
     lines = ["# Horovod's examples under tfdist launch -n (benchmarks/horovod_examples.py)", "",
              "| example | workers | exit | seconds | first -> last (loss, or img/s) "
              "| every worker's weights alike |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['example']} | {r['workers']} | {r['exit']} | {r['seconds']} | "
-              f"{r['first']} -> {r['last']} | {'yes' if r['weights_alike'] else 'no'} |"
+              f"{r['first']} -> {r['last']} | "
+              f"{ {True: 'yes', False: 'no'}.get(r.get('weights_alike'), 'not checked')} |"
               for r in results]
     lines += ["", "Edits per example:", ""]
     for name in dict.fromkeys(r["example"] for r in results):
