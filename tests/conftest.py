@@ -94,3 +94,15 @@ def jobs_path():
     if path not in sys.path:
         sys.path.insert(0, path)
     return path
+
+
+@pytest.fixture
+def horovod(monkeypatch):
+    """`tfdist.horovod.basics` in a job of one (no TF_CONFIG), not initialised."""
+    from tfdist.horovod import basics
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("CLUSTER_SPEC", raising=False)
+    basics.shutdown()
+    yield basics
+    basics.shutdown()

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from tfdist.cluster.errors import ClusterError
-from tfdist.horovod import basics
 from tfdist.horovod.ranks import Ranks, ranks_of
 
 
@@ -53,15 +52,6 @@ def test_a_task_that_trains_no_step_is_refused_in_one_line(job):
     with pytest.raises(ClusterError, match=f"one process per worker.*this task is {job}:0") as e:
         ranks_of(tf_config(cluster, job, 0))
     assert "\n" not in str(e.value)
-
-
-@pytest.fixture
-def horovod(monkeypatch):
-    monkeypatch.delenv("TF_CONFIG", raising=False)
-    monkeypatch.delenv("CLUSTER_SPEC", raising=False)
-    basics.shutdown()
-    yield basics
-    basics.shutdown()
 
 
 def test_without_init_every_rank_is_refused_as_horovod_refuses(horovod):
@@ -221,8 +211,13 @@ def test_backward_passes_a_tape_fp16_and_a_nan_on_one_worker_end_as_one_process(
     replicas the float16 sum has one order; on more, the two collectives may add in
     different orders, a float16 rounding apart), away from the float32 run; a NaN in one
     worker's batch refuses that step on both (Horovod's exchange carries the verdict), and
-    each is left with the weights of one process after the step before it."""
-    results, _ = run_horovod_job(tmp_path, 2, "--modes", "fit,tape,fp16,nan", "--passes", "2")
+    each is left with the weights of one process after the step before it. A model saved
+    after an epoch and loaded on both (with keras.models.load_model on one, hvd.load_model on
+    the other) trains on as one process that never stopped, momentum and all; and a model
+    with an Embedding, a Dense over a sequence, two inputs and outputs and a frozen layer
+    trains as one process too."""
+    results, _ = run_horovod_job(tmp_path, 2, "--modes", "fit,tape,fp16,nan,reload,families",
+                                 "--passes", "2")
     tolerance = dict(rtol=1e-5, atol=1e-6)
     assert_alike_and_as_one_process(*results["fit"], tolerance)
     assert_alike_and_as_one_process(*results["tape"], tolerance, same_loss=False)
@@ -239,6 +234,10 @@ def test_backward_passes_a_tape_fp16_and_a_nan_on_one_worker_end_as_one_process(
         assert "the step was refused on every replica and worker" in said, said
     assert_alike_and_as_one_process(ranks, before, dict(rtol=1e-5, atol=1e-6), learns=False)
     assert ranks[0][f"arr_{len(before.files) - 2}"] == 1  # one update, the first step's
+    for mode in ("reload", "families"):
+        ranks, reference = results[mode]
+        assert_alike_and_as_one_process(ranks, reference, tolerance)
+        assert ranks[0][f"arr_{len(reference.files) - 2}"] == 8  # 2 epochs of 4 updates
 
 
 @pytest.mark.multiprocess

@@ -10,7 +10,12 @@ own model per process, a shard of the data by rank, and
 - `fp16`: `fit` with `compression=hvd.Compression.fp16` (`--passes` is fit's and mixed's);
 - `nan`: `fit` with a NaN in the last rank's batch of step NAN_STEP (of the first epoch):
   tfdist refuses that step on every rank and stops fit; each rank writes the refusal to
-  <out>/refused-<rank>.txt and saves the weights the refusal left.
+  <out>/refused-<rank>.txt and saves the weights the refusal left;
+- `reload`: `fit` with momentum for one epoch; rank 0 saves the model (<out>/reload.keras),
+  every rank loads it (even ranks with `keras.models.load_model`, odd ones with
+  `hvd.load_model`) and fits the second epoch;
+- `families`: `fit` on the model families users bring: an Embedding (its gradient an
+  IndexedSlices), a Dense over a sequence, two inputs and two outputs, a frozen layer.
 
 `--backup DIR` adds tfdist's `BackupAndRestore(DIR)` to fit's callbacks (what a Horovod
 script opts into for preemption); `--preempt E,B,R`: rank R SIGTERMs itself after step B
@@ -57,20 +62,50 @@ def model():
                              keras.layers.Dense(1)])
 
 
-def single(x, y, workers, passes=1, summed=False, initial_scale=None, upto=None):
+def families_model():
+    """Tokens through an Embedding and a Dense over the sequence, beside features through
+    a frozen Dense; two outputs."""
+    keras.utils.set_random_seed(1)
+    tokens, features = keras.Input((4,), dtype="int32"), keras.Input((4,))
+    sequence = keras.layers.Dense(3, activation="tanh")(keras.layers.Embedding(12, 4)(tokens))
+    frozen = keras.layers.Dense(3, trainable=False)
+    joined = keras.layers.Concatenate()([keras.layers.GlobalAveragePooling1D()(sequence),
+                                         frozen(features)])
+    return keras.Model([tokens, features], [keras.layers.Dense(1)(joined),
+                                            keras.layers.Dense(2)(joined)])
+
+
+def families_data(x, y):
+    """The families model's inputs and targets, from the same rows."""
+    tokens = (np.floor(np.abs(x) * 4) % 12).astype("int32")
+    return [tokens, x], [y, x[:, :2]]
+
+
+def rows(data, index):
+    """`data` (an array or a list of them) at `index`."""
+    return [part[index] for part in data] if isinstance(data, list) else data[index]
+
+
+MOMENTUM = {"reload": 0.9}
+MODELS = {"families": (families_model, families_data)}
+
+
+def single(x, y, workers, passes=1, summed=False, initial_scale=None, upto=None,
+           mode="fit"):
     """One process: each update on `passes` steps of every worker's batches, one mean
     (times `passes` when Horovod sums the passes); `upto`: only the first `upto` steps
     (those before the step a NaN refused)."""
-    rows, epochs = in_steps(workers), EPOCHS
+    order, epochs = in_steps(workers), EPOCHS
     if upto is not None:
-        rows, epochs = rows[:upto * WORKERS_BATCH * workers], 1
-    net = model()
+        order, epochs = order[:upto * WORKERS_BATCH * workers], 1
+    build, inputs = MODELS.get(mode, (model, lambda x, y: (x, y)))
+    net, (x, y) = build(), inputs(x, y)
     rate = 0.05 * workers * (passes if summed else 1)
-    optimizer = keras.optimizers.SGD(rate)
+    optimizer = keras.optimizers.SGD(rate, momentum=MOMENTUM.get(mode, 0.0))
     if initial_scale:
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=initial_scale)
     net.compile(optimizer, "mse")
-    history = net.fit(x[rows], y[rows], batch_size=WORKERS_BATCH * workers * passes,
+    history = net.fit(rows(x, order), rows(y, order), batch_size=WORKERS_BATCH * workers * passes,
                       epochs=epochs, verbose=0, shuffle=False)
     return net.get_weights() + optimizer_state(net), history.history["loss"]
 
@@ -120,30 +155,50 @@ def optimizer_state(net):
     return [np.float32(scale), np.float32(optimizer.iterations.numpy())]
 
 
-def fit(x, y, passes, average_passes, fp16, initial_scale=None, extra=(), refused=None):
+def fit(x, y, passes, average_passes, fp16, initial_scale=None, extra=(), refused=None,
+        mode="fit", out=None):
     """Horovod's Keras idiom; `refused`: where to write tfdist's refusal of a step (the
-    weights are then those it left)."""
-    net = model()
+    weights are then those it left); `mode` reload: saved to `out` after the first epoch
+    and loaded back on every rank."""
+    build, inputs = MODELS.get(mode, (model, lambda x, y: (x, y)))
+    net, (x, y) = build(), inputs(x, y)
     compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
-    optimizer = keras.optimizers.SGD(0.05 * hvd.size())
+    optimizer = keras.optimizers.SGD(0.05 * hvd.size(), momentum=MOMENTUM.get(mode, 0.0))
     if initial_scale:  # mixed_float16's loss scaling, by hand (else compile adds it)
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=initial_scale)
     net.compile(hvd.DistributedOptimizer(optimizer,
                                          compression=compression,
                                          backward_passes_per_step=passes,
                                          average_aggregated_gradients=average_passes), "mse")
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                 hvd.callbacks.MetricAverageCallback(), *extra]
+    epochs = [(0, EPOCHS)] if mode != "reload" else [(0, 1), (1, EPOCHS)]
+    losses = []
     try:
-        history = net.fit(x, y, batch_size=WORKERS_BATCH, epochs=EPOCHS, verbose=0,
-                          shuffle=False,
-                          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                                     hvd.callbacks.MetricAverageCallback(), *extra])
+        for first, last in epochs:
+            if first:
+                net = reloaded(net, f"{out}/reload.keras")
+            history = net.fit(x, y, batch_size=WORKERS_BATCH, initial_epoch=first,
+                              epochs=last, verbose=0, shuffle=False, callbacks=callbacks)
+            losses += history.history["loss"]
     except tf.errors.InvalidArgumentError as error:
         if refused is None:
             raise
         with open(refused, "w") as f:
             f.write(error.message)
         return net.get_weights() + optimizer_state(net), [np.nan]
-    return net.get_weights() + optimizer_state(net), history.history["loss"]
+    return net.get_weights() + optimizer_state(net), losses
+
+
+def reloaded(net, path):
+    """`net` saved by rank 0 and loaded by every rank: even ranks with Keras' own
+    `load_model`, odd ranks with Horovod's."""
+    if hvd.rank() == 0:
+        net.save(path)
+    hvd.allreduce(tf.constant(0.0), name="saved")  # every rank waits for the file
+    if hvd.rank() % 2:
+        return hvd.load_model(path)
+    return keras.models.load_model(path)
 
 
 def tape(x, y):
@@ -197,7 +252,7 @@ def main():
             passes = args.passes if mode in ("fit", "mixed") else 1
             weights, losses = (native_fp16(x, y, workers) if mode == "fp16" else
                                single(x, y, workers, passes, not args.average_passes, scale,
-                                      NAN_STEP if mode == "nan" else None))
+                                      NAN_STEP if mode == "nan" else None, mode))
             name = "single"
         else:
             shard = slice(hvd.rank() * len(x) // workers, (hvd.rank() + 1) * len(x) // workers)
@@ -211,7 +266,7 @@ def main():
                                fit(mine, y[shard], passes, args.average_passes,
                                    args.fp16 or mode == "fp16", scale, extra,
                                    f"{args.out}/refused-{hvd.rank()}.txt"
-                                   if mode == "nan" else None))
+                                   if mode == "nan" else None, mode, args.out))
             name = hvd.rank()
         np.savez(f"{args.out}/{mode}-{name}.npz", *weights, loss=np.asarray(losses))
 

@@ -10,19 +10,38 @@ flag for the verdict), so a NaN gradient on one worker refuses the step on all, 
 mixed_float16 an overflow on one worker skips the step and halves the scale on all.
 `backward_passes_per_step=N` is Keras' own gradient accumulation (`gradient_accumulation_
 steps`, each micro-step's gradient kept on its worker, one exchange per update).
+
+A saved model keeps the exchange (`HorovodExchange.get_config`, under the name `SAVED`):
+`keras.models.load_model` gives it back wherever `tfdist.horovod` or `tfdist.keras` is
+imported, and `load_model` (Horovod's `hvd.load_model`) puts any loaded optimizer behind it.
 """
+
+import functools
 
 import keras
 import tensorflow as tf
 
+from tfdist.config import checks
+from tfdist.config.checks import check_arguments
+from tfdist.config.yaml_source import Source
 from tfdist.core import transaction
 from tfdist.core.hooks import GradientPipeline, TrainingHook
 from tfdist.core.optimizer import with_gradient_pipeline
+from tfdist.errors import UnsupportedError
 from tfdist.horovod import basics
 from tfdist.horovod.gradients import Compression, check_options, reduce_gradients
-from tfdist.horovod.ops import allreduce, reduce_op
+from tfdist.horovod.ops import OPS, allreduce, reduce_op
+from tfdist.keras import saving  # noqa: F401 (the Loader that gives the exchange back)
 
 __all__ = ["Compression", "DistributedOptimizer", "HorovodExchange"]
+
+SAVED = "horovod"  # the saved exchange's name (`tfdist.keras.saving` rebuilds it)
+COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16}
+#: The saved exchange's options, each checked as a config file's value is on loading.
+SAVED_OPTIONS = {"op": functools.partial(checks.string, choices=OPS),
+                 "compression": functools.partial(checks.string, choices=tuple(COMPRESSIONS)),
+                 "sparse_as_dense": checks.boolean,
+                 "scale": functools.partial(checks.number, minimum=0, open_minimum=True)}
 
 
 class HorovodExchange(TrainingHook):
@@ -36,6 +55,36 @@ class HorovodExchange(TrainingHook):
                  scale=1.0):
         self.op, self.compression = reduce_op(op=op), compression
         self.sparse_as_dense, self.scale = sparse_as_dense, scale
+
+    def build(self, strategy, variables):
+        if strategy.num_replicas_in_sync > 1:
+            raise UnsupportedError(
+                "hvd.DistributedOptimizer averages over Horovod's workers, each process one "
+                "replica: build and compile the model outside any strategy scope, as Horovod "
+                "scripts do (or, under a strategy, use tfdist.keras.DistributedOptimizer). "
+                f"Received: {type(strategy).__name__} of {strategy.num_replicas_in_sync} "
+                "replicas")
+
+    def get_config(self):
+        """The options saved with a model (`from_config` rebuilds the exchange)."""
+        compression = next(k for k, v in COMPRESSIONS.items() if v is self.compression)
+        return {"name": SAVED, "op": self.op, "compression": compression,
+                "sparse_as_dense": self.sparse_as_dense, "scale": self.scale}
+
+    @classmethod
+    def from_config(cls, config):
+        """The exchange a saved model's `get_config()` describes; its options are checked
+        as a config file's are (a saved file is input too).
+
+        Raises:
+            tfdist.ConfigError: an unknown option, or a value out of its range.
+        """
+        source = Source.of_call("hvd.load_model")
+        options = dict(checks.mapping(source, (), config, ("name", *SAVED_OPTIONS)))
+        checks.string(source, ("name",), options.pop("name", None), choices=(SAVED,))
+        options = check_arguments("hvd.load_model", SAVED_OPTIONS, **options)
+        return cls(options.get("op", "Average"), COMPRESSIONS[options.get("compression", "none")],
+                   options.get("sparse_as_dense", False), options.get("scale", 1.0))
 
     def exchange(self, grads, variables, step):
         decision = transaction.current()

@@ -16,6 +16,8 @@ rebuilds the `DistributedOptimizer`. Without tfdist the name is unknown, Keras i
 a warning ("Argument `decay` is no longer supported"): the model loads and trains with
 Keras' own all-reduce. `tests/test_keras_seams.py` checks both Keras behaviours.
 Error-feedback residuals and PowerSGD's Qs are not saved: they restart from zero / Q0.
+An `hvd.DistributedOptimizer`'s exchange is saved the same way, under the name
+``horovod`` (`tfdist.horovod.optimizer.HorovodExchange`).
 """
 
 import importlib
@@ -67,6 +69,12 @@ def _route(optimizer, compression):
     """`optimizer` routed through tfdist with `compression` (a hook config or None)."""
     if compression is None:
         return with_gradient_pipeline(optimizer, GradientPipeline())
+    if isinstance(compression, dict) and compression.get("name") == "horovod":
+        # imported here: tfdist.horovod imports this module, to register the Loader
+        from tfdist.horovod.optimizer import HorovodExchange
+
+        return with_gradient_pipeline(optimizer,
+                                      GradientPipeline([HorovodExchange.from_config(compression)]))
     hook = build(**compression)
     try:
         check_strategy(tf.distribute.get_strategy(), hook)
