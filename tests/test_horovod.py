@@ -445,3 +445,28 @@ def test_horovod_keras_and_horovod_tensorflow_keras_are_one_api():
     assert standalone.DistributedOptimizer is hvd.DistributedOptimizer
     assert set(standalone.__all__) == set(hvd.__all__)
     assert all(hasattr(hvd, name) for name in hvd.__all__)
+
+
+def test_the_broadcast_callback_beside_tfdists_training_hooks_trains_the_same(horovod):
+    """Both drive fit's steps (backward_passes_per_step needs a driver); listed together
+    they train as the broadcast callback alone, each update counted once."""
+    import keras
+
+    import tfdist
+
+    horovod.init()
+    hvd = horovod_keras()
+    x = np.random.default_rng(0).normal(size=(16, 3))
+    ends = []
+    for extra in ([], [tfdist.callbacks.TrainingHooks()]):
+        keras.utils.set_random_seed(0)
+        net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        net.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                             backward_passes_per_step=2), "mse")
+        net.fit(x, x.sum(1, keepdims=True), batch_size=4, epochs=2, verbose=0,
+                callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), *extra])
+        assert int(net.optimizer.iterations.numpy()) == 4  # 8 batches, 2 a pass
+        ends.append(net.get_weights())
+    for alone, together in zip(*ends):
+        np.testing.assert_array_equal(alone, together)
+

@@ -110,7 +110,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     averaged gradients (their mean with `average_aggregated_gradients=True`), as
     Horovod's; it needs fit's steps driven by tfdist (`hvd.callbacks.
     BroadcastGlobalVariablesCallback` does it, or `tfdist.callbacks.TrainingHooks()`).
-    Unlike Horovod's, `optimizer.iterations` then counts batches, not updates (Keras').
+    `optimizer.iterations` counts as Keras' own gradient accumulation counts (updates).
     Grouping, process sets and predivision are refused in one line.
     """
     basics.size()  # Horovod's error before init
