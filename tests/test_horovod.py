@@ -215,9 +215,11 @@ def test_backward_passes_a_tape_fp16_and_a_nan_on_one_worker_end_as_one_process(
     after an epoch and loaded on both (with keras.models.load_model on one, hvd.load_model on
     the other) trains on as one process that never stopped, momentum and all; and a model
     with an Embedding, a Dense over a sequence, two inputs and outputs and a frozen layer
-    trains as one process too."""
-    results, _ = run_horovod_job(tmp_path, 2, "--modes", "fit,tape,fp16,nan,reload,families",
-                                 "--passes", "2")
+    trains as one process too; with tfdist's top-k and error feedback through
+    hvd.DistributedOptimizer(compression=...), it ends bit for bit where tfdist's own
+    top-k does on 2 replicas, away from the uncompressed run."""
+    results, _ = run_horovod_job(tmp_path, 2, "--modes",
+                                 "fit,tape,fp16,nan,reload,families,topk", "--passes", "2")
     tolerance = dict(rtol=1e-5, atol=1e-6)
     assert_alike_and_as_one_process(*results["fit"], tolerance)
     assert_alike_and_as_one_process(*results["tape"], tolerance, same_loss=False)
@@ -238,6 +240,9 @@ def test_backward_passes_a_tape_fp16_and_a_nan_on_one_worker_end_as_one_process(
         ranks, reference = results[mode]
         assert_alike_and_as_one_process(ranks, reference, tolerance)
         assert ranks[0][f"arr_{len(reference.files) - 2}"] == 8  # 2 epochs of 4 updates
+    ranks, native = results["topk"]
+    assert_alike_and_as_one_process(ranks, native, dict(rtol=0, atol=0))
+    assert not np.allclose(ranks[0]["arr_0"], results["families"][0][0]["arr_0"], atol=1e-5)
 
 
 @pytest.mark.multiprocess
@@ -407,7 +412,11 @@ def test_a_distributed_tape_in_a_job_of_one_is_the_tape_itself(horovod):
     ({"backward_passes_per_step": True}, "backward_passes_per_step must be a whole number"),
     ({"groups": 2}, "does not take num_groups, groups"),
     ({"gradient_predivide_factor": 2.0}, "gradient_predivide_factor"),
-    ({"compression": "fp16"}, "compression must be hvd.Compression"),
+    ({"compression": "fp17"}, "compression must be hvd.Compression.none, hvd.Compression."
+                              "fp16 or one of tfdist's .* did you mean 'fp16'"),
+    ({"compression": {"name": "topk", "ratio": 0}}, "ratio: expected a value > 0"),
+    ({"compression": "auto"}, "under hvd.DistributedOptimizer name a compressor"),
+    ({"compression": "topk", "op": "Max"}, "tfdist's compressors sum or average"),
     ({"op": "Adasum"}, "no Adasum"),
 ])
 def test_the_distributed_optimizer_refuses_what_it_cannot_do_in_one_line(horovod, options,

@@ -59,8 +59,8 @@ def exchange_of(optimizer):
 def test_a_saved_model_loads_with_its_exchange_and_trains_on_as_if_never_stopped(
         horovod, tmp_path, suffix, loader):
     """SGD with momentum, fp16 and backward_passes_per_step=2, saved after an epoch:
-    `keras.models.load_model` gives back the exchange as saved, `hvd.load_model` with the
-    compression it is given (as Horovod's); the reloaded model (`.keras`: with its
+    `keras.models.load_model` gives back the exchange as saved, `hvd.load_model` too, or
+    with the compression it is given (as Horovod's); the reloaded model (`.keras`: with its
     momentum) ends its second epoch where a model trained 2 epochs straight does."""
     keras, hvd = keras_and_hvd()
     horovod.init()
@@ -73,7 +73,10 @@ def test_a_saved_model_loads_with_its_exchange_and_trains_on_as_if_never_stopped
     net = train(compiled(optimizer()))
     path = str(tmp_path / f"model{suffix}")
     net.save(path)
-    back = keras.models.load_model(path) if loader == "keras" else hvd.load_model(path)
+    if loader == "hvd":
+        assert exchange_of(hvd.load_model(path).optimizer)["compression"] == "fp16"
+    back = (keras.models.load_model(path) if loader == "keras" else
+            hvd.load_model(path, compression=hvd.Compression.none))
     assert exchange_of(back.optimizer) == {
         "name": "horovod", "op": "Average", "sparse_as_dense": False, "scale": 2.0,
         "compression": "fp16" if loader == "keras" else "none"}
@@ -207,3 +210,28 @@ def test_under_mixed_float16_the_loss_scale_and_the_exchange_come_back(horovod, 
                 np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def test_a_tfdist_compressor_through_horovod_is_saved_with_its_options(horovod, tmp_path):
+    """hvd.DistributedOptimizer(compression={top-k with error feedback}) saved and loaded:
+    the same compressor, with its options, exchanges again; hvd.load_model keeps it, and
+    refuses a Horovod compression given beside it in one line; an edited compressor in
+    the file is refused as a config file's is."""
+    keras, hvd = keras_and_hvd()
+    horovod.init()
+    topk = {"name": "topk", "ratio": 0.25, "error_feedback": True, "min_size": 0}
+    net = train(compiled(hvd.DistributedOptimizer(keras.optimizers.SGD(0.05),
+                                                  compression=topk)))
+    net.save(tmp_path / "topk.keras")
+    for back in (keras.models.load_model(tmp_path / "topk.keras"),
+                 hvd.load_model(str(tmp_path / "topk.keras"))):
+        saved = exchange_of(back.optimizer)["compression"]
+        assert {k: saved[k] for k in topk} == topk
+    with pytest.raises(ValueError, match="load it with compression=None") as e:
+        hvd.load_model(str(tmp_path / "topk.keras"), compression=hvd.Compression.fp16)
+    assert "\n" not in str(e.value)
+    edited(tmp_path / "topk.keras", lambda c: c["compression"].update(ratio=3))
+    with pytest.raises(ValueError, match="ratio: expected a value > 0 and <= 1") as e:
+        keras.models.load_model(tmp_path / "topk.keras")
+    assert "\n" not in str(e.value)
+

@@ -16,18 +16,22 @@ own model per process, a shard of the data by rank, and
   `hvd.load_model`) and fits the second epoch;
 - `families`: `fit` on the model families users bring: an Embedding (its gradient an
   IndexedSlices), a Dense over a sequence, two inputs and two outputs, a frozen layer.
+- `topk`: `families` with tfdist's top-k and error feedback through
+  `hvd.DistributedOptimizer(compression=...)` (beyond Horovod): exchanged between the
+  workers, the Embedding's rows gathered.
 
 `--backup DIR` adds tfdist's `BackupAndRestore(DIR)` to fit's callbacks (what a Horovod
 script opts into for preemption); `--preempt E,B,R`: rank R SIGTERMs itself after step B
 of epoch E, once; every rank logs the steps it trains to <out>/steps-<rank>.log.
 
 `--single W` trains the same models in one process on the batches W workers' shards make
-together — what Horovod's averaged gradients are equivalent to; `fp16` there is tfdist's
-own exchange (`tfdist.keras.DistributedOptimizer(compression="fp16", min_size=0)`: Horovod
-casts every tensor) under a MirroredStrategy of W logical CPUs, a replica per worker's
-batch. Writes the weights (and losses) to <out>/<mode>-<rank or single>.npz."""
+together — what Horovod's averaged gradients are equivalent to; `fp16` and `topk` there
+are tfdist's own exchange (`tfdist.keras.DistributedOptimizer` with `NATIVE[mode]`; fp16's
+min_size 0: Horovod casts every tensor) under a MirroredStrategy of W logical CPUs, a
+replica per worker's batch. Writes the weights (and losses) to <out>/<mode>-<rank or single>.npz."""
 
 import argparse
+import functools
 import os
 import signal
 
@@ -87,7 +91,11 @@ def rows(data, index):
 
 
 MOMENTUM = {"reload": 0.9}
-MODELS = {"families": (families_model, families_data)}
+MODELS = {"families": (families_model, families_data), "topk": (families_model, families_data)}
+#: tfdist's compressions each mode exchanges with, natively in one process (`native`) and
+#: through hvd.DistributedOptimizer (`fp16` there is Horovod's own).
+NATIVE = {"fp16": {"name": "fp16", "min_size": 0},
+          "topk": {"name": "topk", "ratio": 0.25, "error_feedback": True, "min_size": 0}}
 
 
 def single(x, y, workers, passes=1, summed=False, initial_scale=None, upto=None,
@@ -110,17 +118,28 @@ def single(x, y, workers, passes=1, summed=False, initial_scale=None, upto=None,
     return net.get_weights() + optimizer_state(net), history.history["loss"]
 
 
-def native_fp16(x, y, workers):
-    """tfdist's own fp16 exchange in one process: a replica per worker, each on that
-    worker's batch of every step (a global batch splits in order over the replicas)."""
-    strategy = tf.distribute.MirroredStrategy(tfdist.strategies.ensure_logical_cpus(workers))
+@functools.lru_cache(maxsize=None)
+def mirrored(workers):
+    """TensorFlow's MirroredStrategy of `workers` logical CPUs, one per process: two
+    instances' collectives would share instance keys."""
+    return tf.distribute.MirroredStrategy(tfdist.strategies.ensure_logical_cpus(workers))
+
+
+def native(x, y, workers, mode):
+    """tfdist's own exchange (`NATIVE[mode]`) in one process: a replica per worker, each
+    on that worker's batch of every step (a global batch splits in order over the
+    replicas)."""
+    strategy = mirrored(workers)
     order = in_steps(workers)
+    build, inputs = MODELS.get(mode, (model, lambda x, y: (x, y)))
+    x, y = inputs(x, y)
     with strategy.scope():
-        net = model()
+        net = build()
         net.compile(tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.05 * workers),
-                                                      compression="fp16", min_size=0), "mse")
-    history = net.fit(x[order], y[order], batch_size=WORKERS_BATCH * workers, epochs=EPOCHS,
-                      verbose=0, shuffle=False)
+                                                      NATIVE[mode]), "mse")
+    history = net.fit(rows(x, order), rows(y, order), batch_size=WORKERS_BATCH * workers,
+                      epochs=EPOCHS, verbose=0, shuffle=False,
+                      callbacks=[tfdist.callbacks.TrainingHooks()])
     return net.get_weights() + optimizer_state(net), history.history["loss"]
 
 
@@ -162,7 +181,8 @@ def fit(x, y, passes, average_passes, fp16, initial_scale=None, extra=(), refuse
     and loaded back on every rank."""
     build, inputs = MODELS.get(mode, (model, lambda x, y: (x, y)))
     net, (x, y) = build(), inputs(x, y)
-    compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
+    compression = (hvd.Compression.fp16 if fp16 else NATIVE[mode] if mode in NATIVE
+                   else hvd.Compression.none)
     optimizer = keras.optimizers.SGD(0.05 * hvd.size(), momentum=MOMENTUM.get(mode, 0.0))
     if initial_scale:  # mixed_float16's loss scaling, by hand (else compile adds it)
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=initial_scale)
@@ -238,7 +258,7 @@ def main():
                                           "epoch E")
     args = parser.parse_args()
     at = tuple(int(v) for v in args.preempt.split(",")) if args.preempt else None
-    if args.single and "fp16" in args.modes.split(","):
+    if args.single and set(NATIVE) & set(args.modes.split(",")):
         tfdist.strategies.ensure_logical_cpus(args.single)  # before TensorFlow's first op
     hvd.init()
     workers = args.single or hvd.size()
@@ -250,7 +270,7 @@ def main():
         keras.mixed_precision.set_global_policy("mixed_float16" if scale else args.policy)
         if args.single:
             passes = args.passes if mode in ("fit", "mixed") else 1
-            weights, losses = (native_fp16(x, y, workers) if mode == "fp16" else
+            weights, losses = (native(x, y, workers, mode) if mode in NATIVE else
                                single(x, y, workers, passes, not args.average_passes, scale,
                                       NAN_STEP if mode == "nan" else None, mode))
             name = "single"

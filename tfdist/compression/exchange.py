@@ -85,6 +85,9 @@ class GradientCompression(TrainingHook):
     """
 
     replaces_exchange = True
+    #: The replicas it exchanges among: None, those of the replica context; Horovod's
+    #: workers (`tfdist.horovod.ops.WorkersContext`, from `hvd.DistributedOptimizer`).
+    context = None
 
     def __init__(self, compressor, *, error_feedback=False, start_step=0, min_size=1024, seed=0,
                  momentum_correction=0.0, local_clip_norm=0.0, ratio_warmup_steps=0,
@@ -280,7 +283,7 @@ class GradientCompression(TrainingHook):
         dense_variables = [v for g, v in zip(grads, variables) if not gradients.is_sparse(g)]
         return exchange_rows_apart(
             grads, lambda dense: self._exchange_present(dense, dense_variables, step),
-            sparse_dtype=self._rows_dtype())
+            sparse_dtype=self._rows_dtype(), context=self.context)
 
     def _rows_dtype(self):
         """The dtype an `IndexedSlices`' rows cross in: the cast's while it compresses."""
@@ -322,7 +325,7 @@ class GradientCompression(TrainingHook):
                 not tf.TensorShape(s).is_compatible_with(b) for s, b in zip(shapes, built)):
             raise ValueError(f"exchange_dense takes one tensor of each shape built, in order "
                              f"({built!s:.80}). Received: shapes {shapes!s:.80}")
-        comm = Communicator(context, bucket_bytes=self.bucket_bytes)
+        comm = Communicator(context or self.context, bucket_bytes=self.bucket_bytes)
         transform = self.transforms[self.stage].for_phase(self.compressing)
         whole = {k: v.read_value() for k, v in self.state.items()}
         state, put_back = whole, lambda new: new

@@ -156,14 +156,15 @@ def all_reduce_sum(grads, bucket_bytes=None, sparse_dtype=None):
         else [], sparse_dtype=sparse_dtype)
 
 
-def exchange_rows_apart(grads, exchange_dense, sparse_dtype=None):
+def exchange_rows_apart(grads, exchange_dense, sparse_dtype=None, context=None):
     """`exchange_dense(the dense gradients)`, the `IndexedSlices` among `grads` all-gathered
-    as rows (in `sparse_dtype` if given), put back in order."""
+    as rows (in `sparse_dtype` if given) over `context`'s replicas (None: the replica
+    context's), put back in order."""
     sparse = [i for i, g in enumerate(grads) if gradients.is_sparse(g)]
     dense = [i for i, g in enumerate(grads) if not gradients.is_sparse(g)]
     summed = dict(zip(dense, exchange_dense([grads[i] for i in dense])))
     rows = [grads[i] for i in sparse]
-    context = tf.distribute.get_replica_context()
+    context = context or tf.distribute.get_replica_context()
     summed.update(zip(sparse, wire.all_gather_rows(
         context, rows, sparse_dtype and [sparse_dtype] * len(rows))))
     return [summed[i] for i in range(len(grads))]

@@ -48,10 +48,11 @@ class Compression:
 
 def check_options(compression, num_groups=0, groups=None, process_set=None,
                   gradient_predivide_factor=1.0):
-    """Refuses, in one line, the options of Horovod's gradient averaging not built here."""
-    if compression not in (Compression.none, Compression.fp16):
+    """Refuses, in one line, the options of Horovod's gradient averaging not built here
+    (`compression` None: `DistributedOptimizer`'s, which takes tfdist's too, checks it)."""
+    if compression is not None and compression not in (Compression.none, Compression.fp16):
         raise ValueError("compression must be hvd.Compression.none or hvd.Compression.fp16 "
-                         "(tfdist's own compressors: tfdist.keras.DistributedOptimizer). "
+                         "(tfdist's own compressors: hvd.DistributedOptimizer). "
                          f"Received: compression={compression!r:.80}")
     if num_groups or groups is not None or process_set is not None \
             or gradient_predivide_factor != 1.0:

@@ -76,3 +76,25 @@ def _check_root(root_rank):
     if type(root_rank) is not int or not 0 <= root_rank < size:
         raise ValueError(f"root_rank must be a rank of this job, 0 to {size - 1}. Received: "
                          f"root_rank={root_rank!r}")
+
+
+class WorkersContext:
+    """The job's workers as the replica context a tfdist compressor exchanges in
+    (`tfdist.compression.Communicator`): one replica per worker, its collectives
+    Horovod's, so top-k, PowerSGD, int8, ... cross between Horovod's processes."""
+
+    def __init__(self, group):
+        self.group = group
+        self.num_replicas_in_sync, self.replica_id_in_sync_group = group.size, group.rank
+
+    def all_reduce(self, reduce_op, values):
+        """Each of `values` summed (averaged: MEAN) over the workers; an `IndexedSlices`
+        gathered."""
+        op = Average if reduce_op == tf.distribute.ReduceOp.MEAN else Sum
+        return [allreduce(value, op=op) for value in values]
+
+    def all_gather(self, value, axis=0):
+        """Every worker's `value` concatenated along axis 0, in rank order."""
+        if axis != 0:
+            raise ValueError(f"the workers gather along axis 0. Received: axis={axis}")
+        return self.group.gather(value)

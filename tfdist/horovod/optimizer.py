@@ -21,7 +21,9 @@ import functools
 import keras
 import tensorflow as tf
 
-from tfdist.config import checks
+from tfdist.compression.exchange import GradientCompression
+from tfdist.compression.factory import build
+from tfdist.config import ConfigError, checks
 from tfdist.config.checks import check_arguments
 from tfdist.config.yaml_source import Source
 from tfdist.core import transaction
@@ -30,31 +32,57 @@ from tfdist.core.optimizer import with_gradient_pipeline
 from tfdist.errors import UnsupportedError
 from tfdist.horovod import basics
 from tfdist.horovod.gradients import Compression, check_options, reduce_gradients
-from tfdist.horovod.ops import OPS, allreduce, reduce_op
+from tfdist.horovod.ops import OPS, WorkersContext, allreduce, reduce_op
 from tfdist.keras import saving  # noqa: F401 (the Loader that gives the exchange back)
 
 __all__ = ["Compression", "DistributedOptimizer", "HorovodExchange"]
 
 SAVED = "horovod"  # the saved exchange's name (`tfdist.keras.saving` rebuilds it)
 COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16}
+
+
+def _saved_compression(source, path, value):
+    """Horovod's compression by name, or a tfdist compressor's options (`build` checks)."""
+    if isinstance(value, dict):
+        return value
+    return checks.string(source, path, value, choices=tuple(COMPRESSIONS))
+
+
 #: The saved exchange's options, each checked as a config file's value is on loading.
 SAVED_OPTIONS = {"op": functools.partial(checks.string, choices=OPS),
-                 "compression": functools.partial(checks.string, choices=tuple(COMPRESSIONS)),
-                 "sparse_as_dense": checks.boolean,
+                 "compression": _saved_compression, "sparse_as_dense": checks.boolean,
                  "scale": functools.partial(checks.number, minimum=0, open_minimum=True)}
 
 
 class HorovodExchange(TrainingHook):
     """Each gradient reduced over the workers with `op` (Horovod's Average by default),
     compressed on the wire by `compression`, times `scale`; the step's verdict summed
-    beside them."""
+    beside them.
+
+    `compression` is Horovod's (`Compression.none`, `Compression.fp16`) or any of tfdist's
+    (a name, a `compression:` section, a `GradientCompression`: top-k with error feedback,
+    PowerSGD, int8, ...), which then exchanges over the workers (`WorkersContext`); its
+    hook runs in the pipeline beside this one (`hooks`) for the rest of its contract (its
+    state, phases and checkpointed residuals).
+    """
 
     replaces_exchange = True
 
     def __init__(self, op="Average", compression=Compression.none, sparse_as_dense=False,
                  scale=1.0):
-        self.op, self.compression = reduce_op(op=op), compression
-        self.sparse_as_dense, self.scale = sparse_as_dense, scale
+        self.op, self.sparse_as_dense, self.scale = reduce_op(op=op), sparse_as_dense, scale
+        self.compression, self.compressor = compression, None
+        if compression not in COMPRESSIONS.values():
+            self.compression, self.compressor = Compression.none, _compressor(compression)
+            if self.op not in ("Average", "Sum"):
+                raise ValueError("tfdist's compressors sum or average the gradients. "
+                                 f"Received: op={self.op!r}, compression="
+                                 f"{self.compressor.compressor.name!r}")
+            self.compressor.replaces_exchange = False  # its exchange is called from here
+
+    def hooks(self):
+        """The pipeline's hooks: this exchange, and the tfdist compressor it calls."""
+        return [self] + ([self.compressor] if self.compressor is not None else [])
 
     def build(self, strategy, variables):
         if strategy.num_replicas_in_sync > 1:
@@ -67,7 +95,8 @@ class HorovodExchange(TrainingHook):
 
     def get_config(self):
         """The options saved with a model (`from_config` rebuilds the exchange)."""
-        compression = next(k for k, v in COMPRESSIONS.items() if v is self.compression)
+        compression = (self.compressor.get_config() if self.compressor is not None else
+                       next(k for k, v in COMPRESSIONS.items() if v is self.compression))
         return {"name": SAVED, "op": self.op, "compression": compression,
                 "sparse_as_dense": self.sparse_as_dense, "scale": self.scale}
 
@@ -83,19 +112,55 @@ class HorovodExchange(TrainingHook):
         options = dict(checks.mapping(source, (), config, ("name", *SAVED_OPTIONS)))
         checks.string(source, ("name",), options.pop("name", None), choices=(SAVED,))
         options = check_arguments("hvd.load_model", SAVED_OPTIONS, **options)
-        return cls(options.get("op", "Average"), COMPRESSIONS[options.get("compression", "none")],
+        compression = options.get("compression", "none")
+        return cls(options.get("op", "Average"), COMPRESSIONS.get(compression, compression)
+                   if isinstance(compression, str) else compression,
                    options.get("sparse_as_dense", False), options.get("scale", 1.0))
 
     def exchange(self, grads, variables, step):
+        group = basics.group()
         decision = transaction.current()
-        if decision is not None and basics.group() is not None:  # every worker's verdict
+        if decision is not None and group is not None:  # every worker's verdict
             decision.settle_across([allreduce(r, op="Sum") for r in decision.riders()])
-        reduced = reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense)
+        if self.compressor is None:
+            reduced = reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense)
+        else:
+            reduced = self._compressed(grads, variables, step, group)
         if self.scale == 1.0:
             return reduced
         return [g * tf.cast(self.scale, g.dtype) if not isinstance(g, tf.IndexedSlices) else
                 tf.IndexedSlices(g.values * tf.cast(self.scale, g.values.dtype), g.indices,
                                  g.dense_shape) for g in reduced]
+
+    def _compressed(self, grads, variables, step, group):
+        """The tfdist compressor's sum over the workers (their mean for Average); in a job
+        of one, the gradients as they are (as Horovod's)."""
+        if group is None:
+            return list(grads)
+        if self.sparse_as_dense:
+            grads = [tf.convert_to_tensor(g) for g in grads]
+        self.compressor.context = WorkersContext(group)
+        summed = self.compressor.exchange(grads, variables, step)
+        if self.op == "Sum":
+            return summed
+        share = 1.0 / group.size
+        return [tf.IndexedSlices(g.values * tf.cast(share, g.values.dtype), g.indices,
+                                 g.dense_shape) if isinstance(g, tf.IndexedSlices) else
+                g * tf.cast(share, g.dtype) for g in summed]
+
+
+def _compressor(compression):
+    """A tfdist `GradientCompression` from what `compression=` was given."""
+    try:
+        hook = build(compression)
+    except (ConfigError, TypeError) as error:
+        raise ValueError("compression must be hvd.Compression.none, hvd.Compression.fp16 or "
+                         f"one of tfdist's compressions ({error})") from None
+    if not isinstance(hook, GradientCompression):  # compression: auto
+        raise ValueError("compression='auto' measures the replicas of a tfdist strategy; "
+                         "under hvd.DistributedOptimizer name a compressor. Received: "
+                         f"compression={compression!r:.80}")
+    return hook
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802
@@ -111,10 +176,14 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     Horovod's; it needs fit's steps driven by tfdist (`hvd.callbacks.
     BroadcastGlobalVariablesCallback` does it, or `tfdist.callbacks.TrainingHooks()`).
     `optimizer.iterations` counts as Keras' own gradient accumulation counts (updates).
-    Grouping, process sets and predivision are refused in one line.
+    `compression` is Horovod's (`Compression.none`, `Compression.fp16`) or, beyond
+    Horovod, any of tfdist's, as `tfdist.keras.DistributedOptimizer` takes it: a name
+    ("topk"), a `compression:` section ({"name": "powersgd", "rank": 2}) or a hook from
+    `tfdist.compression.build`. Grouping, process sets and predivision are refused in one
+    line.
     """
     basics.size()  # Horovod's error before init
-    check_options(compression, num_groups, groups, process_set, gradient_predivide_factor)
+    check_options(None, num_groups, groups, process_set, gradient_predivide_factor)
     passes = backward_passes_per_step
     if type(passes) is not int or passes < 1:
         raise ValueError("backward_passes_per_step must be a whole number of batches, 1 or "
@@ -130,4 +199,4 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         optimizer = type(optimizer).from_config(config)  # Keras averages the passes
         scale = 1.0 if average_aggregated_gradients else float(passes)
     exchange = HorovodExchange(op, compression, sparse_as_dense, scale)
-    return with_gradient_pipeline(optimizer, GradientPipeline([exchange]))
+    return with_gradient_pipeline(optimizer, GradientPipeline(exchange.hooks()))

@@ -17,8 +17,7 @@ from tfdist.horovod.optimizer import HorovodExchange
 __all__ = ["load_model"]
 
 
-def load_model(filepath, custom_optimizers=None, custom_objects=None,
-               compression=Compression.none):
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=None):
     """The Keras model saved at `filepath`, its optimizer averaging gradients over the
     workers with `compression` (call `hvd.init()` before training it).
 
@@ -26,9 +25,10 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
         filepath: a `.keras` or `.h5` file, as `keras.models.load_model` takes.
         custom_optimizers: optimizer classes of your own that the file names.
         custom_objects: as `keras.models.load_model`'s.
-        compression: `hvd.Compression.none` or `hvd.Compression.fp16`; a model saved
-            with `hvd.DistributedOptimizer` keeps its other options (op,
-            `backward_passes_per_step`).
+        compression: `hvd.Compression.none` or `hvd.Compression.fp16`; None: as saved
+            (none for a model saved without `hvd.DistributedOptimizer`). A model saved with
+            it keeps its other options (op, `backward_passes_per_step`, a tfdist
+            compressor, which a Horovod compression given is refused beside).
 
     A model saved with tfdist's own compression loads outside its strategy's scope as
     its plain optimizer (`tfdist.keras.saving` warns), which then goes behind the exchange.
@@ -51,8 +51,13 @@ def _behind_exchange(optimizer, compression):
     `compression`: its own, if it has one, else a new one (`with_hook`)."""
     pipeline = pipeline_of(optimizer)
     owner = pipeline.exchange_owner if pipeline is not None else None
-    if isinstance(owner, HorovodExchange):
-        owner.compression = compression
-        return optimizer
-    return with_hook(optimizer, HorovodExchange(compression=compression),
-                     tf.distribute.get_strategy())
+    if not isinstance(owner, HorovodExchange):
+        return with_hook(optimizer, HorovodExchange(compression=compression or Compression.none),
+                         tf.distribute.get_strategy())
+    if compression is not None and owner.compressor is not None:
+        raise ValueError(
+            f"this model was saved with tfdist's {owner.compressor.compressor.name!r} "
+            "compression through hvd.DistributedOptimizer; load it with compression=None "
+            f"to keep it. Received: compression={compression!r:.80}")
+    owner.compression = compression or owner.compression
+    return optimizer

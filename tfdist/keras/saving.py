@@ -73,8 +73,8 @@ def _route(optimizer, compression):
         # imported here: tfdist.horovod imports this module, to register the Loader
         from tfdist.horovod.optimizer import HorovodExchange
 
-        return with_gradient_pipeline(optimizer,
-                                      GradientPipeline([HorovodExchange.from_config(compression)]))
+        return with_gradient_pipeline(
+            optimizer, GradientPipeline(HorovodExchange.from_config(compression).hooks()))
     hook = build(**compression)
     try:
         check_strategy(tf.distribute.get_strategy(), hook)
