@@ -416,6 +416,8 @@ def test_a_distributed_tape_in_a_job_of_one_is_the_tape_itself(horovod):
                               "fp16 or one of tfdist's .* did you mean 'fp16'"),
     ({"compression": {"name": "topk", "ratio": 0}}, "ratio: expected a value > 0"),
     ({"compression": "auto"}, "under hvd.DistributedOptimizer name a compressor"),
+    ({"compression": "diloco"}, "local SGD and DiLoCo .* not built yet"),
+    ({"compression": {"name": "local_sgd", "period": 4}}, "local SGD and DiLoCo"),
     ({"compression": "topk", "op": "Max"}, "tfdist's compressors sum or average"),
     ({"op": "Adasum"}, "no Adasum"),
 ])

@@ -33,6 +33,7 @@ from tfdist.errors import UnsupportedError
 from tfdist.horovod import basics
 from tfdist.horovod.gradients import Compression, check_options, reduce_gradients
 from tfdist.horovod.ops import OPS, WorkersContext, allreduce, reduce_op
+from tfdist.local_sgd import ModelAverager
 from tfdist.keras import saving  # noqa: F401 (the Loader that gives the exchange back)
 
 __all__ = ["Compression", "DistributedOptimizer", "HorovodExchange"]
@@ -149,8 +150,20 @@ class HorovodExchange(TrainingHook):
                 g * tf.cast(share, g.dtype) for g in summed]
 
 
+#: What a Horovod user may pass for tfdist's model averaging, which is not built here.
+MODEL_AVERAGING = ("local_sgd", "localsgd", "diloco", "streaming_diloco")
+
+
 def _compressor(compression):
     """A tfdist `GradientCompression` from what `compression=` was given."""
+    named = compression.get("name") if isinstance(compression, dict) else compression
+    if isinstance(compression, ModelAverager) or (
+            isinstance(named, str) and named.lower() in MODEL_AVERAGING):
+        raise ValueError(
+            "local SGD and DiLoCo average models between a tfdist strategy's replicas; "
+            "through hvd.DistributedOptimizer they are not built yet: train with "
+            "strategy: multi_worker_mirrored and a local_sgd: section (docs/horovod.md, "
+            f"Going further). Received: compression={compression!r:.80}")
     try:
         hook = build(compression)
     except (ConfigError, TypeError) as error:
