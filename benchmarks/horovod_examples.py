@@ -102,8 +102,13 @@ EXAMPLES = {
     "keras_imagenet_resnet50.py": {
         "folder": "keras", "port": TF1_KERAS2, "cuts": [],
         "args": ["--epochs", "2", "--warmup-epochs", "1", "--batch-size", "8",
-                 "--val-batch-size", "8"]},
+                 "--val-batch-size", "8"],
+        # run again in the same directory: rank 0 resumes from the last epoch's checkpoint
+        # with hvd.load_model, as the example's resume branch does
+        "resume": ["--epochs", "3", "--warmup-epochs", "1", "--batch-size", "8",
+                   "--val-batch-size", "8"]},
 }
+RESUMED = " (resumed)"  # a resumed run's example name ends so
 #: Runs a script as its own __main__, then writes weights-<task index>.sha256: every Keras
 #: model of the process (by name), its trainable weights in order (Horovod's averaged
 #: gradients keep those alike; batch norm's moving statistics are each worker's own, in
@@ -190,7 +195,7 @@ def main():
     args = parser.parse_args()
     saved = HERE / "results" / "horovod_examples.json"
     results = [r for r in (json.loads(saved.read_text()) if saved.exists() else [])
-               if r["example"] in EXAMPLES]  # earlier runs, replaced as these run
+               if base(r["example"]) in EXAMPLES]  # earlier runs, replaced as these run
     with tempfile.TemporaryDirectory() as scratch:
         for name, spec in EXAMPLES.items():
             if args.only and name not in args.only:
@@ -198,22 +203,32 @@ def main():
             folder = args.horovod / "examples" / spec.get("folder", "tensorflow2")
             source, applied = edited((folder / name).read_text(), spec["cuts"],
                                      spec.get("port", ()))
-            script = pathlib.Path(scratch) / name
-            script.write_text(source)
-            for workers in args.workers:
-                result = {"example": name, "edits": applied, **run(script, workers, spec["args"])}
-                print(f"{name} on {workers}: exit {result['exit']} in {result['seconds']} s, "
-                      f"{result['first']} -> {result['last']}, weights alike: "
-                      f"{result['weights_alike']}", flush=True)
-                results = [r for r in results
-                           if (r["example"], r["workers"]) != (name, workers)] + [result]
-                write(results)
+            for workers in args.workers:  # each in a directory of its own (checkpoints)
+                script = pathlib.Path(scratch) / f"{workers}-{name[:-3]}" / name
+                script.parent.mkdir()
+                script.write_text(source)
+                runs = [(name, spec["args"])] + (
+                    [(name + RESUMED, spec["resume"])] if "resume" in spec else [])
+                for label, flags in runs:
+                    result = {"example": label, "edits": applied, **run(script, workers, flags)}
+                    print(f"{label} on {workers}: exit {result['exit']} in "
+                          f"{result['seconds']} s, {result['first']} -> {result['last']}, "
+                          f"weights alike: {result['weights_alike']}", flush=True)
+                    results = [r for r in results
+                               if (r["example"], r["workers"]) != (label, workers)] + [result]
+                    write(results)
+
+
+def base(example):
+    """The example file a result's name is of."""
+    return example[:-len(RESUMED)] if example.endswith(RESUMED) else example
 
 
 def write(results):
     """results/horovod_examples.{json,md}, after every run (a long sweep keeps what ran)."""
     order = list(EXAMPLES)
-    results = sorted(results, key=lambda r: (order.index(r["example"]), r["workers"]))
+    results = sorted(results, key=lambda r: (order.index(base(r["example"])), r["workers"],
+                                             r["example"]))
     (HERE / "results" / "horovod_examples.json").write_text(json.dumps(results, indent=1))
     lines = ["# Horovod's examples under tfdist launch -n (benchmarks/horovod_examples.py)", "",
              "| example | workers | exit | seconds | first -> last (loss, or img/s) "
@@ -223,8 +238,8 @@ def write(results):
               f"{ {True: 'yes', False: 'no'}.get(r.get('weights_alike'), 'not checked')} |"
               for r in results]
     lines += ["", "Edits per example:", ""]
-    for name in dict.fromkeys(r["example"] for r in results):
-        edits = next(r["edits"] for r in results if r["example"] == name)
+    for name in dict.fromkeys(base(r["example"]) for r in results):
+        edits = next(r["edits"] for r in results if base(r["example"]) == name)
         lines += [f"- {name}: " + "; ".join(f"`{e}`" for e in edits)]
     (HERE / "results" / "horovod_examples.md").write_text("\n".join(lines) + "\n")
 
