@@ -5,8 +5,10 @@ whole suite) gets one virtual environment under `.venv-matrix/`, where pip's own
 installs the checkout beside `tensorflow-cpu` and the first Keras paired with it; every
 other Keras of a pair is swapped in place (`--no-deps`, then `pip check` must pass). Each
 pair runs the tests marked `matrix` (seam canaries, hook contract, transactional step,
-compression and DiLoCo on 2 replicas; the UNet example with compression on 2 workers
-beside the oldest TensorFlow, where a seam is likeliest to have moved). Then, in those
+compression and DiLoCo on 2 replicas), but the oldest TensorFlow with the newest Keras,
+which runs the seam canaries and the UNet example with compression on 2 workers (where a
+seam is likeliest to have moved; each other `matrix` test runs on that TensorFlow and on
+that Keras beside others). Then, in those
 same environments (one install per TensorFlow: installs were a third of the matrix):
 
 - the Keras releases between the oldest and the newest (`KERAS_CHECKED`) each run the seam
@@ -116,11 +118,13 @@ def matrix_files():
 
 def check_pair(tensorflow, keras, python):
     assert versions(python) == (tensorflow, keras), versions(python)
-    # the UNet example (a 2-worker launch, the pair's slowest test) once, beside the
-    # oldest TensorFlow and the newest Keras; .venv runs it on the newest pair
-    example = ([] if (tensorflow, keras) == (TESTED[0][0], KERAS_CHECKED[-1])
-               else ["--deselect", UNET_EXAMPLE])
-    pytest(python, "-m", "matrix", *example, *matrix_files())
+    if (tensorflow, keras) == (TESTED[0][0], KERAS_CHECKED[-1]):
+        # the oldest TensorFlow with the newest Keras: the seam canaries and the UNet
+        # example (a 2-worker launch); the other `matrix` tests run on this TensorFlow
+        # with the lowest Keras and on this Keras with every other TensorFlow
+        pytest(python, "tests/test_keras_seams.py", UNET_EXAMPLE)
+        return
+    pytest(python, "-m", "matrix", "--deselect", UNET_EXAMPLE, *matrix_files())
 
 
 def check_keras_between(python, releases):

@@ -348,7 +348,7 @@ def test_a_sigterm_after_going_local_resumes_every_replica_exactly(strategies, v
                                               warmup_compression=hook,
                                               outer=None if first else "nesterov")
         averagers.append(local_sgd.averager)
-        model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0, shuffle=False,
+        model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False,
                   callbacks=[*callbacks, local_sgd])
         return model, local_sgd.averager
 
