@@ -235,3 +235,20 @@ def test_a_tfdist_compressor_through_horovod_is_saved_with_its_options(horovod, 
         keras.models.load_model(tmp_path / "topk.keras")
     assert "\n" not in str(e.value)
 
+
+
+def test_without_tfdist_horovod_imported_the_model_loads_plain_and_says_so(horovod, tmp_path,
+                                                                         monkeypatch):
+    """Where nothing registered Horovod's saved exchange (tfdist.horovod not imported: here
+    its entry taken out), Keras' loading warns and gives the plain optimizer."""
+    keras, hvd = keras_and_hvd()
+    from tfdist.keras import saving
+
+    horovod.init()
+    train(compiled(hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)))).save(
+        tmp_path / "model.keras")
+    monkeypatch.delitem(saving.SAVED_EXCHANGES, "horovod")
+    with pytest.warns(UserWarning, match="saved with hvd.DistributedOptimizer.*Import "
+                                         "tfdist.horovod"):
+        back = keras.models.load_model(tmp_path / "model.keras")
+    assert type(back.optimizer) is keras.optimizers.SGD

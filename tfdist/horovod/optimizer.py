@@ -34,7 +34,7 @@ from tfdist.horovod import basics
 from tfdist.horovod.gradients import Compression, check_options, reduce_gradients
 from tfdist.horovod.ops import OPS, WorkersContext, allreduce, reduce_op
 from tfdist.local_sgd import ModelAverager
-from tfdist.keras import saving  # noqa: F401 (the Loader that gives the exchange back)
+from tfdist.keras import saving
 
 __all__ = ["Compression", "DistributedOptimizer", "HorovodExchange"]
 
@@ -174,6 +174,9 @@ def _compressor(compression):
                          "under hvd.DistributedOptimizer name a compressor. Received: "
                          f"compression={compression!r:.80}")
     return hook
+
+
+saving.SAVED_EXCHANGES[SAVED] = lambda config: HorovodExchange.from_config(config).hooks()
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802

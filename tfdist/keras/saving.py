@@ -32,6 +32,9 @@ from tfdist.core.optimizer import SAVED_KEY, SAVED_NAME, with_gradient_pipeline
 from tfdist.keras.distributed_optimizer import DistributedOptimizer, check_strategy
 
 KERAS_PACKAGES = ("keras", "keras_hub", "keras_cv", "keras_nlp")  # as Keras' own lookup
+#: Saved exchanges of packages above this one, by name: config -> the pipeline's hooks
+#: (`tfdist.horovod.optimizer` registers "horovod" when imported).
+SAVED_EXCHANGES = {}
 
 
 class Loader:
@@ -69,12 +72,15 @@ def _route(optimizer, compression):
     """`optimizer` routed through tfdist with `compression` (a hook config or None)."""
     if compression is None:
         return with_gradient_pipeline(optimizer, GradientPipeline())
-    if isinstance(compression, dict) and compression.get("name") == "horovod":
-        # imported here: tfdist.horovod imports this module, to register the Loader
-        from tfdist.horovod.optimizer import HorovodExchange
-
+    if isinstance(compression, dict) and compression.get("name") in SAVED_EXCHANGES:
         return with_gradient_pipeline(
-            optimizer, GradientPipeline(HorovodExchange.from_config(compression).hooks()))
+            optimizer, GradientPipeline(SAVED_EXCHANGES[compression["name"]](compression)))
+    if isinstance(compression, dict) and compression.get("name") == "horovod":
+        warnings.warn("the model was saved with hvd.DistributedOptimizer; its optimizer loads "
+                      f"as a plain {type(optimizer).__name__}. Import tfdist.horovod before "
+                      "loading (or load with hvd.load_model) to restore the exchange",
+                      stacklevel=2)
+        return optimizer
     hook = build(**compression)
     try:
         check_strategy(tf.distribute.get_strategy(), hook)
