@@ -85,7 +85,11 @@ TF1_KERAS2 = [(TF1_SESSION, ""), ("from keras.preprocessing import image\n", "")
               ("keras.optimizers.SGD(lr=", "keras.optimizers.SGD(learning_rate="),
               ("model.fit_generator(", "model.fit("), ("                    workers=4,\n", ""),
               ("model.evaluate_generator(test_iter, len(test_iter), workers=4)",
-               "model.evaluate(test_iter, steps=len(test_iter), verbose=0)")]
+               "model.evaluate(test_iter, steps=len(test_iter), verbose=0)"),
+              # Keras 3 (3.15) cannot train a model loaded from .h5 with SGD's momentum
+              # ("Unknown variable ... the variables it was originally built with"), with
+              # or without tfdist: the checkpoints resumed from are Keras 3's own format
+              ("default='./checkpoint-{epoch}.h5'", "default='./checkpoint-{epoch}.keras'")]
 NO_TENSORBOARD = ("    callbacks.append(keras.callbacks.TensorBoard(args.log_dir))\n", "")
 EXAMPLES = {
     "tensorflow2_keras_mnist.py": {
