@@ -252,3 +252,18 @@ def test_without_tfdist_horovod_imported_the_model_loads_plain_and_says_so(horov
                                          "tfdist.horovod"):
         back = keras.models.load_model(tmp_path / "model.keras")
     assert type(back.optimizer) is keras.optimizers.SGD
+
+
+@pytest.mark.parametrize("compression", ["fp16", None, 16])
+def test_hvd_load_model_refuses_a_compression_it_cannot_use_in_one_line(horovod, tmp_path,
+                                                                        compression):
+    """`compression=` takes Horovod's two (or None: as saved); a string or a number is
+    refused before the file is read."""
+    keras, hvd = keras_and_hvd()
+    horovod.init()
+    if compression is None:
+        compression = object()
+    with pytest.raises(ValueError, match="compression must be hvd.Compression.none or "
+                                         "hvd.Compression.fp16") as e:
+        hvd.load_model(str(tmp_path / "missing.keras"), compression=compression)
+    assert "\n" not in str(e.value)
