@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tfdist.cluster.errors import ClusterError
+from tfdist.errors import UnsupportedError
 from tfdist.horovod.ranks import Ranks, ranks_of
 
 
@@ -217,9 +218,13 @@ def test_backward_passes_a_tape_fp16_and_a_nan_on_one_worker_end_as_one_process(
     with an Embedding, a Dense over a sequence, two inputs and outputs and a frozen layer
     trains as one process too; with tfdist's top-k and error feedback through
     hvd.DistributedOptimizer(compression=...), it ends bit for bit where tfdist's own
-    top-k does on 2 replicas, away from the uncompressed run."""
+    top-k does on 2 replicas, away from the uncompressed run. Local SGD (a local_sgd:
+    section: a warm-up, momentum averaged) and DiLoCo (2 fragments) through the same
+    argument end bit for bit where tfdist's own ModelAverager does on 2 replicas, each
+    worker training apart between synchronisations (DiLoCo away from the synchronous run)."""
     results, _ = run_horovod_job(tmp_path, 2, "--modes",
-                                 "fit,tape,fp16,nan,reload,families,topk", "--passes", "2")
+                                 "fit,tape,fp16,nan,reload,families,topk,local_sgd,diloco",
+                                 "--passes", "2")
     tolerance = dict(rtol=1e-5, atol=1e-6)
     assert_alike_and_as_one_process(*results["fit"], tolerance)
     assert_alike_and_as_one_process(*results["tape"], tolerance, same_loss=False)
@@ -240,33 +245,44 @@ def test_backward_passes_a_tape_fp16_and_a_nan_on_one_worker_end_as_one_process(
         ranks, reference = results[mode]
         assert_alike_and_as_one_process(ranks, reference, tolerance)
         assert ranks[0][f"arr_{len(reference.files) - 2}"] == 8  # 2 epochs of 4 updates
-    ranks, native = results["topk"]
-    assert_alike_and_as_one_process(ranks, native, dict(rtol=0, atol=0))
-    assert not np.allclose(ranks[0]["arr_0"], results["families"][0][0]["arr_0"], atol=1e-5)
+    for mode in ("topk", "local_sgd", "diloco"):
+        ranks, native = results[mode]
+        assert_alike_and_as_one_process(ranks, native, dict(rtol=0, atol=0))
+        assert ranks[0][f"arr_{len(native.files) - 2}"] == 8
+    for mode in ("topk", "diloco"):
+        assert not np.allclose(results[mode][0][0]["arr_0"], results["families"][0][0]["arr_0"],
+                               atol=1e-5), mode
 
 
 @pytest.mark.multiprocess
 def test_a_sigterm_to_one_rank_of_a_horovod_script_loses_no_step(tmp_path):
     """A Horovod Keras script that adds tfdist's BackupAndRestore, on 3 workers: rank 2
     gets SIGTERM after step 1 of epoch 0; every rank saves after the same step (agreed
-    through the Horovod exchange) and exits 143, `--max-restarts 1` relaunches the job,
+    through the Horovod exchange) and exits 143, `--max-restarts` relaunches the job,
     which resumes there: each rank trains every step once, and the job ends with one
-    process's weights on the workers' batches, alike on every rank."""
+    process's weights on the workers' batches, alike on every rank. The same with local
+    SGD through hvd.DistributedOptimizer, whose save falls on its first local step: each
+    worker's own weights and momenta are in the backup and given back to it, and the job
+    ends where tfdist's own local SGD ends uninterrupted on 3 replicas."""
     backup = tmp_path / "backup"
-    results, run = run_horovod_job(tmp_path, 3, "--modes", "fit",
-                                   launcher=("--max-restarts", "1"),
+    results, run = run_horovod_job(tmp_path, 3, "--modes", "fit,local_sgd",
+                                   launcher=("--max-restarts", "2"),
                                    launched=("--backup", str(backup), "--preempt", "0,1,2"))
-    assert (tmp_path / "preempted").exists()
-    assert "exited with code 143; restarting the whole job (1/1)" in run.stderr, run.stderr[-3000:]
+    for restart in (1, 2):
+        assert f"exited with code 143; restarting the whole job ({restart}/2)" in run.stderr, \
+            run.stderr[-3000:]
     saved = [line for line in run.stdout.splitlines() if "tfdist: preempted: saved" in line]
-    assert len(saved) == 3 and all("after step 3 of epoch 0" in line for line in saved), saved
-    for rank in range(3):
-        log = (tmp_path / f"steps-{rank}.log").read_text().split("\n")[:-1]
-        trained = [tuple(int(v) for v in line.split()) for line in log]
-        assert trained == [(e, b, e * 4 + b + 1) for e in range(2) for b in range(4)], trained
-    ranks, reference = results["fit"]
-    assert_alike_and_as_one_process(ranks, reference, dict(rtol=1e-5, atol=1e-6),
-                                    same_loss=False, learns=False)
+    assert len(saved) == 6 and all("after step 3 of epoch 0" in line for line in saved), saved
+    for mode in ("fit", "local_sgd"):
+        assert (tmp_path / f"preempted-{mode}").exists()
+        for rank in range(3):
+            log = (tmp_path / f"steps-{mode}-{rank}.log").read_text().split("\n")[:-1]
+            trained = [tuple(int(v) for v in line.split()) for line in log]
+            assert trained == [(e, b, e * 4 + b + 1) for e in range(2) for b in range(4)], \
+                (mode, trained)
+        ranks, reference = results[mode]
+        assert_alike_and_as_one_process(ranks, reference, dict(rtol=1e-5, atol=1e-6),
+                                        same_loss=False, learns=False)
 
 
 def test_fp16_compression_sends_floats_as_float16_and_gives_them_back_in_their_dtype():
@@ -416,8 +432,19 @@ def test_a_distributed_tape_in_a_job_of_one_is_the_tape_itself(horovod):
                               "fp16 or one of tfdist's .* did you mean 'fp16'"),
     ({"compression": {"name": "topk", "ratio": 0}}, "ratio: expected a value > 0"),
     ({"compression": "auto"}, "under hvd.DistributedOptimizer name a compressor"),
-    ({"compression": "diloco"}, "local SGD and DiLoCo .* not built yet"),
-    ({"compression": {"name": "local_sgd", "period": 4}}, "local SGD and DiLoCo"),
+    ({"compression": "diloco"}, "diloco needs its period: compression="),
+    ({"compression": {"name": "local_sgd", "period": 0}}, "period: expected a value >= 1"),
+    ({"compression": {"name": "local_sgd", "period": 4, "perod": 2}}, "did you mean 'period'"),
+    ({"compression": {"name": "diloco", "period": 4, "islands": 2}},
+     "islands and auto's measurements need a tfdist strategy"),
+    ({"compression": {"name": "local_sgd", "period": 4, "warmup_steps": "auto"}},
+     "Received: {'warmup_steps': 'auto'}"),
+    ({"compression": {"name": "diloco", "period": 4, "compression": "auto"}},
+     "compression.name: auto chooses a gradient compression"),
+    ({"compression": {"name": "local_sgd", "period": 4}, "op": "Sum"},
+     "local SGD and DiLoCo average the workers' models: they take op=hvd.Average"),
+    ({"compression": {"name": "local_sgd", "period": 4}, "backward_passes_per_step": 2},
+     "and no backward_passes_per_step"),
     ({"compression": "topk", "op": "Max"}, "tfdist's compressors sum or average"),
     ({"op": "Adasum"}, "no Adasum"),
 ])
@@ -429,6 +456,42 @@ def test_the_distributed_optimizer_refuses_what_it_cannot_do_in_one_line(horovod
     with pytest.raises(ValueError, match=says) as e:
         horovod_keras().DistributedOptimizer(keras.optimizers.SGD(0.1), **options)
     assert "\n" not in str(e.value)
+
+
+def test_local_sgd_through_horovod_is_refused_under_a_strategy_of_several_replicas(horovod):
+    """Each process is one replica of Horovod's workers: a MirroredStrategy's replicas
+    would train apart and never be averaged; refused when the optimizer builds."""
+    import keras
+    import tensorflow as tf
+
+    import tfdist
+
+    horovod.init()
+    strategy = tf.distribute.MirroredStrategy(tfdist.strategies.ensure_logical_cpus(2))
+    with strategy.scope():
+        net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        optimizer = horovod_keras().DistributedOptimizer(
+            keras.optimizers.SGD(0.1), compression=tfdist.local_sgd.ModelAverager(2))
+        with pytest.raises(UnsupportedError, match="outside any strategy scope"):
+            optimizer.build(net.trainable_variables)
+
+
+def test_diloco_through_horovod_without_the_broadcast_callback_says_what_to_add(horovod):
+    """DiLoCo copies its anchors from the weights before the first local step; fit
+    outside a strategy builds the optimizer inside that step, so without the callback
+    (which builds it first) the anchors would be zeros: refused, naming the callback."""
+    import keras
+
+    import tfdist
+
+    horovod.init()
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    net.compile(horovod_keras().DistributedOptimizer(
+        keras.optimizers.SGD(0.1), compression=tfdist.local_sgd.DiLoCo(2)), "mse")
+    x = np.ones((8, 3), "float32")
+    with pytest.raises(UnsupportedError, match="BroadcastGlobalVariablesCallback"):
+        net.fit(x, x[:, :1], batch_size=4, verbose=0,
+                callbacks=[tfdist.callbacks.TrainingHooks()])
 
 
 def test_backward_passes_and_gradient_accumulation_steps_together_are_refused(horovod):

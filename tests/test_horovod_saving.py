@@ -267,3 +267,62 @@ def test_hvd_load_model_refuses_a_compression_it_cannot_use_in_one_line(horovod,
                                          "hvd.Compression.fp16") as e:
         hvd.load_model(str(tmp_path / "missing.keras"), compression=compression)
     assert "\n" not in str(e.value)
+
+
+def averager_of(optimizer):
+    from tfdist.core.optimizer import pipeline_of
+    from tfdist.horovod.averaging import WorkersAverager
+
+    owner = pipeline_of(optimizer).exchange_owner
+    assert isinstance(owner, WorkersAverager), owner
+    return owner
+
+
+def test_local_sgd_through_horovod_is_saved_with_its_options(horovod, tmp_path):
+    """hvd.DistributedOptimizer(compression={DiLoCo's section}) saved and loaded: both
+    loaders give back local SGD over the workers with the same options (a reloaded model
+    that lost it would train every worker apart for good); hvd.load_model refuses a
+    Horovod compression beside it, and an edited option is refused as a config file's."""
+    keras, hvd = keras_and_hvd()
+    horovod.init()
+    section = {"name": "diloco", "period": 2, "fragments": 2, "warmup_steps": 1,
+               "compression": {"name": "int8"}}
+    net = train(compiled(hvd.DistributedOptimizer(keras.optimizers.SGD(0.05),
+                                                  compression=section)))
+    net.save(tmp_path / "diloco.keras")
+    given = averager_of(net.optimizer).arguments
+    for back in (keras.models.load_model(tmp_path / "diloco.keras"),
+                 hvd.load_model(str(tmp_path / "diloco.keras"))):
+        averager = averager_of(back.optimizer)
+        assert averager.arguments["outer"] == "nesterov" == given["outer"]
+        assert (averager.period, averager.fragments, averager.warmup_steps) == (2, 2, 1)
+        assert averager.compression.compressor.name == "int8"
+        assert averager.synchronous_exchange is not None
+        assert averager.get_config() == averager_of(net.optimizer).get_config()
+        train(back)  # and it trains on
+    with pytest.raises(ValueError, match="saved with local SGD.*compression=None") as e:
+        hvd.load_model(str(tmp_path / "diloco.keras"), compression=hvd.Compression.fp16)
+    assert "\n" not in str(e.value)
+    edited(tmp_path / "diloco.keras", lambda c: c.update(period=-1))
+    with pytest.raises(ConfigError, match="period: expected a value >= 1") as e:
+        keras.models.load_model(tmp_path / "diloco.keras")
+    assert "hvd.load_model()" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_local_sgd_whose_options_have_no_config_saves_the_synchronous_exchange_and_says_so(
+        horovod, tmp_path):
+    """DiLoCo's outer optimizer given as a Keras optimizer has no config a file can hold:
+    the save warns and keeps Horovod's synchronous exchange (the loaded model averages at
+    every step, never silently apart)."""
+    import tfdist
+
+    keras, hvd = keras_and_hvd()
+    horovod.init()
+    averager = tfdist.local_sgd.DiLoCo(2, outer=keras.optimizers.SGD(0.7, momentum=0.9))
+    net = train(compiled(hvd.DistributedOptimizer(keras.optimizers.SGD(0.05),
+                                                  compression=averager)))
+    with pytest.warns(UserWarning, match="synchronous exchange.*give outer by name"):
+        net.save(tmp_path / "diloco.keras")
+    assert exchange_of(keras.models.load_model(tmp_path / "diloco.keras").optimizer) == {
+        "name": "horovod", "op": "Average", "compression": "none", "sparse_as_dense": False,
+        "scale": 1.0}

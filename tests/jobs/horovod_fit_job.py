@@ -19,16 +19,22 @@ own model per process, a shard of the data by rank, and
 - `topk`: `families` with tfdist's top-k and error feedback through
   `hvd.DistributedOptimizer(compression=...)` (beyond Horovod): exchanged between the
   workers, the Embedding's rows gathered.
+- `local_sgd`, `diloco`: `families` with tfdist's local SGD (a `local_sgd:` section,
+  momentum averaged too) and DiLoCo (a `tfdist.local_sgd.DiLoCo` of 2 fragments) through
+  `hvd.DistributedOptimizer(compression=...)`: each worker trains apart between
+  synchronisations over Horovod's workers.
 
-`--backup DIR` adds tfdist's `BackupAndRestore(DIR)` to fit's callbacks (what a Horovod
-script opts into for preemption); `--preempt E,B,R`: rank R SIGTERMs itself after step B
-of epoch E, once; every rank logs the steps it trains to <out>/steps-<rank>.log.
+`--backup DIR` adds tfdist's `BackupAndRestore(DIR/<mode>)` to fit's callbacks (what a
+Horovod script opts into for preemption); `--preempt E,B,R`: rank R SIGTERMs itself after
+step B of epoch E, once in each mode; every rank logs the steps it trains to
+<out>/steps-<mode>-<rank>.log, and a relaunched job skips the modes it finished.
 
 `--single W` trains the same models in one process on the batches W workers' shards make
 together — what Horovod's averaged gradients are equivalent to; `fp16` and `topk` there
 are tfdist's own exchange (`tfdist.keras.DistributedOptimizer` with `NATIVE[mode]`; fp16's
-min_size 0: Horovod casts every tensor) under a MirroredStrategy of W logical CPUs, a
-replica per worker's batch. Writes the weights (and losses) to <out>/<mode>-<rank or single>.npz."""
+min_size 0: Horovod casts every tensor), `local_sgd` and `diloco` its own `ModelAverager`,
+under a MirroredStrategy of W logical CPUs, a replica per worker's batch. Writes the
+weights (and losses) to <out>/<mode>-<rank or single>.npz."""
 
 import argparse
 import functools
@@ -90,12 +96,19 @@ def rows(data, index):
     return [part[index] for part in data] if isinstance(data, list) else data[index]
 
 
-MOMENTUM = {"reload": 0.9}
-MODELS = {"families": (families_model, families_data), "topk": (families_model, families_data)}
+MOMENTUM = {"reload": 0.9, "local_sgd": 0.5}
+MODELS = {mode: (families_model, families_data)
+          for mode in ("families", "topk", "local_sgd", "diloco")}
 #: tfdist's compressions each mode exchanges with, natively in one process (`native`) and
 #: through hvd.DistributedOptimizer (`fp16` there is Horovod's own).
 NATIVE = {"fp16": {"name": "fp16", "min_size": 0},
           "topk": {"name": "topk", "ratio": 0.25, "error_feedback": True, "min_size": 0}}
+#: tfdist's model averaging each mode trains with (beyond Horovod): a `local_sgd:` section
+#: through hvd.DistributedOptimizer, the same as a `ModelAverager` natively; DiLoCo as the
+#: object, both ways.
+AVERAGING = {"local_sgd": lambda: {"name": "local_sgd", "period": 3, "warmup_steps": 2,
+                                   "average_optimizer_state": True},
+             "diloco": lambda: tfdist.local_sgd.DiLoCo(2, fragments=2)}
 
 
 def single(x, y, workers, passes=1, summed=False, initial_scale=None, upto=None,
@@ -135,8 +148,16 @@ def native(x, y, workers, mode):
     x, y = inputs(x, y)
     with strategy.scope():
         net = build()
-        net.compile(tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.05 * workers),
-                                                      NATIVE[mode]), "mse")
+        optimizer = keras.optimizers.SGD(0.05 * workers, momentum=MOMENTUM.get(mode, 0.0))
+        if mode in AVERAGING:
+            averager = AVERAGING[mode]()
+            if isinstance(averager, dict):
+                averager = tfdist.local_sgd.ModelAverager(
+                    **{k: v for k, v in averager.items() if k != "name"})
+            optimizer = tfdist.keras.DistributedOptimizer(optimizer, hooks=[averager])
+        else:
+            optimizer = tfdist.keras.DistributedOptimizer(optimizer, NATIVE[mode])
+        net.compile(optimizer, "mse")
     history = net.fit(rows(x, order), rows(y, order), batch_size=WORKERS_BATCH * workers,
                       epochs=EPOCHS, verbose=0, shuffle=False,
                       callbacks=[tfdist.callbacks.TrainingHooks()])
@@ -144,11 +165,11 @@ def native(x, y, workers, mode):
 
 
 class PreemptOnce(keras.callbacks.Callback):
-    """Each rank logs the steps it trains (not those a resumed run skips); rank `at[2]`
-    SIGTERMs itself after step `at[1]` of epoch `at[0]`, the first time only."""
+    """Each rank logs the steps it trains in `mode` (not those a resumed run skips); rank
+    `at[2]` SIGTERMs itself after step `at[1]` of epoch `at[0]`, once per mode."""
 
-    def __init__(self, out, at):
-        self.out, self.at, self.epoch = out, at, None
+    def __init__(self, out, at, mode):
+        self.out, self.at, self.mode, self.epoch = out, at, mode, None
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
@@ -158,9 +179,9 @@ class PreemptOnce(keras.callbacks.Callback):
 
         if skipping(self.model, self.epoch, batch):
             return
-        with open(os.path.join(self.out, f"steps-{hvd.rank()}.log"), "a") as f:
+        with open(os.path.join(self.out, f"steps-{self.mode}-{hvd.rank()}.log"), "a") as f:
             f.write(f"{self.epoch} {batch} {int(self.model.optimizer.iterations.numpy())}\n")
-        marker = os.path.join(self.out, "preempted")
+        marker = os.path.join(self.out, f"preempted-{self.mode}")
         if self.at and (self.epoch, batch, hvd.rank()) == self.at \
                 and not os.path.exists(marker):
             open(marker, "w").close()
@@ -182,7 +203,7 @@ def fit(x, y, passes, average_passes, fp16, initial_scale=None, extra=(), refuse
     build, inputs = MODELS.get(mode, (model, lambda x, y: (x, y)))
     net, (x, y) = build(), inputs(x, y)
     compression = (hvd.Compression.fp16 if fp16 else NATIVE[mode] if mode in NATIVE
-                   else hvd.Compression.none)
+                   else AVERAGING[mode]() if mode in AVERAGING else hvd.Compression.none)
     optimizer = keras.optimizers.SGD(0.05 * hvd.size(), momentum=MOMENTUM.get(mode, 0.0))
     if initial_scale:  # mixed_float16's loss scaling, by hand (else compile adds it)
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=initial_scale)
@@ -258,7 +279,7 @@ def main():
                                           "epoch E")
     args = parser.parse_args()
     at = tuple(int(v) for v in args.preempt.split(",")) if args.preempt else None
-    if args.single and set(NATIVE) & set(args.modes.split(",")):
+    if args.single and {*NATIVE, *AVERAGING} & set(args.modes.split(",")):
         tfdist.strategies.ensure_logical_cpus(args.single)  # before TensorFlow's first op
     hvd.init()
     workers = args.single or hvd.size()
@@ -270,7 +291,7 @@ def main():
         keras.mixed_precision.set_global_policy("mixed_float16" if scale else args.policy)
         if args.single:
             passes = args.passes if mode in ("fit", "mixed") else 1
-            weights, losses = (native(x, y, workers, mode) if mode in NATIVE else
+            weights, losses = (native(x, y, workers, mode) if mode in {**NATIVE, **AVERAGING} else
                                single(x, y, workers, passes, not args.average_passes, scale,
                                       NAN_STEP if mode == "nan" else None, mode))
             name = "single"
@@ -279,8 +300,11 @@ def main():
             mine = x[shard].copy()
             if mode == "nan" and hvd.rank() == workers - 1:
                 mine[NAN_STEP * WORKERS_BATCH, 0] = np.nan
-            extra = ([PreemptOnce(args.out, at)] if at else []) + (
-                [tfdist.callbacks.BackupAndRestore(args.backup)] if args.backup else [])
+            if at and os.path.exists(f"{args.out}/{mode}-{hvd.rank()}.npz"):
+                continue  # done before the job was preempted in a later mode
+            extra = ([PreemptOnce(args.out, at, mode)] if at else []) + (
+                [tfdist.callbacks.BackupAndRestore(f"{args.backup}/{mode}")]
+                if args.backup else [])
             passes = args.passes if mode in ("fit", "mixed") else 1
             weights, losses = (tape(mine, y[shard]) if mode == "tape" else
                                fit(mine, y[shard], passes, args.average_passes,

@@ -62,6 +62,9 @@ class TrainingHook:
     #: True when the replicas train apart (local SGD): each replica's weights and optimizer
     #: slots are its own, and a backup keeps every replica's (`tfdist.keras.backup`).
     replicas_apart = False
+    #: The replicas the exchange runs between when they are not the strategy's: a replica
+    #: context (`tfdist.horovod`'s workers, one process each; set when built), or None.
+    replica_group = None
     #: The pipeline's `tfdist.core.wire.WireMeter` (set when the pipeline builds): a hook
     #: that exchanges outside the step (a model average) counts its bytes there.
     wire_meter = None
@@ -204,6 +207,12 @@ class GradientPipeline:
     def exchange_owner(self):
         """The hook that replaces the exchange, or None (Keras' all-reduce)."""
         return next((h for h in self.hooks if h.replaces_exchange), None)
+
+    @property
+    def replica_group(self):
+        """The replicas the hooks exchange between when not the strategy's (a backup
+        gathers each one's state over them), or None."""
+        return next((h.replica_group for h in self.hooks if h.replica_group is not None), None)
 
     def build(self, strategy, variables):
         self.meter.build()

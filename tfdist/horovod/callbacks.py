@@ -9,7 +9,7 @@ import keras
 
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.core.optimizer import learning_rate_schedule
+from tfdist.core.optimizer import learning_rate_schedule, pipeline_of
 from tfdist.core.report import say
 from tfdist.horovod import basics
 from tfdist.horovod.ops import allreduce, broadcast_variables
@@ -40,11 +40,26 @@ class BroadcastGlobalVariablesCallback(TrainingHooks):
     variables (the optimizer's exist once it has applied a step; its gradient accumulators
     stay each worker's own), as Horovod's. It is
     also `tfdist.callbacks.TrainingHooks`: fit's steps are driven by tfdist's hooks
-    (`backward_passes_per_step`, and any tfdist hook the optimizer carries)."""
+    (`backward_passes_per_step`, and any tfdist hook the optimizer carries).
+
+    Under local SGD and DiLoCo (`compression=` a model averager) the workers' weights
+    are their own after a step, so the model is taken from `root_rank` before the first
+    step instead (DiLoCo's anchors are copied from it), and not in a resumed run (each
+    worker then holds its own restored weights)."""
 
     def __init__(self, root_rank, device=""):
         super().__init__()
         self.root_rank, self.done = root_rank, False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        optimizer = self.model.optimizer
+        if not self.done and _averages_models(optimizer):
+            if not optimizer.built:  # outside a strategy, Keras builds it in the first step
+                optimizer.build(self.model.trainable_variables)
+            if int(optimizer.iterations.numpy()) == 0:
+                broadcast_variables(self.model.variables, self.root_rank)
+            self.done = True
+        super().on_train_batch_begin(batch, logs)
 
     def on_train_batch_end(self, batch, logs=None):
         super().on_train_batch_end(batch, logs)
@@ -54,6 +69,12 @@ class BroadcastGlobalVariablesCallback(TrainingHooks):
         if self.model.optimizer is not None:
             broadcast_variables(_shared_state(self.model.optimizer), self.root_rank)
         self.done = True
+
+
+def _averages_models(optimizer):
+    """Whether `optimizer`'s workers train apart between synchronisations (local SGD)."""
+    pipeline = pipeline_of(optimizer) if optimizer is not None else None
+    return pipeline is not None and any(hook.replicas_apart for hook in pipeline.hooks)
 
 
 def _shared_state(optimizer):

@@ -4,6 +4,7 @@ In a job of one they return their input, as Horovod's do."""
 
 import tensorflow as tf
 
+from tfdist.core import transaction
 from tfdist.horovod import basics
 
 Average, Sum, Min, Max, Product, Adasum = "Average", "Sum", "Min", "Max", "Product", "Adasum"
@@ -69,6 +70,15 @@ def broadcast_variables(variables, root_rank):
     _check_root(root_rank)
     for variable in variables:
         variable.assign(broadcast(tf.convert_to_tensor(variable), root_rank))
+
+
+def settle_over_workers():
+    """(in a step) The step's verdict and preemption flag summed over every worker
+    (`tfdist.core.transaction`): each process is a replica of its own, so the step's own
+    decision would take this worker's flags alone."""
+    decision = transaction.current()
+    if decision is not None and basics.group() is not None:
+        decision.settle_across([allreduce(r, op="Sum") for r in decision.riders()])
 
 
 def _check_root(root_rank):

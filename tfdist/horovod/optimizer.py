@@ -26,14 +26,13 @@ from tfdist.compression.factory import build
 from tfdist.config import ConfigError, checks
 from tfdist.config.checks import check_arguments
 from tfdist.config.yaml_source import Source
-from tfdist.core import transaction
 from tfdist.core.hooks import GradientPipeline, TrainingHook
 from tfdist.core.optimizer import with_gradient_pipeline
 from tfdist.errors import UnsupportedError
-from tfdist.horovod import basics
+from tfdist.horovod import averaging, basics
+from tfdist.horovod.averaging import is_model_averaging
 from tfdist.horovod.gradients import Compression, check_options, reduce_gradients
-from tfdist.horovod.ops import OPS, WorkersContext, allreduce, reduce_op
-from tfdist.local_sgd import ModelAverager
+from tfdist.horovod.ops import OPS, WorkersContext, reduce_op, settle_over_workers
 from tfdist.keras import saving
 
 __all__ = ["Compression", "DistributedOptimizer", "HorovodExchange"]
@@ -86,6 +85,8 @@ class HorovodExchange(TrainingHook):
         return [self] + ([self.compressor] if self.compressor is not None else [])
 
     def build(self, strategy, variables):
+        group = basics.group()
+        self.replica_group = WorkersContext(group) if group is not None else None
         if strategy.num_replicas_in_sync > 1:
             raise UnsupportedError(
                 "hvd.DistributedOptimizer averages over Horovod's workers, each process one "
@@ -120,9 +121,7 @@ class HorovodExchange(TrainingHook):
 
     def exchange(self, grads, variables, step):
         group = basics.group()
-        decision = transaction.current()
-        if decision is not None and group is not None:  # every worker's verdict
-            decision.settle_across([allreduce(r, op="Sum") for r in decision.riders()])
+        settle_over_workers()
         if self.compressor is None:
             reduced = reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense)
         else:
@@ -150,20 +149,12 @@ class HorovodExchange(TrainingHook):
                 g * tf.cast(share, g.dtype) for g in summed]
 
 
-#: What a Horovod user may pass for tfdist's model averaging, which is not built here.
-MODEL_AVERAGING = ("local_sgd", "localsgd", "diloco", "streaming_diloco")
-
-
 def _compressor(compression):
     """A tfdist `GradientCompression` from what `compression=` was given."""
-    named = compression.get("name") if isinstance(compression, dict) else compression
-    if isinstance(compression, ModelAverager) or (
-            isinstance(named, str) and named.lower() in MODEL_AVERAGING):
-        raise ValueError(
-            "local SGD and DiLoCo average models between a tfdist strategy's replicas; "
-            "through hvd.DistributedOptimizer they are not built yet: train with "
-            "strategy: multi_worker_mirrored and a local_sgd: section (docs/horovod.md, "
-            f"Going further). Received: compression={compression!r:.80}")
+    if is_model_averaging(compression):
+        raise ValueError("local SGD and DiLoCo replace the gradient exchange: give them to "
+                         "hvd.DistributedOptimizer(compression=...) alone. Received: "
+                         f"compression={compression!r:.80}")
     try:
         hook = build(compression)
     except (ConfigError, TypeError) as error:
@@ -176,7 +167,27 @@ def _compressor(compression):
     return hook
 
 
+def exchange_hooks(op="Average", compression=Compression.none, sparse_as_dense=False,
+                   scale=1.0, passes=1):
+    """The pipeline's hooks for `hvd.DistributedOptimizer`'s options: a `HorovodExchange`
+    (and the tfdist compressor it calls), or local SGD / DiLoCo over the workers
+    (`tfdist.horovod.averaging`), whose warm-up averages gradients through one."""
+    if not is_model_averaging(compression):
+        return HorovodExchange(op, compression, sparse_as_dense, scale).hooks()
+    if op != "Average" or passes != 1:
+        raise ValueError("local SGD and DiLoCo average the workers' models: they take op="
+                         "hvd.Average and no backward_passes_per_step (a longer period "
+                         f"sends as seldom). Received: op={op!r}, backward_passes_per_step="
+                         f"{passes}")
+    averager = averaging.model_averager(compression)
+    averager.synchronous_exchange = HorovodExchange(
+        op, averager.warmup.exchange or Compression.none, sparse_as_dense)
+    return [averager]
+
+
 saving.SAVED_EXCHANGES[SAVED] = lambda config: HorovodExchange.from_config(config).hooks()
+saving.SAVED_EXCHANGES[averaging.SAVED] = lambda config: exchange_hooks(
+    compression=averaging.from_saved(config))
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802
@@ -195,8 +206,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     `compression` is Horovod's (`Compression.none`, `Compression.fp16`) or, beyond
     Horovod, any of tfdist's, as `tfdist.keras.DistributedOptimizer` takes it: a name
     ("topk"), a `compression:` section ({"name": "powersgd", "rank": 2}) or a hook from
-    `tfdist.compression.build`. Grouping, process sets and predivision are refused in one
-    line.
+    `tfdist.compression.build`; or local SGD and DiLoCo over the workers
+    (`tfdist.horovod.averaging`): a `tfdist.local_sgd.ModelAverager` / `DiLoCo`, or a
+    `local_sgd:` section named "local_sgd" or "diloco" ({"name": "diloco", "period": 8}).
+    Grouping, process sets and predivision are refused in one line.
     """
     basics.size()  # Horovod's error before init
     check_options(None, num_groups, groups, process_set, gradient_predivide_factor)
@@ -214,5 +227,5 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         config = {**optimizer.get_config(), "gradient_accumulation_steps": passes}
         optimizer = type(optimizer).from_config(config)  # Keras averages the passes
         scale = 1.0 if average_aggregated_gradients else float(passes)
-    exchange = HorovodExchange(op, compression, sparse_as_dense, scale)
-    return with_gradient_pipeline(optimizer, GradientPipeline(exchange.hooks()))
+    return with_gradient_pipeline(optimizer, GradientPipeline(
+        exchange_hooks(op, compression, sparse_as_dense, scale, passes)))

@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.core.optimizer import pipeline_of, with_hook
+from tfdist.horovod.averaging import WorkersAverager
 from tfdist.horovod.gradients import Compression, check_options
 from tfdist.horovod.optimizer import HorovodExchange
 
@@ -51,6 +52,13 @@ def _behind_exchange(optimizer, compression):
     `compression`: its own, if it has one, else a new one (`with_hook`)."""
     pipeline = pipeline_of(optimizer)
     owner = pipeline.exchange_owner if pipeline is not None else None
+    if isinstance(owner, WorkersAverager):
+        if compression is not None:
+            raise ValueError(
+                "this model was saved with local SGD through hvd.DistributedOptimizer; "
+                "load it with compression=None to keep it. Received: "
+                f"compression={compression!r:.80}")
+        return optimizer
     if not isinstance(owner, HorovodExchange):
         return with_hook(optimizer, HorovodExchange(compression=compression or Compression.none),
                          tf.distribute.get_strategy())

@@ -126,7 +126,7 @@ def capture(model, strategy):
     metadata = {"steps": _steps(model), "policy": policy_of(model),
                 "hooks": [pipeline_of(o).checkpoint_states() for o in _built(model)],
                 "seeds": [np.asarray(v.numpy()).ravel().tolist() for v in seed_states(model)]}
-    values = gather_replica_values(strategy, _replica_state(model))
+    values = gather_replica_values(strategy, _replica_state(model), _replica_group(model))
 
     def write(path):
         model.save_weights(os.path.join(path, WEIGHTS))
@@ -236,7 +236,8 @@ def _restore_replica_state(model, strategy, path):
             print(f"tfdist: the backup {path} holds no exchange state (residuals, "
                   "PowerSGD's Q): it starts afresh", flush=True)
         return
-    replicas = strategy.num_replicas_in_sync
+    group = _replica_group(model)
+    replicas = (group or strategy).num_replicas_in_sync
     expected = [((replicas, *map(int, v.shape)), _numpy_dtype(v)) for v in state]
     arrays = _read_arrays(file, expected, _bound(state, replicas))
     if arrays is None:
@@ -244,7 +245,7 @@ def _restore_replica_state(model, strategy, path):
               f"(this run: {len(state)} variables over {replicas} replicas): it starts "
               "afresh", flush=True)
         return
-    set_replica_values(strategy, state, arrays)
+    set_replica_values(strategy, state, arrays, group)
 
 
 def _read_arrays(file, expected, limit):
@@ -313,8 +314,15 @@ def _replica_state(model):
         pipeline = pipeline_of(optimizer)
         state += pipeline.replica_state()
         if any(hook.replicas_apart for hook in pipeline.hooks):
-            state += optimizer_slots(optimizer)
+            state += optimizer_slots(optimizer, distributed=pipeline.replica_group is None)
     return state
+
+
+def _replica_group(model):
+    """The replicas `model`'s optimizers exchange between when not the strategy's (each
+    process one: `tfdist.horovod`), or None."""
+    return next((pipeline_of(o).replica_group for o in _built(model)
+                 if pipeline_of(o).replica_group is not None), None)
 
 
 def _steps(model):

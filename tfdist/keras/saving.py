@@ -75,7 +75,7 @@ def _route(optimizer, compression):
     if isinstance(compression, dict) and compression.get("name") in SAVED_EXCHANGES:
         return with_gradient_pipeline(
             optimizer, GradientPipeline(SAVED_EXCHANGES[compression["name"]](compression)))
-    if isinstance(compression, dict) and compression.get("name") == "horovod":
+    if isinstance(compression, dict) and str(compression.get("name")).startswith("horovod"):
         warnings.warn("the model was saved with hvd.DistributedOptimizer; its optimizer loads "
                       f"as a plain {type(optimizer).__name__}. Import tfdist.horovod before "
                       "loading (or load with hvd.load_model) to restore the exchange",

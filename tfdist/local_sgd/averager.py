@@ -32,7 +32,7 @@ from tfdist.local_sgd.agreement import IslandAgreement, IslandCalls, NoIslands, 
 from tfdist.local_sgd.arguments import checked_arguments, compression_hook
 from tfdist.local_sgd.islands import IslandReduce, exchanged_shapes
 from tfdist.local_sgd.outer import is_plain_average, outer_optimizer
-from tfdist.local_sgd.rounds import Rounds, averaged_state
+from tfdist.local_sgd.rounds import Rounds
 from tfdist.local_sgd.schedule import Schedule
 from tfdist.local_sgd.synchroniser import Anchors, FragmentSync, Replicas
 from tfdist.local_sgd.warmup import NOT_YET, Warmup
@@ -78,12 +78,13 @@ class ModelAverager(TrainingHook):
                  average_optimizer_state=False, compression=None, outer=None, fragments=1,
                  overlap_steps=0, overlap_mix=0.5, islands=None, warmup_compression=None,
                  island_steps=None):
-        checked = checked_arguments(
+        self.arguments = dict(  # as given (`tfdist.horovod` builds its own from them)
             period=period, warmup_steps=warmup_steps, fragments=fragments,
             overlap_steps=overlap_steps, overlap_mix=overlap_mix, outer=outer,
             average_non_trainable=average_non_trainable, compression=compression,
             average_optimizer_state=average_optimizer_state, islands=islands,
             warmup_compression=warmup_compression, island_steps=island_steps)
+        checked = checked_arguments(**self.arguments)
         self.period, self.fragments = checked.period, checked.fragments
         self.overlap_steps, self.overlap_mix = checked.overlap_steps, checked.overlap_mix
         self.average_non_trainable = checked.average_non_trainable
@@ -128,7 +129,8 @@ class ModelAverager(TrainingHook):
                 f"([{', '.join(names_with('local_sgd'))}]); under "
                 f"{type(strategy).__name__} variables are stored once. Received: "
                 f"strategy={type(strategy).__name__}")
-        self.strategy, replicas = strategy, Replicas(strategy, self.wire_meter)
+        self.strategy = strategy
+        self.replicas = replicas = self.replicas_of(strategy)
         if self.islands is not None and strategy.num_replicas_in_sync > 1:
             self.island_reduce = IslandReduce(strategy, self.islands)
         pacing = _pacing(self, strategy) if self.island_steps is not None else None
@@ -161,10 +163,14 @@ class ModelAverager(TrainingHook):
             group, replicas, self.anchors, hook, across, self.agreement, pacing,
             bool(self.overlap_steps), [variables[i].shape for i in group])
             for group, hook in zip(self.groups, self.exchanges)], self.agreement, pacing,
-            self.overlap_mix, lambda model: averaged_state(
-                strategy, model, self.average_non_trainable, self.average_optimizer_state))
+            self.overlap_mix, lambda model: replicas.apart_state(
+                model, self.average_non_trainable, self.average_optimizer_state))
         self.abilities = (self.rounds,) + ((IslandCalls(self, self.agreement, self.pace),)
                                            if self.agreement.decides_alone else ())
+
+    def replicas_of(self, strategy):
+        """How the synchronisations reach the replicas: `strategy`'s (`Replicas`)."""
+        return Replicas(strategy, self.wire_meter)
 
     def saveables(self):
         """The outer optimizer (its momentum and step): `BackupAndRestore` resumes it."""
@@ -207,14 +213,18 @@ class ModelAverager(TrainingHook):
         if not phase and self.anchors is not None and not self.schedule.anchored:
             # the replicas are in sync here: the last step was synchronous
             weights = self.weights
-            Replicas(self.strategy).compile(lambda: self.anchors.copy_from(weights), False)()
+            self.replicas.compile(lambda: self.anchors.copy_from(weights), False)()
             self.schedule.anchored = True
+
+    @property
+    def synchronous(self):
+        """Whether the step being traced all-reduces gradients (a warm-up step)."""
+        return (self.warmup.steps > 0 if self.current_phase is None
+                else self.current_phase is not False)
 
     @do_not_convert
     def exchange(self, grads, variables, step):
-        synchronous = (self.warmup.steps > 0 if self.current_phase is None
-                       else self.current_phase is not False)
-        if not synchronous:
+        if not self.synchronous:
             return step_exchange.local_exchange(grads, self.island_reduce, self.agreement)
         if self.across is not None:
             return step_exchange.warmup_across_islands(grads, step, self.island_reduce,

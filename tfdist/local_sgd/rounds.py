@@ -140,11 +140,12 @@ class Rounds:
         return weights
 
 
-def averaged_state(strategy, model, non_trainable, optimizer_state):
-    """The state a synchronisation averages besides the trainable weights."""
+def averaged_state(strategy, model, non_trainable, optimizer_state, distributed=True):
+    """The state a synchronisation averages besides the trainable weights (`distributed=
+    False`: each process a replica, `tfdist.core.variables.per_replica_state`)."""
     state = []
     if non_trainable:
-        state += per_replica_state(strategy, model.non_trainable_variables)
+        state += per_replica_state(strategy, model.non_trainable_variables, distributed)
     if optimizer_state and model.optimizer is not None:
-        state += optimizer_slots(model.optimizer)
+        state += optimizer_slots(model.optimizer, distributed)
     return state

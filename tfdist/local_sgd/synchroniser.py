@@ -17,6 +17,7 @@ from tfdist.core import wire
 from tfdist.core.tracing import plain_function
 from tfdist.core.variables import underlying
 from tfdist.local_sgd.outer import outer_optimizer
+from tfdist.local_sgd.rounds import averaged_state
 
 
 class Replicas:
@@ -41,6 +42,10 @@ class Replicas:
     def communicator(self, context=None):
         """(replica context) The collectives among the replicas in sync, or `context`'s."""
         return Communicator(context)
+
+    def apart_state(self, model, non_trainable, optimizer_state):
+        """The state a synchronisation averages besides the trainable weights."""
+        return averaged_state(self.strategy, model, non_trainable, optimizer_state)
 
 
 class Anchors:
