@@ -192,14 +192,20 @@ def test_a_horovod_keras_script_trains_as_one_process_on_the_workers_batches(tmp
     on 4 workers: every worker ends with the same weights and the same averaged loss, and
     they equal one process trained on the batches the workers' shards make together; under
     mixed_float16 too (to float16's rounding), with the same loss scale and update count
-    on every worker and in the one process."""
-    results, _ = run_horovod_job(tmp_path, 4, "--modes", "fit,mixed")
+    on every worker and in the one process; and DiLoCo of 2 fragments through
+    hvd.DistributedOptimizer under mixed_float16 ends where tfdist's own DiLoCo does on 4
+    replicas."""
+    results, _ = run_horovod_job(tmp_path, 4, "--modes", "fit,mixed,diloco+mixed")
     assert_alike_and_as_one_process(*results["fit"], dict(rtol=1e-5, atol=1e-6))
     ranks, reference = results["mixed"]
     assert_alike_and_as_one_process(ranks, reference, dict(rtol=1e-2, atol=2e-3))
     scale, updates = (f"arr_{len(reference.files) - 3}", f"arr_{len(reference.files) - 2}")
     assert ranks[0][scale] == reference[scale] == 256
     assert ranks[0][updates] == reference[updates] == 8
+    ranks, native = results["diloco+mixed"]
+    assert_alike_and_as_one_process(ranks, native, dict(rtol=1e-3, atol=1e-4))
+    scale, updates = (f"arr_{len(native.files) - 3}", f"arr_{len(native.files) - 2}")
+    assert ranks[0][scale] == native[scale] == 256 and ranks[0][updates] == 8
 
 
 @pytest.mark.multiprocess

@@ -23,6 +23,7 @@ own model per process, a shard of the data by rank, and
   momentum averaged too) and DiLoCo (a `tfdist.local_sgd.DiLoCo` of 2 fragments) through
   `hvd.DistributedOptimizer(compression=...)`: each worker trains apart between
   synchronisations over Horovod's workers.
+- `MODE+mixed`: MODE under mixed_float16 (its loss scale given, as `mixed`'s).
 
 `--backup DIR` adds tfdist's `BackupAndRestore(DIR/<mode>)` to fit's callbacks (what a
 Horovod script opts into for preemption); `--preempt E,B,R`: rank R SIGTERMs itself after
@@ -138,7 +139,7 @@ def mirrored(workers):
     return tf.distribute.MirroredStrategy(tfdist.strategies.ensure_logical_cpus(workers))
 
 
-def native(x, y, workers, mode):
+def native(x, y, workers, mode, initial_scale=None):
     """tfdist's own exchange (`NATIVE[mode]`) in one process: a replica per worker, each
     on that worker's batch of every step (a global batch splits in order over the
     replicas)."""
@@ -157,6 +158,9 @@ def native(x, y, workers, mode):
             optimizer = tfdist.keras.DistributedOptimizer(optimizer, hooks=[averager])
         else:
             optimizer = tfdist.keras.DistributedOptimizer(optimizer, NATIVE[mode])
+        if initial_scale:
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer,
+                                                            initial_scale=initial_scale)
         net.compile(optimizer, "mse")
     history = net.fit(rows(x, order), rows(y, order), batch_size=WORKERS_BATCH * workers,
                       epochs=EPOCHS, verbose=0, shuffle=False,
@@ -279,31 +283,35 @@ def main():
                                           "epoch E")
     args = parser.parse_args()
     at = tuple(int(v) for v in args.preempt.split(",")) if args.preempt else None
-    if args.single and {*NATIVE, *AVERAGING} & set(args.modes.split(",")):
+    modes = [(name, *name.partition("+")[::2]) for name in args.modes.split(",")]
+    if args.single and {*NATIVE, *AVERAGING} & {mode for _, mode, _ in modes}:
         tfdist.strategies.ensure_logical_cpus(args.single)  # before TensorFlow's first op
     hvd.init()
     workers = args.single or hvd.size()
     x, y = data(workers)
-    for mode in args.modes.split(","):
-        # mixed: fit under mixed_float16 with a loss scale small enough never to overflow
-        # here (the per-worker batch overflows where one process's larger one does not)
-        scale = 256 if mode == "mixed" else None
+    for label, mode, policy in modes:
+        # mixed (or MODE+mixed, or any mode under --policy mixed_float16): under
+        # mixed_float16 with a loss scale small enough never to overflow here (the
+        # per-worker batch overflows where one process's larger one does not)
+        mixed = "mixed" in (mode, policy) or args.policy == "mixed_float16"
+        scale = 256 if mixed else None
         keras.mixed_precision.set_global_policy("mixed_float16" if scale else args.policy)
         if args.single:
             passes = args.passes if mode in ("fit", "mixed") else 1
-            weights, losses = (native(x, y, workers, mode) if mode in {**NATIVE, **AVERAGING} else
-                               single(x, y, workers, passes, not args.average_passes, scale,
-                                      NAN_STEP if mode == "nan" else None, mode))
+            weights, losses = (
+                native(x, y, workers, mode, scale) if mode in {**NATIVE, **AVERAGING} else
+                single(x, y, workers, passes, not args.average_passes, scale,
+                       NAN_STEP if mode == "nan" else None, mode))
             name = "single"
         else:
             shard = slice(hvd.rank() * len(x) // workers, (hvd.rank() + 1) * len(x) // workers)
             mine = x[shard].copy()
             if mode == "nan" and hvd.rank() == workers - 1:
                 mine[NAN_STEP * WORKERS_BATCH, 0] = np.nan
-            if at and os.path.exists(f"{args.out}/{mode}-{hvd.rank()}.npz"):
+            if at and os.path.exists(f"{args.out}/{label}-{hvd.rank()}.npz"):
                 continue  # done before the job was preempted in a later mode
-            extra = ([PreemptOnce(args.out, at, mode)] if at else []) + (
-                [tfdist.callbacks.BackupAndRestore(f"{args.backup}/{mode}")]
+            extra = ([PreemptOnce(args.out, at, label)] if at else []) + (
+                [tfdist.callbacks.BackupAndRestore(f"{args.backup}/{label}")]
                 if args.backup else [])
             passes = args.passes if mode in ("fit", "mixed") else 1
             weights, losses = (tape(mine, y[shard]) if mode == "tape" else
@@ -312,7 +320,7 @@ def main():
                                    f"{args.out}/refused-{hvd.rank()}.txt"
                                    if mode == "nan" else None, mode, args.out))
             name = hvd.rank()
-        np.savez(f"{args.out}/{mode}-{name}.npz", *weights, loss=np.asarray(losses))
+        np.savez(f"{args.out}/{label}-{name}.npz", *weights, loss=np.asarray(losses))
 
 
 if __name__ == "__main__":
