@@ -1,7 +1,9 @@
 """Shared fixtures: config files in a temporary folder."""
 
 import os
+import resource
 import textwrap
+import time
 
 import pytest
 
@@ -26,6 +28,28 @@ def pytest_collection_modifyitems(items):
     """The files of SLOWEST_FIRST first, in its order; the others after, as collected."""
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+#: `TFDIST_TEST_CPU_LOG=path`: each test appends a line "<cpu s> <wall s> <node id>" (its
+#: process's CPU and its waited-for children's: the worker processes of a multi-process
+#: test), to find what a CPU-bound CI run spends its two cores on.
+CPU_LOG = os.environ.get("TFDIST_TEST_CPU_LOG")
+
+
+def _cpu_seconds():
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not CPU_LOG:
+        yield
+        return
+    cpu, wall = _cpu_seconds(), time.monotonic()
+    yield
+    with open(CPU_LOG, "a") as log:
+        log.write(f"{_cpu_seconds() - cpu:.1f} {time.monotonic() - wall:.1f} {item.nodeid}\n")
 
 
 @pytest.fixture
