@@ -12,7 +12,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[tensorflow,test,plots]'
+	$(BIN)/python -m pip install --quiet -e '.[tensorflow,test,plots,tensorboard]'
 	touch $@
 
 ## Train the UNet on synthetic shapes across 2 local workers with tfdist launch.

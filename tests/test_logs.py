@@ -1,0 +1,238 @@
+"""`tfdist.callbacks.TensorBoard` and `CSVLogger` (issue 58): every worker of a job given
+one log directory and one CSV file, only the chief writes them, the others' scratch is
+removed, and the profiler keeps every worker's trace; their arguments are checked as the
+config file's are."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tfdist.config import ConfigError
+
+JOBS = os.path.join(os.path.dirname(__file__), "jobs")
+
+
+def scalars(run_dir):
+    """{tag: [(step, value)]} of the epoch scalars in a run directory's event files,
+    read with TensorBoard's own event reader."""
+    from tensorboard.backend.event_processing import event_accumulator
+    from tensorboard.util import tensor_util
+
+    reader = event_accumulator.EventAccumulator(
+        str(run_dir), size_guidance={event_accumulator.TENSORS: 0})
+    reader.Reload()
+    return {tag: [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+                  for e in reader.Tensors(tag)]
+            for tag in reader.Tags()["tensors"] if tag.startswith("epoch_")}
+
+
+def launch_logs_job(tmp_path, workers, *runs):
+    """tests/jobs/logs_job.py under `tfdist launch -n workers`, once per loop of `runs`
+    (tests/jobs/runs.py: one launch), each run with its own log directory and CSV file;
+    {loop: (its directory, [each task's record])}."""
+    flags = {loop: ["--loop", loop, "--log_dir", str(tmp_path / loop / "board"),
+                    "--csv", str(tmp_path / loop / "log.csv")] for loop in runs}
+    for loop in runs:
+        (tmp_path / loop / "out").mkdir(parents=True)
+        flags[loop] = [str(tmp_path / loop / "out"), *flags[loop]]
+    run = subprocess.run([sys.executable, "-m", "tfdist", "launch", "-n", str(workers), "--",
+                          sys.executable, "runs.py", "logs_job.py",
+                          *(json.dumps(f) for f in flags.values())],
+                         cwd=JOBS, capture_output=True, text=True, timeout=500)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return {loop: (tmp_path / loop, [json.loads((tmp_path / loop / "out" / f"worker-{i}.json")
+                                                .read_text()) for i in range(workers)])
+            for loop in runs}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("workers, loops", [(2, ("trainer",)), (4, ("fit",))])
+def test_every_worker_given_one_log_dir_only_the_chief_writes_it(tmp_path, workers, loops):
+    """All workers point TensorBoard and CSVLogger at one directory and one file: the
+    directory holds the chief's event files only (one per run: train, validation), whose
+    epoch losses, read back with TensorBoard's reader, are the chief's history; the CSV
+    holds them once; every other worker wrote to its own scratch during training, which
+    is gone; and each worker's profiler trace is kept (the chief's where TensorBoard's
+    profile plugin looks, each other worker's in a run of its own)."""
+    for loop, (where, tasks) in launch_logs_job(tmp_path, workers, *loops).items():
+        board = where / "board"
+        chief = tasks[0]
+        assert chief["chief"] and not any(t["chief"] for t in tasks[1:])
+        assert chief["wrote"] == {"board": None, "csv": None,
+                                  "csv_file": str(where / "log.csv")}
+        for task in tasks[1:]:
+            assert task["wrote"]["board"] and task["wrote"]["csv"], task
+            assert not os.path.exists(task["wrote"]["board"])
+            assert not os.path.exists(task["wrote"]["csv"])
+            assert task["history"]["loss"] == chief["history"]["loss"]  # one model
+        for run in ("train", "validation"):
+            events = [n for n in os.listdir(board / run) if n.startswith("events.out")]
+            assert len(events) == 1, (run, events)  # one writer: the chief's
+        read = scalars(board / "train")
+        np.testing.assert_allclose([v for _, v in read["epoch_loss"]],
+                                   chief["history"]["loss"], rtol=1e-6)
+        assert [s for s, _ in read["epoch_loss"]] == [0, 1]
+        np.testing.assert_allclose([v for _, v in scalars(board / "validation")["epoch_loss"]],
+                                   chief["history"]["val_loss"], rtol=1e-6)
+        with open(where / "log.csv") as f:
+            rows = list(csv.DictReader(f))
+        np.testing.assert_allclose([float(r["loss"]) for r in rows], chief["history"]["loss"],
+                                   rtol=1e-6)
+        runs = sorted(n for n in os.listdir(board) if n.startswith("worker-"))
+        assert runs == [f"worker-{i}" for i in range(1, workers)], runs
+        for trace_run in [board, *(board / name for name in runs)]:
+            traces = [f for _, _, files in os.walk(trace_run / "train" / "plugins" / "profile")
+                      for f in files if f.endswith(".xplane.pb")]
+            assert len(traces) == 1, (trace_run, traces)
+
+
+def test_a_worker_that_is_not_the_chief_writes_scratch_that_is_removed(tmp_path, monkeypatch):
+    """In one process made a non-chief (its scratch directory given): nothing lands in
+    log_dir or the CSV's path, the event files and the CSV were written in the scratch
+    during training, and fit's end removes it. Fails loudly if Keras' callbacks stop
+    reading `log_dir` in `set_model` or `filename` in `on_train_begin`."""
+    import keras
+
+    import tfdist
+    from tfdist.keras.callbacks import worker_scratch
+
+    made = []
+
+    def create(self, strategy):
+        self.path = str(tmp_path / f"scratch-{len(made)}")
+        os.makedirs(self.path)
+        made.append(self.path)
+        return self.path
+
+    monkeypatch.setattr(worker_scratch.WorkerScratch, "create", create)
+    seen = {}
+
+    class Look(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen[epoch] = sorted(os.listdir(made[0])), sorted(os.listdir(made[1]))
+
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    net.compile("sgd", "mse")
+    x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
+    net.fit(x, x[:, :1], batch_size=4, epochs=2, verbose=0, callbacks=[
+        tfdist.callbacks.TensorBoard(tmp_path / "board"),
+        tfdist.callbacks.CSVLogger(tmp_path / "log.csv"), Look()])
+    assert seen[1] == (["train"], ["log.csv"])
+    assert not (tmp_path / "board").exists() and not (tmp_path / "log.csv").exists()
+    assert not any(os.path.exists(path) for path in made)
+
+
+def test_without_tensorboard_the_callback_is_refused_at_construction(monkeypatch):
+    import importlib.util
+
+    import tfdist
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tensorboard" else found(name, *a))
+    with pytest.raises(ImportError, match=r"pip install 'tfdist\[tensorboard\]'") as e:
+        tfdist.callbacks.TensorBoard("logs")
+    assert "\n" not in str(e.value)
+
+
+def test_a_platforms_log_dir_is_used_when_none_is_given(monkeypatch, tmp_path):
+    """Vertex AI's AIP_TENSORBOARD_LOG_DIR when log_dir is left out (Keras' "logs"
+    without it); a log_dir given wins; a hostile value in the variable is refused naming
+    it."""
+    import tfdist
+
+    monkeypatch.delenv("AIP_TENSORBOARD_LOG_DIR", raising=False)
+    assert tfdist.callbacks.TensorBoard().log_dir == "logs"
+    monkeypatch.setenv("AIP_TENSORBOARD_LOG_DIR", str(tmp_path / "vertex"))
+    assert tfdist.callbacks.TensorBoard().log_dir == str(tmp_path / "vertex")
+    assert tfdist.callbacks.TensorBoard(tmp_path / "mine").log_dir == str(tmp_path / "mine")
+    monkeypatch.setenv("AIP_TENSORBOARD_LOG_DIR", "x" * 5000)
+    with pytest.raises(ConfigError, match="AIP_TENSORBOARD_LOG_DIR: a path is at most"):
+        tfdist.callbacks.TensorBoard()
+
+
+@pytest.mark.parametrize("value, says", [("", "expected a non-empty string, got"),
+                                         ("a\0b", "cannot hold a NUL"),
+                                         (7, "expected a non-empty string, got an integer"),
+                                         ("x" * 5000, "a path is at most")])
+@pytest.mark.parametrize("make", ["TensorBoard", "CSVLogger"])
+def test_a_path_that_is_not_one_is_refused_in_one_line(make, value, says):
+    import tfdist
+
+    with pytest.raises(ConfigError, match=says) as e:
+        getattr(tfdist.callbacks, make)(value)
+    assert f"tfdist.callbacks.{make}()" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_tfdists_figures_are_in_the_logs_and_the_event_files(tmp_path, strategies):
+    """On 2 replicas with top-k under mixed_float16, a loss scale so large that the first
+    steps overflow: each epoch's logs (fit's history) get CommStats' bytes and ratio, the
+    loss scale and the steps it skipped, and the event files hold the same values; the
+    skipped steps add up to the batches the optimizer did not count as updates."""
+    import keras
+
+    import tfdist
+
+    strategy = strategies("mirrored")
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with strategy.scope():
+            keras.utils.set_random_seed(0)
+            net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(64),
+                                    keras.layers.Dense(1, dtype="float32")])
+            optimizer = keras.optimizers.LossScaleOptimizer(
+                tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.01), "topk",
+                                                  ratio=0.1, min_size=0),
+                initial_scale=2.0 ** 22)
+            net.compile(optimizer, "mse")
+        x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
+        history = net.fit(x, x[:, :1], batch_size=16, epochs=3, verbose=0, callbacks=[
+            tfdist.callbacks.TrainingHooks(), tfdist.callbacks.TensorBoard(tmp_path)]).history
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    skipped = history["skipped_steps"]
+    assert sum(skipped) == 12 - int(net.optimizer.iterations.numpy()) and skipped[0] > 0
+    assert history["loss_scale"][-1] == float(net.optimizer.dynamic_scale.numpy())
+    assert history["loss_scale"][0] < 2.0 ** 22 and sum(skipped) < 12
+    assert all(ratio > 1.5 for ratio in history["compression_ratio"])  # half the values
+    read = scalars(tmp_path / "train")
+    for name in ("skipped_steps", "loss_scale", "comm_payload_bytes", "compression_ratio"):
+        np.testing.assert_allclose([v for _, v in read[f"epoch_{name}"]], history[name],
+                                   rtol=1e-6, err_msg=name)
+
+
+def test_local_sgds_synchronisations_are_counted_in_the_logs(tmp_path, strategies):
+    """Local SGD every 2 steps on 2 replicas, 4 steps an epoch: the logs count the
+    synchronisations so far, as the averager does (2 an epoch, the epoch's end one of them)."""
+    import keras
+
+    import tfdist
+
+    strategy = strategies("mirrored")
+    averager = tfdist.local_sgd.ModelAverager(2)
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        net.compile(tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.01),
+                                                      hooks=[averager]), "mse")
+    x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
+    history = net.fit(x, x[:, :1], batch_size=16, epochs=2, verbose=0, callbacks=[
+        tfdist.callbacks.TrainingHooks(), tfdist.callbacks.TensorBoard(tmp_path)]).history
+    assert history["local_sgd_synchronisations"] == [2.0, 4.0] and averager.averages == 4
+    assert [v for _, v in scalars(tmp_path / "train")["epoch_local_sgd_synchronisations"]] \
+        == [2.0, 4.0]
+
+
+@pytest.mark.parametrize("level", [0, 4, "2", True, 1.5])
+def test_a_host_tracer_level_out_of_tensorflows_range_is_refused(level):
+    import tfdist
+
+    with pytest.raises(ConfigError, match="host_tracer_level") as e:
+        tfdist.callbacks.TensorBoard("logs", host_tracer_level=level)
+    assert "\n" not in str(e.value)

@@ -1,0 +1,227 @@
+"""`TensorBoard` and `CSVLogger` that every worker of a job can be given: the chief writes.
+
+Keras 3's callbacks have no chief/worker logic (keras `src/callbacks/`, up to 3.16): under
+a multi-worker strategy every worker writes the same event files or the same CSV file.
+Keras 2's did what is done here (tf-keras `multi_worker_callback_tf2_test.py`): the chief
+writes the real directory or file, the other workers write to a private temporary
+directory (`WorkerScratch`) removed at the end, and the profiler keeps every worker's
+trace.
+"""
+
+import functools
+import importlib.util
+import os
+
+import keras
+import tensorflow as tf
+
+from tfdist.config import checks
+from tfdist.config.checks import check_arguments
+from tfdist.core.optimizer import pipeline_of
+from tfdist.core.owned import named_optimizers
+from tfdist.keras.callbacks.comm_stats import CommStats
+from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
+from tfdist.local_sgd import ModelAverager
+from tfdist.strategies.task import task_of
+
+#: The log directory a managed platform gives a job (Vertex AI's custom training).
+PLATFORM_LOG_DIRS = ("AIP_TENSORBOARD_LOG_DIR",)
+#: Where TensorBoard's profile plugin reads a run's traces (under the run's directory).
+PROFILE = os.path.join("train", "plugins", "profile")
+
+
+def require_tensorboard(caller):
+    """Refuses, in one line, a TensorBoard callback where the tensorboard package is
+    missing (TensorFlow 2.21 no longer brings it; `tf.summary.scalar` would fail at the
+    first epoch's end, after the model was built and trained)."""
+    if importlib.util.find_spec("tensorboard") is None:
+        raise ImportError(f"{caller} writes TensorBoard's event files, which needs the "
+                          "tensorboard package (TensorFlow 2.21 no longer installs it): "
+                          "pip install 'tfdist[tensorboard]' (or pip install tensorboard)")
+
+
+def default_log_dir(log_dir, caller):
+    """`log_dir` checked as a config path, or, when None, the platform's (Vertex AI's
+    `AIP_TENSORBOARD_LOG_DIR`, checked the same), else Keras' "logs"."""
+    if log_dir is None:
+        given = next(((name, os.environ[name]) for name in PLATFORM_LOG_DIRS
+                      if os.environ.get(name)), None)
+        if given is None:
+            return "logs"
+        return check_arguments(caller, {given[0]: checks.path}, **{given[0]: given[1]})[given[0]]
+    return check_arguments(caller, {"log_dir": checks.path}, log_dir=log_dir)["log_dir"]
+
+
+class TensorBoard(keras.callbacks.TensorBoard):
+    """Keras' `TensorBoard` (the same arguments), safe when every worker is given one
+    `log_dir`: the chief writes it; the other workers write to a private temporary
+    directory removed at the end of training (or of `evaluate`). Under the
+    parameter-server Trainer the coordinator writes.
+
+    `profile_batch` keeps every worker's trace: the chief's where TensorBoard's profile
+    plugin looks (`log_dir/train/plugins/profile`), each other worker's in a run of its
+    own (`log_dir/worker-1/train/plugins/profile`, ...). In a job of several workers the
+    host tracer records at `host_tracer_level` 1 (TensorFlow's `ProfilerOptions`: the
+    steps and annotated regions, not every op) unless given: at Keras' level 2,
+    TensorFlow 2.21's profiler aborted the process ("double free or corruption") when it
+    stopped, on one worker in 3 of 19 four-worker runs here, none in 16 at level 1.
+    `log_dir=None`: the directory
+    a managed platform gives the job (`AIP_TENSORBOARD_LOG_DIR` on Vertex AI), else "logs".
+
+    Each epoch's logs (fit's history, and so the event files and a `CSVLogger` after
+    it) also get tfdist's own figures (`training_figures`): `CommStats`' bytes per step
+    and compression ratios, the loss scale and the steps it skipped under mixed
+    precision, local SGD's synchronisations.
+
+    Raises:
+        ImportError: the tensorboard package is not installed.
+        tfdist.ConfigError: `log_dir` is not a path.
+    """
+
+    def __init__(self, log_dir=None, host_tracer_level=None, **kwargs):
+        require_tensorboard("tfdist.callbacks.TensorBoard")
+        if host_tracer_level is not None:
+            check_arguments("tfdist.callbacks.TensorBoard", {"host_tracer_level": functools.partial(
+                checks.integer, minimum=1, maximum=3)}, host_tracer_level=host_tracer_level)
+        self.host_tracer_level = host_tracer_level
+        super().__init__(default_log_dir(log_dir, "tfdist.callbacks.TensorBoard"), **kwargs)
+        self._chief_log_dir = self.log_dir
+        self._scratch = WorkerScratch(self.log_dir)
+        self._task, self._training = (None, None), False
+        self._comm, self._epoch = CommStats(), {}
+
+    def set_model(self, model):
+        if self._scratch.path is None:  # once per fit or evaluate
+            strategy = strategy_of(model)
+            scratch = self._scratch.create(strategy)
+            self.log_dir = self._chief_log_dir if scratch is None else scratch
+            self._task = task_of(strategy)
+        super().set_model(model)
+        self._comm.set_model(model)
+
+    def on_train_begin(self, logs=None):
+        self._training = True
+        self._comm.on_train_begin(logs)
+        super().on_train_begin(logs)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._comm.on_epoch_begin(epoch, logs)
+        self._epoch = {"batches": 0, "updates": _updates(self.model)}
+        super().on_epoch_begin(epoch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._comm.on_train_batch_end(batch, logs)
+        self._epoch["batches"] = self._epoch.get("batches", 0) + 1
+        super().on_train_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            self._comm.on_epoch_end(epoch, logs)
+            figures, texts = training_figures(self.model, self._epoch)
+            logs.update(figures)
+            if texts:
+                with self._train_writer.as_default():
+                    for name, text in texts.items():
+                        self.summary.text(f"tfdist/{name}", text, step=epoch)
+        super().on_epoch_end(epoch, logs)
+
+    def on_train_end(self, logs=None):
+        try:
+            super().on_train_end(logs)
+        finally:
+            self._training = False
+            self._done()
+
+    def on_test_end(self, logs=None):
+        super().on_test_end(logs)
+        if not self._training:  # evaluate() alone
+            self._close_writers()
+            self._done()
+
+    def _start_profiler(self, logdir):
+        """Keras' start of the profiler, at `host_tracer_level` (see the class)."""
+        if self._profiler_started or not logdir:  # Keras' warm-up start: nothing kept
+            return super()._start_profiler(logdir)
+        level = self.host_tracer_level or (1 if self._task[0] is not None else 2)
+        tf.profiler.experimental.start(logdir, options=tf.profiler.experimental.ProfilerOptions(
+            host_tracer_level=level, python_tracer_level=0, device_tracer_level=1))
+        self._profiler_started = True
+
+    def _done(self):
+        """Keeps this worker's profiler traces beside the chief's, removes the scratch."""
+        if self._scratch.path is not None:
+            task_type, task_id = self._task
+            keep_tree(os.path.join(self._scratch.path, PROFILE),
+                      os.path.join(self._chief_log_dir, f"{task_type}-{task_id}", PROFILE))
+        self._scratch.cleanup()
+        self.log_dir = self._chief_log_dir
+
+
+def _updates(model):
+    optimizer = getattr(model, "optimizer", None)
+    return None if optimizer is None else int(optimizer.iterations.numpy())
+
+
+def training_figures(model, epoch):
+    """({name: number}, {name: text}) of tfdist's state after an epoch: the loss scale and
+    the steps it skipped (`epoch`: the epoch's batches and the update count before it),
+    each local SGD / DiLoCo's synchronisations so far (prefixed by the optimizer's name
+    where a model trains with several)."""
+    figures, texts = {}, {}
+    optimizer = getattr(model, "optimizer", None)
+    if hasattr(optimizer, "dynamic_scale"):  # mixed precision's LossScaleOptimizer
+        figures["loss_scale"] = float(optimizer.dynamic_scale.numpy())
+        before, batches = epoch.get("updates"), epoch.get("batches", 0)
+        accumulating = getattr(optimizer.inner_optimizer, "gradient_accumulation_steps", None)
+        if before is not None and batches and not accumulating:
+            figures["skipped_steps"] = float(batches - (_updates(model) - before))
+    named = named_optimizers(model)
+    for name, routed in named:
+        prefix = f"{name}/" if len(named) > 1 else ""
+        for hook in pipeline_of(routed).hooks:
+            if isinstance(hook, ModelAverager):
+                figures[f"{prefix}local_sgd_synchronisations"] = float(hook.averages)
+    return figures, texts
+
+
+def keep_tree(source, target):
+    """Copies the files under `source` (local) to `target` (any `tf.io.gfile` path: a
+    shared log directory may be gs://), keeping their relative paths."""
+    if not os.path.isdir(source):
+        return
+    for folder, _, files in os.walk(source):
+        into = os.path.join(target, os.path.relpath(folder, source))
+        tf.io.gfile.makedirs(into)
+        for name in files:
+            tf.io.gfile.copy(os.path.join(folder, name), os.path.join(into, name),
+                             overwrite=True)
+
+
+class CSVLogger(keras.callbacks.CSVLogger):
+    """Keras' `CSVLogger` (the same arguments), safe when every worker is given one
+    `filename`: the chief writes it; the other workers write to a private temporary
+    directory removed at the end of training.
+
+    Raises:
+        tfdist.ConfigError: `filename` is not a path.
+    """
+
+    def __init__(self, filename, separator=",", append=False):
+        filename = check_arguments("tfdist.callbacks.CSVLogger", {"filename": checks.path},
+                                   filename=filename)["filename"]
+        super().__init__(filename, separator=separator, append=append)
+        self._chief_filename = self.filename
+        self._scratch = WorkerScratch(self.filename)
+
+    def on_train_begin(self, logs=None):
+        if self._scratch.create(strategy_of(self.model)) is not None:
+            self.filename = self._scratch.redirect(self._chief_filename)
+        super().on_train_begin(logs)
+
+    def on_train_end(self, logs=None):
+        try:
+            super().on_train_end(logs)
+        finally:
+            self._scratch.cleanup()
+            self.filename = self._chief_filename
+
