@@ -95,21 +95,22 @@ def test_epochs_of_steps_per_epoch_read_on_through_one_input_iterator(strategies
     from models import images
 
     x, y = images(64, 0)
-    read = []
 
-    def note(i):
-        read.append(int(i))
-        return i
+    def noted(read):  # each dataset its own record: the first fit's iterator may still
+        def note(i):  # prefetch (a background thread) while the second fit reads
+            read.append(int(i))
+            return i
 
-    indices = tf.data.Dataset.range(64).map(
-        lambda i: tf.py_function(note, [i], tf.int64)).map(
-        lambda i: (tf.gather(x, i), tf.gather(y, i)))
+        return tf.data.Dataset.range(64).map(lambda i: tf.py_function(note, [i], tf.int64)).map(
+            lambda i: (tf.gather(x, i), tf.gather(y, i)))
+
     trainer = make_trainer(strategies("mirrored"))
-    trainer.fit(indices.repeat().batch(8), epochs=3, steps_per_epoch=2, verbose=0)
+    read = []
+    trainer.fit(noted(read).repeat().batch(8), epochs=3, steps_per_epoch=2, verbose=0)
     assert trainer.completed_steps == 6
     assert read[:48] == list(range(48))  # 3 epochs x 2 steps x 8: no example read twice
-    read.clear()
-    trainer.fit(indices.batch(8), epochs=2, verbose=0)  # finite: a new one each epoch
+    read = []
+    trainer.fit(noted(read).batch(8), epochs=2, verbose=0)  # finite: a new one each epoch
     assert read == list(range(64)) * 2
 
 
