@@ -1,5 +1,5 @@
 """The fault-injection grid as a table: for each cell (a kind of step, SIGTERM or SIGKILL
-to worker:1 after step 1 of epoch 1, 4 workers under `tfdist launch --max-restarts 1`),
+to worker:1 after step 1 of epoch 1, 3 workers under `tfdist launch --max-restarts 1`),
 the seconds from the signal to the relaunched job's first training step, the steps lost,
 and how long after the signal the workers saved.
 
@@ -34,7 +34,7 @@ def run_grid():
 
 def table(rows):
     lines = ["# The fault-injection grid", "",
-             "`benchmarks/fault_grid.py`: tests/test_fault_grid.py on 4 workers (a small "
+             "`benchmarks/fault_grid.py`: tests/test_fault_grid.py on 3 workers (a small "
              "model, 3 epochs of 4 steps), worker:1 signalled after step 1 of epoch 1 (the "
              "validation cell: during epoch 0's validation), "
              "`tfdist launch --max-restarts 1`. Every cell passed: the job finished, the "

@@ -5,7 +5,7 @@ finishes, every worker ends with the same weights, the step count is exact (afte
 SIGTERM every step trains once; after a SIGKILL the steps since the last backup run again),
 and the final loss is within the seed noise of a run never interrupted (after a SIGTERM,
 but for `auto`'s timed choices, the weights are those of that run: every replica's
-error-feedback residuals come back from the backup), on 4 workers. The ordinary
+error-feedback residuals come back from the backup), on 3 workers. The ordinary
 synchronous step is in test_multiworker_training.py (4 workers, every step checked), and
 so are DiLoCo's outer synchronisation and Streaming DiLoCo's overlapped exchange (between
 2 islands of 2 workers: the signal carried by an exchange in flight; each replica's
@@ -23,7 +23,7 @@ from test_multiworker_training import batched_runs, launch, one_launch, weights
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("jobs_path")]
 
-WORKERS = 4
+WORKERS = 3
 CLUSTER = f"cluster: {{worker: {WORKERS}}}\nstrategy: multi_worker_mirrored\n"
 STEPS = [(e, b) for e in range(3) for b in range(4)]  # 3 epochs of 4 steps
 KINDS = {
