@@ -213,8 +213,9 @@ class Switched(AutoCompression):
         pass
 
 
-def train(strategy, hook, steps):
-    """`steps` Trainer steps of a small conv model; returns (weights per replica, hook)."""
+def train(strategy, hook, steps, callbacks=()):
+    """`steps` Trainer steps of a small conv model (with `callbacks`); returns (weights
+    per replica, hook)."""
     import keras
     import tensorflow as tf
 
@@ -232,7 +233,7 @@ def train(strategy, hook, steps):
     trainer = tfdist.Trainer(model, optimizer,
                              keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                              strategy=strategy)
-    trainer.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
+    trainer.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=list(callbacks))
     return [v.numpy() for v in model.trainable_variables], model
 
 
@@ -293,6 +294,25 @@ def test_auto_chooses_from_the_link_and_trains_through_its_choice(strategies, ba
                 < decision["prior_seconds"] * QUALITY["steps"][first])
         assert hook.entered == [first, expected]
     assert "rejected" not in decision
+
+
+def test_autos_choice_is_written_beside_the_event_files_scalars(strategies, tmp_path):
+    """tfdist.callbacks.TensorBoard writes auto's choice at each epoch's end as text, the
+    one it trains with (on a 20 Mbit/s link: top-k with error feedback)."""
+    from tensorboard.backend.event_processing import event_accumulator
+    from tensorboard.util import tensor_util
+
+    import tfdist
+
+    hook = SlowLinkAuto(20e6, probe_steps=6)
+    train(strategies("mirrored"), hook, steps=12,
+          callbacks=[tfdist.callbacks.TensorBoard(tmp_path, write_graph=False)])
+    reader = event_accumulator.EventAccumulator(
+        str(tmp_path / "train"), size_guidance={event_accumulator.TENSORS: 0})
+    reader.Reload()
+    written = [tensor_util.make_ndarray(e.tensor_proto).item().decode()
+               for e in reader.Tensors("tfdist/compression_auto_choice")]
+    assert written == [hook.choice] == ["topk+EF"]
 
 
 class SlowTrace(SlowLinkAuto):

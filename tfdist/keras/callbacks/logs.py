@@ -15,6 +15,7 @@ import os
 import keras
 import tensorflow as tf
 
+from tfdist.compression.auto import AutoCompression
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
 from tfdist.core.optimizer import pipeline_of
@@ -71,7 +72,8 @@ class TensorBoard(keras.callbacks.TensorBoard):
     Each epoch's logs (fit's history, and so the event files and a `CSVLogger` after
     it) also get tfdist's own figures (`training_figures`): `CommStats`' bytes per step
     and compression ratios, the loss scale and the steps it skipped under mixed
-    precision, local SGD's synchronisations.
+    precision, local SGD's synchronisations; `compression: auto`'s choice is written as
+    text (`tfdist/compression_auto_choice`).
 
     Raises:
         ImportError: the tensorboard package is not installed.
@@ -165,8 +167,8 @@ def _updates(model):
 def training_figures(model, epoch):
     """({name: number}, {name: text}) of tfdist's state after an epoch: the loss scale and
     the steps it skipped (`epoch`: the epoch's batches and the update count before it),
-    each local SGD / DiLoCo's synchronisations so far (prefixed by the optimizer's name
-    where a model trains with several)."""
+    each local SGD / DiLoCo's synchronisations so far, `compression: auto`'s choice
+    (prefixed by the optimizer's name where a model trains with several)."""
     figures, texts = {}, {}
     optimizer = getattr(model, "optimizer", None)
     if hasattr(optimizer, "dynamic_scale"):  # mixed precision's LossScaleOptimizer
@@ -181,6 +183,8 @@ def training_figures(model, epoch):
         for hook in pipeline_of(routed).hooks:
             if isinstance(hook, ModelAverager):
                 figures[f"{prefix}local_sgd_synchronisations"] = float(hook.averages)
+            if isinstance(hook, AutoCompression):  # "probe" until it has chosen
+                texts[f"{prefix}compression_auto_choice"] = str(hook.choice)
     return figures, texts
 
 
