@@ -21,7 +21,7 @@ from tfdist.config.yaml_source import Source
 from tfdist.core.tracing import plain_function
 from tfdist.errors import UnsupportedError
 from tfdist.horovod import basics
-from tfdist.horovod.ops import WorkersContext, settle_over_workers
+from tfdist.horovod.ops import WorkersContext, check_one_replica, settle_over_workers
 from tfdist.local_sgd import ModelAverager
 from tfdist.local_sgd.rounds import averaged_state
 
@@ -111,13 +111,7 @@ class WorkersAverager(ModelAverager):
     synchronous_exchange = None
 
     def replicas_of(self, strategy):
-        if strategy.num_replicas_in_sync > 1:
-            raise UnsupportedError(
-                "hvd.DistributedOptimizer averages over Horovod's workers, each process one "
-                "replica: build and compile the model outside any strategy scope, as Horovod "
-                "scripts do (or, under a strategy, use tfdist.keras.DistributedOptimizer). "
-                f"Received: {type(strategy).__name__} of {strategy.num_replicas_in_sync} "
-                "replicas")
+        check_one_replica(strategy)
         replicas = WorkerReplicas(basics.group())
         self.replica_group = replicas.context
         return replicas

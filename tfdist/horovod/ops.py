@@ -5,6 +5,7 @@ In a job of one they return their input, as Horovod's do."""
 import tensorflow as tf
 
 from tfdist.core import transaction
+from tfdist.errors import UnsupportedError
 from tfdist.horovod import basics
 
 Average, Sum, Min, Max, Product, Adasum = "Average", "Sum", "Min", "Max", "Product", "Adasum"
@@ -70,6 +71,17 @@ def broadcast_variables(variables, root_rank):
     _check_root(root_rank)
     for variable in variables:
         variable.assign(broadcast(tf.convert_to_tensor(variable), root_rank))
+
+
+def check_one_replica(strategy):
+    """Refuses a strategy of several replicas: Horovod's exchange is over processes, each
+    one replica (a MirroredStrategy's replicas would never be averaged)."""
+    if strategy.num_replicas_in_sync > 1:
+        raise UnsupportedError(
+            "hvd.DistributedOptimizer averages over Horovod's workers, each process one "
+            "replica: build and compile the model outside any strategy scope, as Horovod "
+            "scripts do (or, under a strategy, use tfdist.keras.DistributedOptimizer). "
+            f"Received: {type(strategy).__name__} of {strategy.num_replicas_in_sync} replicas")
 
 
 def settle_over_workers():

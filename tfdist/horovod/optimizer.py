@@ -28,11 +28,11 @@ from tfdist.config.checks import check_arguments
 from tfdist.config.yaml_source import Source
 from tfdist.core.hooks import GradientPipeline, TrainingHook
 from tfdist.core.optimizer import with_gradient_pipeline
-from tfdist.errors import UnsupportedError
 from tfdist.horovod import averaging, basics
 from tfdist.horovod.averaging import is_model_averaging
 from tfdist.horovod.gradients import Compression, check_options, reduce_gradients
-from tfdist.horovod.ops import OPS, WorkersContext, reduce_op, settle_over_workers
+from tfdist.horovod.ops import (OPS, WorkersContext, check_one_replica, reduce_op,
+                                settle_over_workers)
 from tfdist.keras import saving
 
 __all__ = ["Compression", "DistributedOptimizer", "HorovodExchange"]
@@ -87,13 +87,7 @@ class HorovodExchange(TrainingHook):
     def build(self, strategy, variables):
         group = basics.group()
         self.replica_group = WorkersContext(group) if group is not None else None
-        if strategy.num_replicas_in_sync > 1:
-            raise UnsupportedError(
-                "hvd.DistributedOptimizer averages over Horovod's workers, each process one "
-                "replica: build and compile the model outside any strategy scope, as Horovod "
-                "scripts do (or, under a strategy, use tfdist.keras.DistributedOptimizer). "
-                f"Received: {type(strategy).__name__} of {strategy.num_replicas_in_sync} "
-                "replicas")
+        check_one_replica(strategy)
 
     def get_config(self):
         """The options saved with a model (`from_config` rebuilds the exchange)."""
