@@ -236,3 +236,34 @@ def test_a_host_tracer_level_out_of_tensorflows_range_is_refused(level):
     with pytest.raises(ConfigError, match="host_tracer_level") as e:
         tfdist.callbacks.TensorBoard("logs", host_tracer_level=level)
     assert "\n" not in str(e.value)
+
+
+def test_the_profiler_starts_and_stops_through_tfdists_seams_after_a_barrier(tmp_path,
+                                                                           monkeypatch):
+    """`profile_batch=(2, 3)` in one process: Keras still starts and stops the profiler
+    through `_start_profiler` / `_stop_profiler` (which tfdist overrides to wait for every
+    worker first), each once at the range's ends, the warm-up start excepted; the trace is
+    written. Fails loudly if Keras renames or bypasses either seam."""
+    import keras
+
+    import tfdist
+    from tfdist.keras.callbacks import logs
+
+    calls = []
+    monkeypatch.setattr(logs, "barrier", lambda strategy: calls.append(("barrier", batches[0])))
+    batches = [None]
+
+    class Count(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            batches[0] = batch
+
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    net.compile("sgd", "mse")
+    x = np.random.default_rng(0).normal(size=(24, 3)).astype("float32")
+    net.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0, callbacks=[
+        Count(), tfdist.callbacks.TensorBoard(tmp_path / "board", profile_batch=(2, 3))])
+    assert calls == [("barrier", 1), ("barrier", 2)]  # Keras' batches count from 0
+    traces = [f for _, _, files in os.walk(tmp_path / "board" / "train" / "plugins")
+              for f in files if f.endswith(".xplane.pb")]
+    assert len(traces) == 1

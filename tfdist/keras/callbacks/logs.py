@@ -23,7 +23,7 @@ from tfdist.core.owned import named_optimizers
 from tfdist.keras.callbacks.comm_stats import CommStats
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
 from tfdist.local_sgd import ModelAverager
-from tfdist.strategies.task import task_of
+from tfdist.strategies.task import barrier, task_of
 
 #: The log directory a managed platform gives a job (Vertex AI's custom training).
 PLATFORM_LOG_DIRS = ("AIP_TENSORBOARD_LOG_DIR",)
@@ -65,7 +65,10 @@ class TensorBoard(keras.callbacks.TensorBoard):
     host tracer records at `host_tracer_level` 1 (TensorFlow's `ProfilerOptions`: the
     steps and annotated regions, not every op) unless given: at Keras' level 2,
     TensorFlow 2.21's profiler aborted the process ("double free or corruption") when it
-    stopped, on one worker in 3 of 19 four-worker runs here, none in 16 at level 1.
+    stopped, on one worker in 3 of 19 four-worker runs here, none in 30 at level 1 (and once
+    in a loaded CI run). The profiler starts and stops once every worker has reached that
+    batch (a barrier: no step's collective is then in flight on any worker while it starts
+    or stops, the moments the aborts came at — a guard, not a proven cure).
     `log_dir=None`: the directory
     a managed platform gives the job (`AIP_TENSORBOARD_LOG_DIR` on Vertex AI), else "logs".
 
@@ -89,7 +92,7 @@ class TensorBoard(keras.callbacks.TensorBoard):
         super().__init__(default_log_dir(log_dir, "tfdist.callbacks.TensorBoard"), **kwargs)
         self._chief_log_dir = self.log_dir
         self._scratch = WorkerScratch(self.log_dir)
-        self._task, self._training = (None, None), False
+        self._task, self._strategy, self._training = (None, None), None, False
         self._comm, self._epoch = CommStats(), {}
 
     def set_model(self, model):
@@ -97,7 +100,7 @@ class TensorBoard(keras.callbacks.TensorBoard):
             strategy = strategy_of(model)
             scratch = self._scratch.create(strategy)
             self.log_dir = self._chief_log_dir if scratch is None else scratch
-            self._task = task_of(strategy)
+            self._task, self._strategy = task_of(strategy), strategy
         super().set_model(model)
         self._comm.set_model(model)
 
@@ -145,9 +148,16 @@ class TensorBoard(keras.callbacks.TensorBoard):
         if self._profiler_started or not logdir:  # Keras' warm-up start: nothing kept
             return super()._start_profiler(logdir)
         level = self.host_tracer_level or (1 if self._task[0] is not None else 2)
+        barrier(self._strategy)
         tf.profiler.experimental.start(logdir, options=tf.profiler.experimental.ProfilerOptions(
             host_tracer_level=level, python_tracer_level=0, device_tracer_level=1))
         self._profiler_started = True
+
+    def _stop_profiler(self, save=True):
+        """Keras' stop of the profiler, once every worker has reached it (see the class)."""
+        if self._profiler_started and save:
+            barrier(self._strategy)
+        super()._stop_profiler(save=save)
 
     def _done(self):
         """Keeps this worker's profiler traces beside the chief's, removes the scratch."""
