@@ -56,7 +56,8 @@ def test_every_worker_given_one_log_dir_only_the_chief_writes_it(tmp_path, worke
     """All workers point TensorBoard and CSVLogger at one directory and one file: the
     directory holds the chief's event files only (one per run: train, validation), whose
     epoch losses, read back with TensorBoard's reader, are the chief's history; the CSV
-    holds them once; every other worker wrote to its own scratch during training, which
+    holds them once, and the bytes and step-time breakdown are in the event files too;
+    every other worker wrote to its own scratch during training, which
     is gone; and each worker's profiler trace is kept (the chief's where TensorBoard's
     profile plugin looks, each other worker's in a run of its own)."""
     for loop, (where, tasks) in launch_logs_job(tmp_path, workers, *loops).items():
@@ -77,6 +78,11 @@ def test_every_worker_given_one_log_dir_only_the_chief_writes_it(tmp_path, worke
         np.testing.assert_allclose([v for _, v in read["epoch_loss"]],
                                    chief["history"]["loss"], rtol=1e-6)
         assert [s for s, _ in read["epoch_loss"]] == [0, 1]
+        for name in ("comm_payload_bytes", "step_wait_s", "straggler",
+                     *(f"worker_{i}/step_{part}_s" for i in range(workers)
+                       for part in ("compute", "exchange", "wait"))):  # bytes, breakdown
+            np.testing.assert_allclose([v for _, v in read[f"epoch_{name}"]],
+                                       chief["history"][name], rtol=1e-6, err_msg=name)
         np.testing.assert_allclose([v for _, v in scalars(board / "validation")["epoch_loss"]],
                                    chief["history"]["val_loss"], rtol=1e-6)
         with open(where / "log.csv") as f:

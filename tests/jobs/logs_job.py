@@ -51,7 +51,7 @@ def main():
     data, validation = dataset(STEPS * BATCH, BATCH), dataset(BATCH, BATCH, seed=1)
     with strategy.scope():
         model = conv_model(seed=3, batchnorm=False, dropout=0)
-        optimizer = keras.optimizers.SGD(0.05)
+        optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.05))
     if args.loop == "fit":
         with strategy.scope():
             model.compile(optimizer, loss())

@@ -36,6 +36,7 @@ from tfdist.core import gradients, wire
 from tfdist.core.abilities import (CouplesWorkers, FreezesVariance, PreparesBackups,
                                    SkipsCalls, found)
 from tfdist.core.buckets import DEFAULT_BUCKET_BYTES, all_reduce_in_buckets, checked_bucket_bytes
+from tfdist.core.step_clock import StepClock
 
 
 class TrainingHook:
@@ -190,6 +191,7 @@ class GradientPipeline:
             DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes, "GradientPipeline")
         self.hooks = []
         self.meter = wire.WireMeter()  # what the optimizer's steps sent (CommStats)
+        self.clock = StepClock()  # where each worker's step time went (StepTimes)
         self.driven = False   # a driver has set the hooks' phases
         self.changed = False  # a step ran since the hooks last made one model
         for hook in hooks:
@@ -216,6 +218,7 @@ class GradientPipeline:
 
     def build(self, strategy, variables):
         self.meter.build()
+        self.clock.build(strategy)
         for hook in self.hooks:
             hook.wire_meter = self.meter
             hook.build(strategy, variables)

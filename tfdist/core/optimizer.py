@@ -359,9 +359,14 @@ def _update_step(self, grads, trainable_variables, learning_rate):
     context), then each variable is updated, if the step commits."""
     decision = transaction.current()
     grads_and_vars = list(zip(grads, [underlying(v) for v in trainable_variables]))
+    clocked = None  # the step clock's stamps and sum (`tfdist.core.step_clock`)
     if tf.distribute.get_replica_context():  # cross-replica: nothing to exchange, as in Keras
         self._tfdist_pipeline.check_phases_driven()
         step = tf.cast(self.iterations, tf.int64)
+        clock = self._tfdist_pipeline.clock
+        ready = clock.stamp(grads) if clock.active else None
+        if clock.active and not decision.settled:
+            decision.clock = clock.rider(tf.distribute.get_replica_context())
         with wire.recording() as record:  # what this replica sends, for the WireMeter
             present = [(g, v) for g, v in grads_and_vars if g is not None]
             record["dense"] = sum(wire.nbytes(g, v) for g, v in present)
@@ -370,15 +375,18 @@ def _update_step(self, grads, trainable_variables, learning_rate):
             decision.settle()  # if the exchange did not carry the verdict (local SGD), now
         self._tfdist_pipeline.meter.traced(record)
         decision.done += [g for g, _ in grads_and_vars if g is not None]
+        if clock.active:
+            clocked = (ready, clock.stamp([*decision.done, decision.refusals]),
+                       decision.clock_sum)
     guard = decision.fail_first(_refusal_hint(self, grads))
     tf.__internal__.distribute.interim.maybe_merge_call(
         self._tfdist_update_variables, self._distribution_strategy, grads_and_vars,
         learning_rate, decision.committed if guard is None else guard, decision.preempted,
-        guard is not None)
+        guard is not None, clocked)
 
 
 def _update_variables(self, distribution, grads_and_vars, learning_rate, committed,
-                      preempted=None, guarded=False):
+                      preempted=None, guarded=False, clocked=None):
     """Cross-replica: weight decay and `update_step` of each variable, on its devices,
     if `committed` — `guarded`: after it, which a refused step never reaches
     (`Decision.fail_first`), else in a `tf.cond`; then the hooks' `on_step_end`. With a
@@ -421,6 +429,8 @@ def _update_variables(self, distribution, grads_and_vars, learning_rate, committ
     meter.add(pushed=pushed)
     meter.count()  # what this step sent, each time it runs (skipped steps too)
     preemption().record(distribution, preempted)  # how many tasks were told to stop
+    if clocked is not None:
+        self._tfdist_pipeline.clock.account(distribution, *clocked)
     # The step counts once `apply` ends; here it is this update's number if it commits.
     committed = distribution.experimental_local_results(committed)[0]  # same everywhere
     self._tfdist_pipeline.on_step_end(tf.cast(self.iterations, tf.int64)

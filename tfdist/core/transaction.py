@@ -61,6 +61,8 @@ class Decision:
     def __init__(self, local, replicated, rider=None):
         self.local = local
         self.rider = rider  # the preemption flag, summed with the verdict (or None)
+        self.clock = None  # the step clock's figures, summed with the verdict (or None)
+        self.clock_sum = None  # ... summed over every replica (`tfdist.core.step_clock`)
         self._refusals = None if replicated else local
         self.preempted = None if replicated else rider
         self._committed = None
@@ -80,16 +82,15 @@ class Decision:
             context = tf.distribute.get_replica_context()
             summed = wire.all_reduce(context, tf.distribute.ReduceOp.SUM, self.riders())
         if summed is not None:
-            self._refusals = summed[0]
-            self.preempted = summed[1] if len(summed) > 1 else None
+            self._take(summed)
         return self._refusals
 
     def settle_across(self, summed):
         """Sets `refusals` (and `preempted`) from `riders()` summed over more than the
         replica context knows of — every worker of a Horovod job, one replica per process
         (`tfdist.horovod`), where `decide` took this replica's own flag as the verdict."""
-        self._refusals = summed[0]
-        self.preempted = summed[1] if len(summed) > 1 else None
+        self._take(summed)
+        self.clock_sum = None  # summed over more than the replica context's workers
         self._committed = None
 
     def settle_within(self, refusals, defer):
@@ -101,9 +102,17 @@ class Decision:
         self._refusals, self.preempted, self.defer = refusals, None, defer
 
     def riders(self):
-        """What this replica adds to the step's first all-reduce: its non-finite flag, and
-        its task's preemption flag where a loop watches for one."""
-        return [self.local] + ([] if self.rider is None else [self.rider])
+        """What this replica adds to the step's first all-reduce: its non-finite flag, its
+        task's preemption flag where a loop watches for one, the step clock's figures
+        where it runs."""
+        return [self.local] + [r for r in (self.rider, self.clock) if r is not None]
+
+    def _take(self, summed):
+        """Sets `refusals`, `preempted` and `clock_sum` from the summed `riders()`."""
+        summed = list(summed)
+        self._refusals = summed.pop(0)
+        self.preempted = summed.pop(0) if self.rider is not None else None
+        self.clock_sum = summed.pop(0) if self.clock is not None else None
 
     @property
     def refusals(self):

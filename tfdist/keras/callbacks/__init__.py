@@ -7,7 +7,8 @@ from tfdist.keras.callbacks.learning_rate_warmup import LearningRateWarmup
 from tfdist.keras.callbacks.local_sgd import LocalSGD
 from tfdist.keras.callbacks.logs import CSVLogger, TensorBoard
 from tfdist.keras.callbacks.model_checkpoint import ModelCheckpoint
+from tfdist.keras.callbacks.step_times import StepTimes
 from tfdist.keras.callbacks.sync_replica_state import SyncReplicaState
 
 __all__ = ["BackupAndRestore", "CSVLogger", "CommStats", "HookPhases", "LearningRateWarmup",
-           "LocalSGD", "ModelCheckpoint", "SyncReplicaState", "TensorBoard", "TrainingHooks"]
+           "LocalSGD", "ModelCheckpoint", "StepTimes", "SyncReplicaState", "TensorBoard", "TrainingHooks"]

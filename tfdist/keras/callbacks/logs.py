@@ -21,6 +21,7 @@ from tfdist.config.checks import check_arguments
 from tfdist.core.optimizer import pipeline_of
 from tfdist.core.owned import named_optimizers
 from tfdist.keras.callbacks.comm_stats import CommStats
+from tfdist.keras.callbacks.step_times import EpochStepTimes
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
 from tfdist.local_sgd import ModelAverager
 from tfdist.strategies.task import barrier, task_of
@@ -74,8 +75,9 @@ class TensorBoard(keras.callbacks.TensorBoard):
 
     Each epoch's logs (fit's history, and so the event files and a `CSVLogger` after
     it) also get tfdist's own figures (`training_figures`): `CommStats`' bytes per step
-    and compression ratios, the loss scale and the steps it skipped under mixed
-    precision, local SGD's synchronisations; `compression: auto`'s choice is written as
+    and compression ratios, `StepTimes`' breakdown of each worker's step time (computing,
+    exchange, waiting for the slowest) and the straggler, the loss scale and the steps it
+    skipped under mixed precision, local SGD's synchronisations; `compression: auto`'s choice is written as
     text (`tfdist/compression_auto_choice`).
 
     Raises:
@@ -93,7 +95,7 @@ class TensorBoard(keras.callbacks.TensorBoard):
         self._chief_log_dir = self.log_dir
         self._scratch = WorkerScratch(self.log_dir)
         self._task, self._strategy, self._training = (None, None), None, False
-        self._comm, self._epoch = CommStats(), {}
+        self._comm, self._times, self._epoch = CommStats(), EpochStepTimes(), {}
 
     def set_model(self, model):
         if self._scratch.path is None:  # once per fit or evaluate
@@ -103,14 +105,17 @@ class TensorBoard(keras.callbacks.TensorBoard):
             self._task, self._strategy = task_of(strategy), strategy
         super().set_model(model)
         self._comm.set_model(model)
+        self._times.set_model(model)
 
     def on_train_begin(self, logs=None):
         self._training = True
         self._comm.on_train_begin(logs)
+        self._times.on_train_begin(logs)
         super().on_train_begin(logs)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._comm.on_epoch_begin(epoch, logs)
+        self._times.on_epoch_begin(epoch, logs)
         self._epoch = {"batches": 0, "updates": _updates(self.model)}
         super().on_epoch_begin(epoch, logs)
 
@@ -122,6 +127,7 @@ class TensorBoard(keras.callbacks.TensorBoard):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             self._comm.on_epoch_end(epoch, logs)
+            self._times.on_epoch_end(epoch, logs)
             figures, texts = training_figures(self.model, self._epoch)
             logs.update(figures)
             if texts:
