@@ -229,7 +229,12 @@ PY_CASES = {
     "tfdist.callbacks.TensorBoard": [
         (lambda: tfdist.callbacks.TensorBoard("a\0b"), "NUL"),
         (lambda: tfdist.callbacks.TensorBoard(5), "log_dir"),
-        (lambda: tfdist.callbacks.TensorBoard("logs", host_tracer_level=9), "host_tracer_level")],
+        (lambda: tfdist.callbacks.TensorBoard("logs", host_tracer_level=9), "host_tracer_level"),
+        (lambda: tfdist.callbacks.TensorBoard("logs", profile_workers="yes"), "profile_workers")],
+    "tfdist.callbacks.StepTimes": [
+        (lambda: tfdist.callbacks.StepTimes(every_steps=0), "every_steps"),
+        (lambda: tfdist.callbacks.StepTimes(threshold=float("inf")), "threshold"),
+        (lambda: tfdist.callbacks.StepTimes(persistence="3"), "persistence")],
     "tfdist.callbacks.CSVLogger": [(lambda: tfdist.callbacks.CSVLogger("x" * 5000), "filename"),
                                    (lambda: tfdist.callbacks.CSVLogger(""), "filename")],
     "tfdist.callbacks.ModelCheckpoint": [

@@ -36,7 +36,8 @@ def launch_logs_job(tmp_path, workers, *runs):
     (tests/jobs/runs.py: one launch), each run with its own log directory and CSV file;
     {loop: (its directory, [each task's record])}."""
     flags = {loop: ["--loop", loop, "--log_dir", str(tmp_path / loop / "board"),
-                    "--csv", str(tmp_path / loop / "log.csv")] for loop in runs}
+                    "--csv", str(tmp_path / loop / "log.csv"),
+                    *(["--profile_workers"] if loop == "trainer" else [])] for loop in runs}
     for loop in runs:
         (tmp_path / loop / "out").mkdir(parents=True)
         flags[loop] = [str(tmp_path / loop / "out"), *flags[loop]]
@@ -58,8 +59,9 @@ def test_every_worker_given_one_log_dir_only_the_chief_writes_it(tmp_path, worke
     epoch losses, read back with TensorBoard's reader, are the chief's history; the CSV
     holds them once, and the bytes and step-time breakdown are in the event files too;
     every other worker wrote to its own scratch during training, which
-    is gone; and each worker's profiler trace is kept (the chief's where TensorBoard's
-    profile plugin looks, each other worker's in a run of its own)."""
+    is gone; and the chief's profiler trace is kept where TensorBoard's profile plugin
+    looks, with `profile_workers=True` (the Trainer's run) each other worker's too, in a
+    run of its own."""
     for loop, (where, tasks) in launch_logs_job(tmp_path, workers, *loops).items():
         board = where / "board"
         chief = tasks[0]
@@ -90,7 +92,8 @@ def test_every_worker_given_one_log_dir_only_the_chief_writes_it(tmp_path, worke
         np.testing.assert_allclose([float(r["loss"]) for r in rows], chief["history"]["loss"],
                                    rtol=1e-6)
         runs = sorted(n for n in os.listdir(board) if n.startswith("worker-"))
-        assert runs == [f"worker-{i}" for i in range(1, workers)], runs
+        traced = range(1, workers) if loop == "trainer" else ()  # profile_workers=True
+        assert runs == [f"worker-{i}" for i in traced], runs
         for trace_run in [board, *(board / name for name in runs)]:
             traces = [f for _, _, files in os.walk(trace_run / "train" / "plugins" / "profile")
                       for f in files if f.endswith(".xplane.pb")]
@@ -244,32 +247,35 @@ def test_a_host_tracer_level_out_of_tensorflows_range_is_refused(level):
     assert "\n" not in str(e.value)
 
 
-def test_the_profiler_starts_and_stops_through_tfdists_seams_after_a_barrier(tmp_path,
-                                                                           monkeypatch):
-    """`profile_batch=(2, 3)` in one process: Keras still starts and stops the profiler
-    through `_start_profiler` / `_stop_profiler` (which tfdist overrides to wait for every
-    worker first), each once at the range's ends, the warm-up start excepted; the trace is
-    written. Fails loudly if Keras renames or bypasses either seam."""
+def test_a_worker_that_is_not_the_chief_profiles_only_when_asked(tmp_path, monkeypatch):
+    """In one process made a non-chief (its scratch directory given), `profile_batch`
+    starts no profiler by default, and with `profile_workers=True` starts it once, in the
+    scratch, whose trace is kept beside the chief's (`log_dir/<task>-<id>`). Fails loudly
+    if Keras stops starting the profiler through `_start_profiler`."""
     import keras
+    import tensorflow as tf
 
     import tfdist
-    from tfdist.keras.callbacks import logs
+    from tfdist.keras.callbacks import worker_scratch
 
-    calls = []
-    monkeypatch.setattr(logs, "barrier", lambda strategy: calls.append(("barrier", batches[0])))
-    batches = [None]
+    def create(self, strategy):
+        self.path = str(tmp_path / f"scratch-{len(os.listdir(tmp_path))}")
+        os.makedirs(self.path)
+        return self.path
 
-    class Count(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch, logs=None):
-            batches[0] = batch
-
-    keras.utils.set_random_seed(0)
-    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-    net.compile("sgd", "mse")
+    monkeypatch.setattr(worker_scratch.WorkerScratch, "create", create)
+    starts, start = [], tf.profiler.experimental.start
+    monkeypatch.setattr(tf.profiler.experimental, "start",
+                        lambda logdir, **kw: starts.append(logdir) or start(logdir, **kw))
     x = np.random.default_rng(0).normal(size=(24, 3)).astype("float32")
-    net.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0, callbacks=[
-        Count(), tfdist.callbacks.TensorBoard(tmp_path / "board", profile_batch=(2, 3))])
-    assert calls == [("barrier", 1), ("barrier", 2)]  # Keras' batches count from 0
-    traces = [f for _, _, files in os.walk(tmp_path / "board" / "train" / "plugins")
-              for f in files if f.endswith(".xplane.pb")]
-    assert len(traces) == 1
+    for workers in (False, True):
+        keras.utils.set_random_seed(0)
+        net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        net.compile("sgd", "mse")
+        board = tmp_path / f"board-{workers}"
+        net.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0, callbacks=[
+            tfdist.callbacks.TensorBoard(board, profile_batch=(2, 3), profile_workers=workers)])
+        kept = [f for _, _, files in os.walk(board) for f in files if f.endswith(".xplane.pb")]
+        assert len(kept) == int(workers), kept
+    starts = [logdir for logdir in starts if logdir]  # Keras' warm-up start has none
+    assert len(starts) == 1 and "scratch" in starts[0], starts

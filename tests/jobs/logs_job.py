@@ -1,7 +1,7 @@
 """Every task of a multi-worker job given the same TensorBoard directory and CSV file
 (`tfdist.callbacks.TensorBoard`, `tfdist.callbacks.CSVLogger`), under `tfdist launch`:
 
-    python logs_job.py OUT --loop fit|trainer --log_dir DIR --csv FILE
+    python logs_job.py OUT --loop fit|trainer --log_dir DIR --csv FILE [--profile_workers]
 
 trains a small conv model for 2 epochs of 4 steps (validating on 1 batch), the profiler
 on steps 2 to 3, and writes <out>/<type>-<index>.json: its history, whether it is the
@@ -42,9 +42,11 @@ def main():
     parser.add_argument("--loop", default="fit")
     parser.add_argument("--log_dir", required=True)
     parser.add_argument("--csv", required=True)
+    parser.add_argument("--profile_workers", action="store_true")
     args = parser.parse_args()
     strategy = tfdist.strategies.get_strategy("multi_worker_mirrored")
-    board = tfdist.callbacks.TensorBoard(args.log_dir, profile_batch=(2, 3))
+    board = tfdist.callbacks.TensorBoard(args.log_dir, profile_batch=(2, 3),
+                                         profile_workers=args.profile_workers)
     csv = tfdist.callbacks.CSVLogger(args.csv)
     where = WhereTheyWrite(board, csv)
     callbacks = [board, csv, where]

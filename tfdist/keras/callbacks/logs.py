@@ -5,7 +5,7 @@ a multi-worker strategy every worker writes the same event files or the same CSV
 Keras 2's did what is done here (tf-keras `multi_worker_callback_tf2_test.py`): the chief
 writes the real directory or file, the other workers write to a private temporary
 directory (`WorkerScratch`) removed at the end, and the profiler keeps every worker's
-trace.
+trace (here on request: see `TensorBoard`).
 """
 
 import functools
@@ -24,7 +24,7 @@ from tfdist.keras.callbacks.comm_stats import CommStats
 from tfdist.keras.callbacks.step_times import EpochStepTimes
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
 from tfdist.local_sgd import ModelAverager
-from tfdist.strategies.task import barrier, task_of
+from tfdist.strategies.task import task_of
 
 #: The log directory a managed platform gives a job (Vertex AI's custom training).
 PLATFORM_LOG_DIRS = ("AIP_TENSORBOARD_LOG_DIR",)
@@ -60,16 +60,16 @@ class TensorBoard(keras.callbacks.TensorBoard):
     directory removed at the end of training (or of `evaluate`). Under the
     parameter-server Trainer the coordinator writes.
 
-    `profile_batch` keeps every worker's trace: the chief's where TensorBoard's profile
-    plugin looks (`log_dir/train/plugins/profile`), each other worker's in a run of its
-    own (`log_dir/worker-1/train/plugins/profile`, ...). In a job of several workers the
-    host tracer records at `host_tracer_level` 1 (TensorFlow's `ProfilerOptions`: the
-    steps and annotated regions, not every op) unless given: at Keras' level 2,
-    TensorFlow 2.21's profiler aborted the process ("double free or corruption") when it
-    stopped, on one worker in 3 of 19 four-worker runs here, none in 30 at level 1 (and once
-    in a loaded CI run). The profiler starts and stops once every worker has reached that
-    batch (a barrier: no step's collective is then in flight on any worker while it starts
-    or stops, the moments the aborts came at — a guard, not a proven cure).
+    `profile_batch` traces the chief, where TensorBoard's profile plugin looks
+    (`log_dir/train/plugins/profile`); with `profile_workers=True` every other worker
+    too, each in a run of its own (`log_dir/worker-1/train/plugins/profile`, ...).
+    Not by default: TensorFlow 2.21's profiler aborted a worker when it stopped ("double
+    free or corruption" in `tf.profiler.experimental.stop`) in 10 of 72 four-worker runs
+    here at Keras' host tracer level 2, in none of 30 at level 1 but once in a loaded CI
+    run; each of the 8 whose worker was recorded was not the chief. A barrier before the
+    stop, or no device tracer, did not help. In a job of several workers the host tracer
+    records at `host_tracer_level` 1 (TensorFlow's `ProfilerOptions`: the steps and
+    annotated regions, not every op) unless given.
     `log_dir=None`: the directory
     a managed platform gives the job (`AIP_TENSORBOARD_LOG_DIR` on Vertex AI), else "logs".
 
@@ -85,16 +85,18 @@ class TensorBoard(keras.callbacks.TensorBoard):
         tfdist.ConfigError: `log_dir` is not a path.
     """
 
-    def __init__(self, log_dir=None, host_tracer_level=None, **kwargs):
+    def __init__(self, log_dir=None, host_tracer_level=None, profile_workers=False, **kwargs):
         require_tensorboard("tfdist.callbacks.TensorBoard")
         if host_tracer_level is not None:
             check_arguments("tfdist.callbacks.TensorBoard", {"host_tracer_level": functools.partial(
                 checks.integer, minimum=1, maximum=3)}, host_tracer_level=host_tracer_level)
         self.host_tracer_level = host_tracer_level
+        self.profile_workers = check_arguments("tfdist.callbacks.TensorBoard", {
+            "profile_workers": checks.boolean}, profile_workers=profile_workers)["profile_workers"]
         super().__init__(default_log_dir(log_dir, "tfdist.callbacks.TensorBoard"), **kwargs)
         self._chief_log_dir = self.log_dir
         self._scratch = WorkerScratch(self.log_dir)
-        self._task, self._strategy, self._training = (None, None), None, False
+        self._task, self._training = (None, None), False
         self._comm, self._times, self._epoch = CommStats(), EpochStepTimes(), {}
 
     def set_model(self, model):
@@ -102,7 +104,7 @@ class TensorBoard(keras.callbacks.TensorBoard):
             strategy = strategy_of(model)
             scratch = self._scratch.create(strategy)
             self.log_dir = self._chief_log_dir if scratch is None else scratch
-            self._task, self._strategy = task_of(strategy), strategy
+            self._task = task_of(strategy)
         super().set_model(model)
         self._comm.set_model(model)
         self._times.set_model(model)
@@ -150,20 +152,16 @@ class TensorBoard(keras.callbacks.TensorBoard):
             self._done()
 
     def _start_profiler(self, logdir):
-        """Keras' start of the profiler, at `host_tracer_level` (see the class)."""
+        """Keras' start of the profiler, at `host_tracer_level`, on the chief, and on the
+        other workers with `profile_workers` (see the class)."""
         if self._profiler_started or not logdir:  # Keras' warm-up start: nothing kept
             return super()._start_profiler(logdir)
+        if self._scratch.path is not None and not self.profile_workers:
+            return None  # not started: Keras' stop is then a no-op
         level = self.host_tracer_level or (1 if self._task[0] is not None else 2)
-        barrier(self._strategy)
         tf.profiler.experimental.start(logdir, options=tf.profiler.experimental.ProfilerOptions(
             host_tracer_level=level, python_tracer_level=0, device_tracer_level=1))
         self._profiler_started = True
-
-    def _stop_profiler(self, save=True):
-        """Keras' stop of the profiler, once every worker has reached it (see the class)."""
-        if self._profiler_started and save:
-            barrier(self._strategy)
-        super()._stop_profiler(save=save)
 
     def _done(self):
         """Keeps this worker's profiler traces beside the chief's, removes the scratch."""
