@@ -82,7 +82,8 @@ class TensorBoard(keras.callbacks.TensorBoard):
 
     Raises:
         ImportError: the tensorboard package is not installed.
-        tfdist.ConfigError: `log_dir` is not a path.
+        tfdist.ConfigError: `log_dir` is not a path, `host_tracer_level` not in 1-3,
+            `profile_workers` not a boolean.
     """
 
     def __init__(self, log_dir=None, host_tracer_level=None, profile_workers=False, **kwargs):
