@@ -22,15 +22,29 @@ starts one loop later, so that no loop always runs right after the same one. The
     trainer_fresh `tfdist.Trainer.fit` called per block (adds a new input iterator per
                   block: the measurement before 2026-11-29, to set beside `plain_fresh`)
 
+and beside the ladder, what the step-time breakdown costs (issue 58):
+
+    own_unclocked, trainer_step_unclocked
+                  `own`, `trainer_step` with their optimizer's step clock off
+                  (`tfdist.core.step_clock`: its two timestamps, assigns and 2 float32 per
+                  worker on the verdict's all-reduce), in this process only: the pipeline's
+                  clock is an `Unclocked` one, whose build makes nothing
+    trainer_logged epochs of the `trainer` rung's one fit with `tfdist.callbacks.StepTimes()`
+                  and `tfdist.callbacks.TensorBoard(log_dir)` (a `Gate` passes them the
+                  epoch's and its batches' hooks in these epochs only; train begin and end
+                  always)
+
 Run under a launcher that sets TF_CONFIG:
 
     tfdist launch job.yaml -- python benchmarks/overhead.py --output_dir out
 
 The first worker writes metrics.json: per loop, each block's median step time and the
-process's CPU time per step (CPU time leaves out waiting for the other worker); the
-graph ops each compiled step runs, by type; the Trainer's host milliseconds per step
-outside its compiled step; with --profile, one more block of each traced by TF's
-profiler (op_profile.py).
+process's CPU time per step (CPU time leaves out waiting for the other worker); for the
+loops that are epochs of the one fit, each epoch's wall time per step (its epoch-begin and
+epoch-end hooks included); the graph ops each compiled step runs, by type; whether each
+routed loop's step clock was active; the Trainer's host milliseconds per step outside its
+compiled step; with --profile, one more block of each traced by TF's profiler
+(op_profile.py).
 """
 
 import argparse
@@ -52,6 +66,8 @@ import metrics
 from model import unet
 
 import tfdist
+from tfdist.core.optimizer import pipeline_of
+from tfdist.core.step_clock import StepClock
 from tfdist.training.data import distribute as distribute_as_trainer
 
 
@@ -104,25 +120,88 @@ def rounds(rungs, pairs):
     return [rungs[r % len(rungs):] + rungs[:r % len(rungs)] for r in range(pairs)]
 
 
-def around(order, rung):
-    """(the rungs before `rung` in `order`, the rungs after it)."""
-    k = order.index(rung)
-    return order[:k], order[k + 1:]
+def fit_schedule(orders, one_fit):
+    """The rounds' `orders` with the rungs of `one_fit` as the epochs of one `fit`:
+    (those rungs, one per epoch, in order; for each epoch the other rungs run before it,
+    since the epoch before; the other rungs after the last epoch)."""
+    epochs, before, waiting = [], [], []
+    for rung in (r for order in orders for r in order):
+        if rung in one_fit:
+            epochs.append(rung)
+            before.append(waiting)
+            waiting = []
+        else:
+            waiting.append(rung)
+    return epochs, before, waiting
 
 
 class Rounds(keras.callbacks.Callback):
-    """Runs `before(epoch)` as each epoch of a `fit` begins and `after(epoch)` as it ends:
-    the other loops' blocks between the Trainer's, in one `fit` (one input iterator)."""
+    """Runs `before(epoch)` as each epoch of a `fit` begins and `after(epoch, logs)` as it
+    ends (either may be None): the other loops' blocks between the Trainer's, in one `fit`
+    (one input iterator)."""
 
-    def __init__(self, before, after):
+    def __init__(self, before=None, after=None):
         super().__init__()
         self.before, self.after = before, after
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.before(epoch)
+        if self.before:
+            self.before(epoch)
 
     def on_epoch_end(self, epoch, logs=None):
-        self.after(epoch)
+        if self.after:
+            self.after(epoch, logs)
+
+
+class Unclocked(StepClock):
+    """A step clock that is never active: its build makes no state, so the optimizer's
+    step stamps, carries and accounts nothing (the step without the breakdown)."""
+
+    def build(self, strategy):
+        pass
+
+
+class Gate(keras.callbacks.Callback):
+    """Passes `callbacks` the hooks of the epochs where `on` is set (each epoch's begin,
+    batches and end), and always the run's begin and end: the same `fit` with and
+    without them, epoch by epoch."""
+
+    def __init__(self, callbacks):
+        super().__init__()
+        self.callbacks, self.on = list(callbacks), True
+
+    def set_model(self, model):
+        super().set_model(model)
+        for callback in self.callbacks:
+            callback.set_model(model)
+
+    def set_params(self, params):
+        super().set_params(params)
+        for callback in self.callbacks:
+            callback.set_params(params)
+
+    def _call(self, hook, *args, always=False):
+        if self.on or always:
+            for callback in self.callbacks:
+                getattr(callback, hook)(*args)
+
+    def on_train_begin(self, logs=None):
+        self._call("on_train_begin", logs, always=True)
+
+    def on_train_end(self, logs=None):
+        self._call("on_train_end", logs, always=True)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._call("on_epoch_begin", epoch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._call("on_epoch_end", epoch, logs)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._call("on_train_batch_begin", batch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._call("on_train_batch_end", batch, logs)
 
 
 def only(driver):
@@ -132,7 +211,9 @@ def only(driver):
 
 
 RUNGS = ("plain", "plain_fresh", "own", "trainer_step", "trainer_input", "trainer",
-         "trainer_fresh")
+         "trainer_fresh", "own_unclocked", "trainer_step_unclocked", "trainer_logged")
+#: The rungs whose blocks are epochs of one `Trainer.fit` (one Trainer, one input iterator).
+ONE_FIT = ("trainer", "trainer_logged")
 #: The two loops report.overhead compares, under their historical names.
 NAMES = {"plain": "plain tf.distribute", "trainer": "tfdist"}
 
@@ -198,22 +279,30 @@ def main():
         return lambda: steps(step, iterator if not fresh else iter(
             distribute(data.dataset_fn(train, "train"))))
 
-    loops, compiled, fits = {}, {}, {}
+    loops, compiled, fits, optimizers = {}, {}, {}, {}
+    gate = None  # trainer_logged's callbacks, in the one fit
     for rung in rungs:
-        model, optimizer = model_and_optimizer(routed=rung not in ("plain", "plain_fresh"))
-        if rung in ("plain", "plain_fresh", "own"):
-            function = tf.function if rung != "own" else (
+        kind = rung.removesuffix("_unclocked")  # the same loop, its step clock off
+        if rung in ONE_FIT and set(fits) & set(ONE_FIT):  # the one fit's Trainer is built
+            continue
+        model, optimizer = model_and_optimizer(routed=kind not in ("plain", "plain_fresh"))
+        if rung != kind:  # this optimizer's pipeline only (built with the step, below)
+            pipeline_of(optimizer).clock = Unclocked()
+        if kind not in ("plain", "plain_fresh"):
+            optimizers[rung] = optimizer
+        if kind in ("plain", "plain_fresh", "own"):
+            function = tf.function if kind != "own" else (
                 lambda step, model=model, optimizer=built(optimizer, model): tfdist.function(
                     step, model=model, optimizer=optimizer))
             step, _ = plain.train_step(strategy, model, optimizer, loss_fn, train, function)
-            loops[rung] = bare_loop(step, fresh=rung == "plain_fresh")
-            compiled[rung] = (lambda step=step: step) if rung != "own" else (
+            loops[rung] = bare_loop(step, fresh=kind == "plain_fresh")
+            compiled[rung] = (lambda step=step: step) if kind != "own" else (
                 lambda step=step: only(step.driver))
             continue
         trainer = tfdist.Trainer(model, optimizer, loss_fn, strategy=strategy,
                                  metrics=metrics.segmentation_metrics(4))
         compiled[rung] = lambda trainer=trainer: only(trainer.driver)
-        if rung in ("trainer_step", "trainer_input"):
+        if kind in ("trainer_step", "trainer_input"):
             make = trainer._make_train_function  # the compiled step, as fit calls it
             loops[rung] = bare_loop(
                 lambda batch, make=make, trainer=trainer: trainer.driver.function(make)(batch)[
@@ -223,15 +312,32 @@ def main():
         timer = StepTimer()
         fits[rung] = (trainer, timer)
 
-        def fit_block(trainer=trainer, timer=timer):  # a fit call: a new input iterator
+        def fit_block(trainer=trainer, timer=timer, more=()):  # a fit: a new input iterator
             timer.seconds = []
             trainer.fit(data.dataset_fn(train, "train"), epochs=1, steps_per_epoch=args.block,
-                        callbacks=[timer], verbose=0)
+                        callbacks=[timer, *more], verbose=0)
             return timer.seconds
 
-        loops[rung] = fit_block  # the trainer's is for --profile only: it runs in one fit
+        loops[rung] = fit_block  # the one fit's are for --profile only
+        if rung not in ONE_FIT:
+            continue
+        if "trainer_logged" in rungs:  # every worker is given the same log_dir
+            gate = Gate([tfdist.callbacks.StepTimes(), tfdist.callbacks.TensorBoard(
+                os.path.join(args.output_dir, "tensorboard"))])
+
+            def logged_block(fit_block=fit_block):  # --profile's: a fit with the callbacks
+                gate.on = True
+                return fit_block(more=[gate])
+
+            loops["trainer_logged"] = logged_block
+        for other in ONE_FIT:  # the one fit's rungs share its Trainer
+            if other in rungs:
+                fits[other], compiled[other], optimizers[other] = (
+                    fits[rung], compiled[rung], optimizer)
+                loops.setdefault(other, fit_block)
 
     wall, cpu, outside = {r: [] for r in rungs}, {r: [] for r in rungs}, []
+    epoch_wall, epoch_logs = {r: [] for r in rungs if r in ONE_FIT}, {}
 
     def measure(rung):
         began = time.process_time()
@@ -240,45 +346,65 @@ def main():
         wall[rung].append(float(np.median(seconds)))
 
     orders = rounds(rungs, args.pairs)
-    if "trainer" not in rungs:
+    if not set(rungs) & set(ONE_FIT):
         for loop in loops.values():  # traced steps: not measured
             loop()
         for order in orders:
             for rung in order:
                 measure(rung)
-    else:  # one fit: epoch 0 traces; epoch k > 0 is round k - 1's trainer block
-        trainer, timer = fits["trainer"]
+    else:  # one fit: epoch 0 traces; epoch k > 0 is the k-th block of the ONE_FIT rungs
+        trainer, timer = fits[next(r for r in rungs if r in ONE_FIT)]
         host, began = HostTimer(trainer.driver), []
+        epochs, others_before, others_after = fit_schedule(orders, ONE_FIT)
 
         def before(epoch):
             if epoch == 0:  # the others' traced steps: not measured
                 for rung in rungs:
-                    if rung != "trainer":
+                    if rung not in ONE_FIT:
                         loops[rung]()
             else:
-                for rung in around(orders[epoch - 1], "trainer")[0]:
+                for rung in others_before[epoch - 1]:
                     measure(rung)
+            if gate is not None:  # on in epoch 0: the callbacks' first writes, not measured
+                gate.on = epoch == 0 or epochs[epoch - 1] == "trainer_logged"
             timer.seconds, host.seconds = [], []
-            began[:] = [time.process_time()]
+            began[:] = [time.process_time(), time.perf_counter()]
 
-        def after(epoch):
+        def after(epoch, logs):
             if epoch == 0:
                 return
-            cpu["trainer"].append((time.process_time() - began[0]) / args.block)
-            wall["trainer"].append(float(np.median(timer.seconds)))
-            outside.append(wall["trainer"][-1] - float(np.median(host.seconds)))
-            for rung in around(orders[epoch - 1], "trainer")[1]:
-                measure(rung)
+            rung = epochs[epoch - 1]
+            epoch_logs[rung] = sorted(logs or {})  # the callbacks' figures where they ran
+            epoch_wall[rung].append((time.perf_counter() - began[1]) / args.block)
+            cpu[rung].append((time.process_time() - began[0]) / args.block)
+            wall[rung].append(float(np.median(timer.seconds)))
+            if rung == "trainer":
+                outside.append(wall["trainer"][-1] - float(np.median(host.seconds)))
+            if epoch == len(epochs):
+                for rung in others_after:
+                    measure(rung)
 
-        trainer.fit(data.dataset_fn(train, "train"), epochs=args.pairs + 1,
-                    steps_per_epoch=args.block, callbacks=[timer, Rounds(before, after)],
-                    verbose=0)
+        trainer.fit(data.dataset_fn(train, "train"), epochs=len(epochs) + 1,
+                    steps_per_epoch=args.block, verbose=0, callbacks=[
+                        Rounds(before=before), timer, *([gate] if gate else []),
+                        Rounds(after=after)])  # first as epochs begin, last as they end
     batch = next(iter(strategy.distribute_datasets_from_function(data.dataset_fn(train, "train"))))
     ops = {names.get(r, r): graph_ops(compiled[r](), batch) for r in rungs}
     result = {"block_steps": args.block, "rungs": rungs,
               "block_median_seconds": {names.get(r, r): wall[r] for r in rungs},
               "block_cpu_seconds_per_step": {names.get(r, r): cpu[r] for r in rungs},
-              "graph_ops": ops, "tfdist_loop": args.tfdist_loop, "fresh_input": args.fresh_input}
+              "graph_ops": ops, "tfdist_loop": args.tfdist_loop, "fresh_input": args.fresh_input,
+              "clock_active": {names.get(r, r): pipeline_of(o).clock.active
+                               for r, o in optimizers.items()}}
+    if epoch_wall:
+        result["block_epoch_seconds_per_step"] = {names.get(r, r): v
+                                                  for r, v in epoch_wall.items()}
+        result["epoch_log_keys"] = {names.get(r, r): v for r, v in epoch_logs.items()}
+    if gate is not None:  # the chief's event files (the other workers' are removed)
+        result["tensorboard_files"] = sorted(
+            os.path.relpath(os.path.join(d, f), args.output_dir)
+            for d, _, files in os.walk(os.path.join(args.output_dir, "tensorboard"))
+            for f in files)
     if outside:
         result["trainer_host_seconds_per_step"] = outside
     if args.profile:  # every worker traces (they meet in each step's collectives)

@@ -297,6 +297,7 @@ def targets(results):
                          iou >= -0.01 and loss <= 1.1, f"full schedule, {seeds} seeds"))
     rows += auto_targets(results)
     rows += limit_targets(results)
+    rows += step_times_targets()
     quality = {r["method"]: r for r in quality_rows(results)}
     if "local SGD 8" in quality:
         gap = quality["local SGD 8"]["loss_vs_none"]
@@ -372,6 +373,25 @@ def limit_targets(results):
                         "steps), against runs of other days: the same-day rows below replace it"))
     out += auto_local_targets() + auto_local_targets("slow_link_limit")
     return out
+
+
+def step_times_targets():
+    """Issue 58: the step-time breakdown's step clock, and its callbacks (StepTimes and
+    TensorBoard in Trainer.fit), within 1% of the step without them (step_times_cost.py's
+    same-day comparisons; the 95% interval's high end)."""
+    path = RESULTS / "step_times_cost.json"
+    if not path.exists():
+        return []
+    import step_times_cost
+
+    measured = json.loads(path.read_text())
+    return [(f"{r['what']}: within {step_times_cost.LIMIT:.0%} of the step without it "
+             "(95% interval's high end)",
+             f"{r['ratio'] - 1:+.2%} ({r['interval'][0] - 1:+.2%} to {r['interval'][1] - 1:+.2%}), "
+             f"{r['ms']:+.2f} ms of {r['base_ms']:.1f}", r["within"],
+             f"issue 58; step_times_cost.py, {measured.get('measured', 'an earlier day')}"
+             + (f"; {measured['block_steps']}-step epochs" if r["key"] == "callbacks" else ""))
+            for r in step_times_cost.comparisons(measured) if r["key"] in ("clock", "callbacks")]
 
 
 def auto_local_targets(name="auto_local"):
@@ -584,6 +604,8 @@ SAVED_SECTIONS = (
     (CURRENT_PASS_THROUGH_PAIRS.removesuffix(".json"), "The pass-through in more pairs",
      "pass_through.py --name pass_through_many_pairs --pairs 240 --rungs "
      "plain,plain_fresh,trainer,trainer_fresh"),
+    ("step_times_cost", "What the step-time breakdown costs: the step clock and its callbacks",
+     "step_times_cost.py"),
 )
 
 

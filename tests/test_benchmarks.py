@@ -582,8 +582,9 @@ def test_the_pass_through_account_is_each_rungs_paired_difference_from_the_one_b
 
 def test_overhead_rounds_rotate_and_the_trainer_block_splits_each_round():
     """overhead.py's rounds: every rung once a round, each round starting one rung later
-    (over whole cycles each rung is at every place equally often); `around` gives the
-    rungs run before the Trainer's epoch (as it begins) and after it (as it ends)."""
+    (over whole cycles each rung is at every place equally often); `fit_schedule` makes
+    the one fit's rungs its epochs, the other rungs run before each epoch (since the one
+    before) and after the last, in the rounds' order."""
     import overhead
 
     rungs = ["plain", "own", "trainer", "trainer_fresh"]
@@ -592,9 +593,18 @@ def test_overhead_rounds_rotate_and_the_trainer_block_splits_each_round():
     assert [order[0] for order in orders] == rungs * 2
     for place in range(len(rungs)):
         assert sorted(order[place] for order in orders) == sorted(rungs * 2)
-    assert overhead.around(orders[1], "trainer") == (["own"], ["trainer_fresh", "plain"])
-    assert overhead.around(orders[2], "trainer") == ([], ["trainer_fresh", "plain", "own"])
-    assert overhead.around(orders[3], "trainer") == (["trainer_fresh", "plain", "own"], [])
+    epochs, before, after = overhead.fit_schedule(orders, overhead.ONE_FIT)
+    assert epochs == ["trainer"] * 8
+    assert before[0] == ["plain", "own"]
+    assert before[1] == ["trainer_fresh", "own"]  # round 0's tail, round 1's head
+    assert before[2] == ["trainer_fresh", "plain"]  # round 2 begins with the trainer
+    assert before[3] == ["trainer_fresh", "plain", "own"] * 2 and after == []  # it ends 3
+    with_logged = overhead.rounds(["own", "trainer", "own_unclocked", "trainer_logged"], 4)
+    epochs, before, after = overhead.fit_schedule(with_logged, overhead.ONE_FIT)
+    assert all(sorted(epochs[k:k + 2]) == ["trainer", "trainer_logged"] for k in (0, 2, 4, 6))
+    assert before[:3] == [["own"], ["own_unclocked"], []]  # round 1 begins with trainer
+    flat = [r for order in with_logged for r in order]
+    assert [r for k, e in enumerate(epochs) for r in [*before[k], e]] + after == flat
 
 
 @pytest.mark.parametrize("rungs", ["plain,bogus", "plain,plain", "", "plain;trainer",
@@ -714,3 +724,54 @@ def test_the_embedding_benchmark_judges_none_against_tensorflows_bytes():
     met = embedding_bytes.markdown(rows(1.005e6))
     assert "1.005x the bytes (met" in met and "| none | 1.005 | 1.00x | 0.904 | -10.0% |" in met
     assert "(MISSED" in embedding_bytes.markdown(rows(1.5e6))
+
+
+def test_step_times_cost_is_each_comparisons_paired_difference_and_ratio():
+    """step_times_cost.py's comparisons: per pair of rungs (without, with) the mean paired
+    block difference in ms, the geometric mean of the paired ratios, each with Student's
+    95% interval (t = 3.182 for 4 pairs), within 1% when the ratio's high end is; checked
+    against NumPy; a comparison whose rungs did not run has no row."""
+    import numpy as np
+
+    import step_times_cost
+
+    without = np.array([0.050, 0.052, 0.049, 0.051])
+    clocked = without * np.array([1.002, 1.004, 1.001, 1.003])
+    plain_fit = np.array([0.060, 0.061, 0.059, 0.062])
+    logged = plain_fit + np.array([0.0010, 0.0030, 0.0000, 0.0020])
+    metrics = {"block_steps": 16, "rungs": ["own", "own_unclocked", "trainer", "trainer_logged"],
+               "block_median_seconds": {"own": list(clocked), "own_unclocked": list(without),
+                                        "tfdist": list(plain_fit),
+                                        "trainer_logged": list(plain_fit)},
+               "block_epoch_seconds_per_step": {"tfdist": list(plain_fit),
+                                                "trainer_logged": list(logged)},
+               "graph_ops": {"own": {"Timestamp": 2, "Const": 9}, "own_unclocked": {"Const": 5},
+                             "tfdist": {}, "trainer_logged": {}}}
+    rows = {r["key"]: r for r in step_times_cost.comparisons(metrics)}
+    assert set(rows) == {"clock", "callbacks", "callbacks_batches"}  # no trainer_step rungs
+
+    def expected(after, before):
+        ms = 1000 * (after - before)
+        logs = np.log(after / before)
+        half, log_half = (3.182 * np.std(x, ddof=1) / 2 for x in (ms, logs))
+        return (ms.mean(), half, np.exp(logs.mean()),
+                (np.exp(logs.mean() - log_half), np.exp(logs.mean() + log_half)))
+
+    for key, after, before in (("clock", clocked, without), ("callbacks", logged, plain_fit)):
+        ms, half, ratio, (low, high) = expected(after, before)
+        row = rows[key]
+        assert row["ms"] == pytest.approx(ms) and row["ms_half"] == pytest.approx(half)
+        assert row["ratio"] == pytest.approx(ratio)
+        assert row["interval"] == pytest.approx((low, high))
+        assert row["base_ms"] == pytest.approx(1000 * np.median(before))
+        assert row["within"] == (high - 1 <= 0.01)
+    assert rows["clock"]["within"] and not rows["callbacks"]["within"]  # +0.25%; +2.5% ± 2.6
+    assert rows["callbacks_batches"]["ms"] == 0 and rows["callbacks_batches"]["within"]
+    ms, half, share = step_times_cost.both(list(rows.values()))
+    assert ms == pytest.approx(rows["clock"]["ms"] + rows["callbacks"]["ms"])
+    assert half == pytest.approx(np.hypot(rows["clock"]["ms_half"], rows["callbacks"]["ms_half"]))
+    assert share == pytest.approx(ms / (1000 * np.median(plain_fit)))
+    assert step_times_cost.added_ops(metrics, "own_unclocked", "own") == (
+        6, [("Const", 4), ("Timestamp", 2)])
+    text = "\n".join(step_times_cost.markdown(metrics))
+    assert "| own_unclocked → own |" in text and "| **no** |" in text
