@@ -5,6 +5,7 @@ ParameterServerStrategy with chief + 2 workers + 1 ps (tfdist.Trainer), all on l
 Each job is tests/jobs/train_job.py; it writes its results for the test to check.
 """
 
+import csv
 import json
 import os
 import pathlib
@@ -329,10 +330,15 @@ def test_a_nan_on_one_worker_is_refused_on_all_and_leaves_no_trace(write_config,
 # sharded variables below; one launch fewer for CI's time)
 def test_parameter_server_trainer_learns_and_counts_steps_exactly(write_config, tmp_path, model,
                                                                   compression):
-    out = tmp_path / "out"
+    """The Trainer under parameter servers trains every step once, and the coordinator
+    writes tfdist.callbacks.TensorBoard's event files and CSVLogger's file, which hold its
+    history (read back with TensorBoard's reader)."""
+    from test_logs import scalars
+
+    out, board = tmp_path / "out", tmp_path / "board"
     extra = ("--compression", compression) if compression else ()
     results, run = launch(write_config, out, PS, "--strategy", "parameter_server",
-                          "--model", model, "--epochs", "3", *extra)
+                          "--model", model, "--epochs", "3", "--log_dir", str(board), *extra)
     assert set(results) == {"chief-0"}, "only the coordinator runs the script"
     result = results["chief-0"]
     assert "tfdist.Trainer" in result["fit_error"] and "keras #18624" in result["fit_error"]
@@ -341,6 +347,15 @@ def test_parameter_server_trainer_learns_and_counts_steps_exactly(write_config, 
     assert result["loss_count"] == 12.0 * 32
     loss = result["history"]["loss"]
     assert loss[-1] < 0.6 * loss[0], loss
+    events = [n for n in os.listdir(board / "train") if n.startswith("events.out")]
+    assert len(events) == 1, events  # the coordinator's writer
+    read = scalars(board / "train")
+    assert [s for s, _ in read["epoch_loss"]] == [0, 1, 2]
+    np.testing.assert_allclose([v for _, v in read["epoch_loss"]], loss, rtol=1e-6)
+    with open(board / "log.csv") as f:
+        np.testing.assert_allclose([float(r["loss"]) for r in csv.DictReader(f)], loss,
+                                   rtol=1e-6)
+    assert os.listdir(out.parent / "tmp") == [], "no scratch left"
     assert "[worker:1] tfdist server" in run.stdout and "[ps:0] tfdist server" in run.stdout
 
 

@@ -36,6 +36,8 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
                                      and for the signal itself to arrive
     --shard_bytes N                  parameter_server: split variables over the ps tasks
                                      (max_shards 2, min_shard_bytes N); records the shards
+    --log_dir DIR                    tfdist.callbacks.TensorBoard(DIR) and CSVLogger(DIR/log.csv)
+                                     (parameter_server: the coordinator's)
     --await_worker1 EPOCH            parameter_server: each training step prints "training step"
                                      on the worker that runs it; from epoch EPOCH on, a step on
                                      worker:1 writes <out>/stepped-worker-1 and a step on
@@ -99,6 +101,7 @@ def parse():
                    default=set())
     p.add_argument("--await_worker1", type=int)
     p.add_argument("--shard_bytes", type=int)
+    p.add_argument("--log_dir")
     p.add_argument("--policy")
     p.add_argument("--preempt", type=lambda text: tuple(int(v) for v in text.split(",")))
     p.add_argument("--validate", action="store_true", help="fit validates on 2 batches")
@@ -379,6 +382,9 @@ def main():
             hooks.append(averager)
     checksums = Checksums()
     callbacks.append(checksums)
+    if args.log_dir:
+        callbacks += [tfdist.callbacks.TensorBoard(args.log_dir),
+                      tfdist.callbacks.CSVLogger(os.path.join(args.log_dir, "log.csv"))]
     if args.backup:
         callbacks += [tfdist.callbacks.BackupAndRestore(args.backup, run=run_of(sys.argv[1:])),
                      EpochLog(os.path.join(args.out, "epochs.log")),
