@@ -141,7 +141,9 @@ sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 NUMBER = r"([0-9.]+(?:e[-+]?[0-9]+)?)"
-NUMBERS = re.compile(rf"(?:[Ll]oss:\s*){NUMBER}|{NUMBER} img/sec per")
+#: Training losses (not Keras' "val_loss:" nor the example's closing "Test loss:") or
+#: images per second, as the chief prints them.
+NUMBERS = re.compile(rf"(?<![\w])(?<!Test )(?:[Ll]oss:\s*){NUMBER}|{NUMBER} img/sec per")
 
 
 def briefly(text):
