@@ -127,6 +127,22 @@ def test_the_collectives_on_three_workers_equal_numpy(tmp_path):
                                        rtol=1e-6, atol=1e-6, err_msg=f"rank {rank}: {key}")
 
 
+@pytest.mark.multiprocess
+def test_a_rank_that_raises_stops_the_job_with_its_rank_named(tmp_path):
+    """Rank 1 of 3 raises after an all-reduce while the others wait in the next one: the
+    launch fails within its grace, naming worker:1 and its error, none left running."""
+    job = pathlib.Path(__file__).parent / "jobs" / "horovod_collectives_job.py"
+    result = subprocess.run([sys.executable, "-m", "tfdist", "launch", "-n", "3",
+                             "--grace-seconds", "5", "--", sys.executable, str(job),
+                             str(tmp_path), "1"], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "[worker:1] ValueError: rank 1 raises" in result.stdout + result.stderr
+    assert "job failed, worker:1 first (exited with code 1)" in result.stderr, \
+        result.stderr[-3000:]
+    assert "worker:0 stopped" in result.stderr and "worker:2 stopped" in result.stderr
+    assert not list(tmp_path.glob("*.json"))
+
+
 @pytest.mark.parametrize("options, says", [
     ({"op": "Adasum"}, "no Adasum"), ({"op": "Mean"}, "op must be one of"),
     ({"op": "Sum", "average": True}, "not both")])

@@ -1,6 +1,8 @@
 """Horovod's collectives on every worker of `tfdist launch -n N`: each worker contributes
 tensors that depend on its rank and writes what it received to <out>/<rank>.json, for the
-test to compare with NumPy (tests/test_horovod.py). Eager and inside a tf.function."""
+test to compare with NumPy (tests/test_horovod.py). Eager and inside a tf.function.
+With a second argument R, rank R raises after the first all-reduce (the others wait in
+the next one)."""
 
 import json
 import sys
@@ -17,10 +19,14 @@ def contribution(rank, rows=None):
     return rng.normal(size=(rows or 2, 3)).astype(np.float32)
 
 
-def main(out):
+def main(out, raising_rank=None):
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     mine = contribution(rank)
+    if raising_rank is not None:
+        hvd.allreduce(mine)
+        if rank == int(raising_rank):
+            raise ValueError(f"rank {rank} raises, as a script's bug would")
     results = {
         "ranks": [rank, size, hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
                   hvd.cross_size()],
@@ -47,4 +53,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
