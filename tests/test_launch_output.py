@@ -18,6 +18,7 @@ from test_launch import TWO_WORKERS, env, run_launch, task, token  # noqa: F401
 from tfdist.launch.rendering import LineRenderer
 from tfdist.launch.shutdown_reports import ShutdownReports
 from tfdist.launch.summary import summary
+from tfdist.step_times_line import StepTimesLine
 
 CONTROL = re.compile(rb"[\r\b\x1b]")
 FINAL_BAR = r"(\d+)/\1 ━{20} \d+s \d+[mu]?s/step - loss: \S+"  # Keras, colours gone
@@ -171,6 +172,23 @@ def test_the_summary_names_each_task_the_first_failure_and_the_signal():
                    signum=signal.SIGINT).startswith("job stopped by SIGINT: 1 task")
 
 
+def test_the_summary_carries_the_last_step_times_figures():
+    ok = [fake_task("chief:0", 0), fake_task("worker:0", 0)]
+    whole = StepTimesLine(steps=120, slowest="worker:0", compute=0.123, lead=0.354,
+                          median=0.091, share=0.224, whole_run=True)
+    assert summary(ok, restarts=0, seconds=41.25, step_times=whole) == (
+        "job succeeded: 2 tasks (chief:0 0, worker:0 0), 0 restarts, 41.2 s; step times "
+        "(whole run, 120 steps): worker:0 slowest (+35% computing), the others waited 22% of "
+        "their step time")
+    failed = fake_task("worker:0", 3)
+    last = StepTimesLine(steps=1, slowest="chief:0", compute=2.0, lead=1.0, median=1.0,
+                         share=0.5)
+    assert summary([fake_task("chief:0", -15, True), failed], restarts=0, seconds=5,
+                   failed=failed, step_times=last).endswith(
+        "5.0 s; step times (last report, 1 step): chief:0 slowest (+100% computing), the "
+        "others waited 50% of their step time")
+
+
 # --- under the launcher ----------------------------------------------------------------------
 
 BAR_TASK = """
@@ -205,6 +223,44 @@ def test_a_redrawn_bar_under_launch_is_prefixed_lines_with_its_final_state(
         assert len(bar) <= 1 + seconds / 5 + 1, bar  # at most a state per 5 s, + the final
     assert re.fullmatch(r"\[tfdist\] job succeeded: 2 tasks \(worker:0 0, worker:1 0\), "
                         r"0 restarts, \d+\.\d s\n", result.stderr), result.stderr
+
+
+def step_times_task():
+    """worker:0 prints two step-times lines (the shared formatter's), worker:1 then forged
+    ones: the prefix alone, a terminal sequence for a name, a non-ASCII digit."""
+    forged = ["tfdist step times", "tfdist step times over 3 steps: \x1b]52;c;AAAA\x07 "
+              "slowest, computing 1.000 s a step (+10% on the others' median 0.900 s); the "
+              "others waited 5% of their step time for it", "tfdist step times over \u0663 steps"]
+    return f"""
+        from tfdist.step_times_line import StepTimesLine, format_line
+        if name == "worker:0":
+            for steps, whole in ((4, False), (12, True)):
+                print(format_line(StepTimesLine(steps=steps, slowest="worker:1", compute=0.25,
+                                                lead=0.47, median=0.17, share=0.31,
+                                                whole_run=whole)), flush=True)
+            report("printed", "")
+        else:
+            wait_for("worker:0.printed")
+            time.sleep(0.3)  # read after worker:0's lines
+            print("\\n".join({forged!r}), flush=True)
+    """
+
+
+@pytest.mark.multiprocess
+def test_the_summary_carries_the_last_step_times_line_and_ignores_forged_ones(
+        tmp_path, write_config, env):
+    config = write_config(TWO_WORKERS)
+    result = run_launch(config, env=env, command=task(step_times_task(), tmp_path))
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "[worker:1] tfdist step times over 3 steps: \\x1b]52;c;AAAA\\x07 slowest, " \
+           "computing 1.000 s a step (+10% on the others' median 0.900 s); the others waited " \
+           "5% of their step time for it" in lines, lines  # shown escaped, as any line
+    assert re.fullmatch(r"\[tfdist\] job succeeded: 2 tasks \(worker:0 0, worker:1 0\), "
+                        r"0 restarts, \d+\.\d s; step times \(whole run, 12 steps\): worker:1 "
+                        r"slowest \(\+47% computing\), the others waited 31% of their step "
+                        r"time\n", result.stderr), result.stderr
 
 
 def report_task(exit_code):

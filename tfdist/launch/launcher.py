@@ -68,12 +68,13 @@ class Launcher:
     TF's reports that a peer has gone (logged when one worker finishes before another,
     "The tasks have crashed") are printed if a task failed (restarted or not), else
     replaced by a one-line note (`tfdist.launch.shutdown_reports`). At the end, one line
-    on `err` sums the job up: how each task ended, restarts, wall time
-    (`tfdist.launch.summary`). A stdout that does not read (a paused pager) holds up the
-    tasks' output, never the supervisor: signals and failures are handled as usual and,
-    at the end, output gets
-    `DRAIN_SECONDS` to drain before it is dropped. A stdout that is closed (``| head``)
-    is reported once on stderr; the tasks go on, their output discarded.
+    on `err` sums the job up: how each task ended, restarts, wall time and, if a task
+    printed `tfdist.callbacks.StepTimes`' line, the last one's slowest worker and the
+    others' wait (`tfdist.launch.summary`). A stdout that does not read (a paused pager)
+    holds up the tasks' output, never the supervisor: signals and failures are handled
+    as usual and, at the end, output gets `DRAIN_SECONDS` to drain before it is dropped.
+    A stdout that is closed (``| head``) is reported once on stderr; the tasks go on,
+    their output discarded.
 
     What is left behind — promised: when `run` returns (success, failure, a signal, a
     setup error), no process started by the launch is left: each task's process group is
@@ -198,8 +199,14 @@ class Launcher:
             task.wait_output(0.5)
         if code is not None and any(task.proc for task in self.tasks):
             self.log(summary(self.tasks, seconds=seconds, failed=self._failed,
-                             signum=self._signal, restarts=restarts))
+                             signum=self._signal, restarts=restarts,
+                             step_times=self._last_step_times()))
         self._err_sink.close(max(0.5, deadline - time.monotonic()))
+
+    def _last_step_times(self):
+        """The step-times line any task printed last (`TaskProcess.step_times`), or None."""
+        said = [task.step_times for task in self.tasks if task.step_times is not None]
+        return max(said, key=lambda said: said[0])[1] if said else None
 
     def _release_reports(self, keep):
         """Prints (`keep`: a task failed) or drops TF's peer-gone reports held so far

@@ -1,14 +1,16 @@
-"""The launcher's last line: how the job and each task ended, restarts, wall time.
+"""The launcher's last line: how the job and each task ended, restarts, wall time, and
+the slowest worker if a task reported step times (`tfdist.callbacks.StepTimes`).
 
 For example ``job succeeded: 3 tasks (chief:0 0, worker:0 0, worker:1 0), 0 restarts,
-41.2 s`` or ``job failed, worker:1 first (exited with code 3): 2 tasks (worker:0
-stopped, worker:1 3), 0 restarts, 5.2 s``.
+41.2 s; step times (whole run, 120 steps): worker:1 slowest (+35% computing), the
+others waited 22% of their step time`` or ``job failed, worker:1 first (exited with
+code 3): 2 tasks (worker:0 stopped, worker:1 3), 0 restarts, 5.2 s``.
 """
 
 import signal
 
 
-def summary(tasks, *, restarts, seconds, failed=None, signum=None):
+def summary(tasks, *, restarts, seconds, failed=None, signum=None, step_times=None):
     """The summary of a finished launch.
 
     Args:
@@ -17,6 +19,8 @@ def summary(tasks, *, restarts, seconds, failed=None, signum=None):
         seconds: the launch's wall time.
         failed: the task whose failure ended the job, if one did.
         signum: the signal that stopped the launcher, if one did.
+        step_times: the last `tfdist.step_times_line.StepTimesLine` a task printed, if
+            one did.
     """
     if signum is not None:
         head = f"job stopped by {signal_name(signum)}"
@@ -26,7 +30,15 @@ def summary(tasks, *, restarts, seconds, failed=None, signum=None):
         head = "job succeeded"
     ends = ", ".join(f"{task.name} {outcome(task)}" for task in tasks)
     return (f"{head}: {_count(len(tasks), 'task')} ({ends}), {_count(restarts, 'restart')}, "
-            f"{seconds:.1f} s")
+            f"{seconds:.1f} s" + ("" if step_times is None else f"; {straggler(step_times)}"))
+
+
+def straggler(report):
+    """The summary's clause on a `StepTimesLine`: which steps, the slowest worker, its
+    lead and the others' wait (its per-worker figures stay in the task's log)."""
+    steps = f"{'whole run' if report.whole_run else 'last report'}, {_count(report.steps, 'step')}"
+    return (f"step times ({steps}): {report.slowest} slowest ({report.lead:+.0%} computing), "
+            f"the others waited {report.share:.0%} of their step time")
 
 
 def outcome(task):

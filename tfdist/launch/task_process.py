@@ -11,7 +11,9 @@ import time
 
 from tfdist.launch.rendering import LineRenderer
 from tfdist.launch.shutdown_reports import ShutdownReports
+from tfdist.step_times_line import PREFIX, parse_line
 
+_STEP_TIMES = PREFIX.encode()
 MAX_LINE = 64 * 1024  # bytes of a task's line; a longer one is cut into pieces
 READ_SIZE = 64 * 1024
 _TICK_MS = 1000  # how often a quiet task's progress bar is looked at
@@ -40,6 +42,8 @@ class TaskProcess:
     longer than `MAX_LINE` bytes is cut into prefixed pieces, so no output can make the
     launcher's memory grow). TF's reports that a peer has gone are held in `reports`
     (`tfdist.launch.shutdown_reports`) until the launcher knows whether the job failed.
+    The last well-formed step-times line it printed (`tfdist.step_times_line`) is kept in
+    `step_times`, as (time.monotonic() when read, `StepTimesLine`), across restarts.
 
     Args:
         name: the task name, e.g. ``worker:1``.
@@ -61,6 +65,7 @@ class TaskProcess:
         self.group_killed = False  # the leader exited and its group was killed
         self.stopped = False  # the launcher told it to stop while it ran
         self.reports = ShutdownReports()
+        self.step_times = None
         self._waiting_for_output_room = False
 
     def start(self):
@@ -105,12 +110,22 @@ class TaskProcess:
         lines = self.reports.filter(lines)
         if not lines:
             return
+        self._note_step_times(lines)
         self._waiting_for_output_room = True  # not hung: waiting for our stdout
         try:
             self._sink.put(self._prefixed(lines))
         finally:
             self._waiting_for_output_room = False
             self.last_progress = time.monotonic()
+
+    def _note_step_times(self, lines):
+        """Keeps the last step-times line of `lines` that parses (malformed ones are
+        printed as any line is, and otherwise ignored)."""
+        for line in reversed(lines):
+            found = parse_line(line.decode("utf-8", "replace")) if _STEP_TIMES in line else None
+            if found is not None:
+                self.step_times = (time.monotonic(), found)
+                return
 
     def _prefixed(self, lines):
         prefix = f"[{self.name}] ".encode()

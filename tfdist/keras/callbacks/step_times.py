@@ -13,6 +13,7 @@ from tfdist.core.owned import named_optimizers
 from tfdist.core.report import logger, say
 from tfdist.core.step_clock import PARTS, num_workers, worker_hosts, worker_index
 from tfdist.keras.callbacks.worker_scratch import strategy_of
+from tfdist.step_times_line import StepTimesLine, format_line
 from tfdist.strategies.task import is_chief
 
 
@@ -27,10 +28,12 @@ class StepTimes(keras.callbacks.Callback):
     index (``straggler``) and the share of the other workers' step time spent waiting for
     it (``straggler_wait_share``). Every `every_steps` steps and at the end of training
     the chief logs one line naming the slowest worker (the ``tfdist`` logger,
-    `tfdist.core.report`); a worker slowest by more than `threshold` (a fraction of the
-    others' median computing time) in `persistence` reports in a row is warned about,
-    with its host. Active under a multi-worker mirrored strategy of several workers; on
-    one machine, under parameter servers, islands or Horovod it adds nothing.
+    `tfdist.core.report`; the form is `tfdist.step_times_line`'s, and ``tfdist launch``
+    carries the last line's figures in its summary); a worker slowest by more than
+    `threshold` (a fraction of the others' median computing time) in `persistence`
+    reports in a row is warned about, with its host. Active under a multi-worker
+    mirrored strategy of several workers; on one machine, under parameter servers,
+    islands or Horovod it adds nothing.
 
     Args:
         every_steps: steps between the chief's lines (None: at the end only).
@@ -103,13 +106,11 @@ class StepTimes(keras.callbacks.Callback):
             else []
         if not self._chief:
             return
-        compute, others = figures["compute"], _others(figures["compute"], slow)
-        say(f"tfdist step times{' (whole run)' if final else ''} over {figures['steps']} "
-            f"steps: {self._names[slow]} slowest, computing {compute[slow]:.3f} s a step "
-            f"({lead:+.0%} on the others' median {others:.3f} s); the others waited "
-            f"{share:.0%} of their step time for it; per worker (compute/exchange/wait s): "
-            + ", ".join(f"{name} {c:.3f}/{e:.3f}/{w:.3f}" for name, c, e, w in zip(
-                self._names, compute, figures["exchange"], figures["wait"])))
+        compute = figures["compute"]
+        say(format_line(StepTimesLine(
+            steps=figures["steps"], slowest=self._names[slow], compute=compute[slow],
+            lead=lead, median=_others(compute, slow), share=share, whole_run=final,
+            workers=tuple(zip(self._names, compute, figures["exchange"], figures["wait"])))))
         if len(self._slowest) == self.persistence and len(set(self._slowest)) == 1:
             logger.warning(
                 f"tfdist: {self._names[slow]} (host {self._hosts[slow]}) has been the slowest "
