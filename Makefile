@@ -5,14 +5,14 @@ BIN := $(VENV)/bin
 OUTPUT ?= output/unet
 DEMO_CONFIG ?= configs/unet_multi_worker_mirrored.yaml
 
-.PHONY: demo test test-fast matrix report report-full venv clean
+.PHONY: demo test test-fast docs matrix report report-full venv clean
 
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[tensorflow,test,plots,tensorboard]'
+	$(BIN)/python -m pip install --quiet -e '.[tensorflow,test,plots,tensorboard,docs]'
 	touch $@
 
 ## Train the UNet on synthetic shapes across 2 local workers with tfdist launch.
@@ -34,6 +34,13 @@ test: venv
 ## Everything but the multi-process tests (a quick local loop).
 test-fast: venv
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not multiprocess"
+
+## The documentation site, docs/_build/html: warnings are errors (a public name without a
+## docstring, a broken internal link, a docstring rst cannot read); tests/test_docs.py
+## builds it in the suite.
+docs: venv
+	$(BIN)/python -m sphinx -E -W --keep-going -q -b html docs docs/_build/html
+	@echo "Built: docs/_build/html/index.html"
 
 ## Every other TensorFlow of the supported range, with the lowest and the newest Keras,
 ## one virtual environment per TensorFlow under .venv-matrix/ (.ci/matrix.py).

@@ -44,6 +44,7 @@ def shutdown():
 
 
 def is_initialized():
+    """Whether `init()` has run in this process, as Horovod's."""
     return _state["ranks"] is not None
 
 

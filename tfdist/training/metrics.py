@@ -25,7 +25,8 @@ def update_metric(metric, *args, **kwargs):
 
     Args:
         metric: a built Keras 3 metric, created under the strategy's scope.
-        *args, **kwargs: what `metric.update_state` takes (y_true, y_pred, sample_weight).
+        *args: what `metric.update_state` takes (y_true, y_pred, sample_weight).
+        **kwargs: the same, by name.
     """
     zeros = [tf.zeros(v.shape, v.dtype) for v in metric.variables]
     increments = metric.stateless_update_state(zeros, *args, **kwargs)
