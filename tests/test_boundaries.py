@@ -230,13 +230,20 @@ PY_CASES = {
         (lambda: tfdist.callbacks.TensorBoard("a\0b"), "NUL"),
         (lambda: tfdist.callbacks.TensorBoard(5), "log_dir"),
         (lambda: tfdist.callbacks.TensorBoard("logs", host_tracer_level=9), "host_tracer_level"),
-        (lambda: tfdist.callbacks.TensorBoard("logs", profile_workers="yes"), "profile_workers")],
+        (lambda: tfdist.callbacks.TensorBoard("logs", profile_workers="yes"), "profile_workers"),
+        *[(lambda v=v: tfdist.callbacks.TensorBoard("logs", profile_batch=v), "profile_batch")
+          for v in (-1, "5,2", (5, 2), (0, 5), True, 2.5, (1.5, 3), "1,x", (1, 2, 3), 2**70)],
+        (lambda: tfdist.callbacks.TensorBoard("/dev/full"), "is a device, not a directory"),
+        (lambda: tfdist.callbacks.TensorBoard("/dev/null/logs"), "cannot be made under it")],
     "tfdist.callbacks.StepTimes": [
         (lambda: tfdist.callbacks.StepTimes(every_steps=0), "every_steps"),
         (lambda: tfdist.callbacks.StepTimes(threshold=float("inf")), "threshold"),
         (lambda: tfdist.callbacks.StepTimes(persistence="3"), "persistence")],
     "tfdist.callbacks.CSVLogger": [(lambda: tfdist.callbacks.CSVLogger("x" * 5000), "filename"),
-                                   (lambda: tfdist.callbacks.CSVLogger(""), "filename")],
+                                   (lambda: tfdist.callbacks.CSVLogger(""), "filename"),
+                                   (lambda: tfdist.callbacks.CSVLogger("/"), "is a directory"),
+                                   (lambda: tfdist.callbacks.CSVLogger("/dev/null/log.csv"),
+                                    "cannot be made under it")],
     "tfdist.callbacks.ModelCheckpoint": [
         (lambda: tfdist.callbacks.ModelCheckpoint("model.txt"), "filepath")],
     "tfdist.keras.DistributedOptimizer": [

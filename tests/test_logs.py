@@ -1,7 +1,8 @@
 """`tfdist.callbacks.TensorBoard` and `CSVLogger` (issue 58): every worker of a job given
 one log directory and one CSV file, only the chief writes them, the others' scratch is
 removed, and the profiler keeps every worker's trace; their arguments are checked as the
-config file's are."""
+config file's are; a place that cannot hold the logs (a file, read-only, full, filling up)
+and a profile range Keras would misread or never reach are said in one line."""
 
 import csv
 import json
@@ -279,3 +280,208 @@ def test_a_worker_that_is_not_the_chief_profiles_only_when_asked(tmp_path, monke
         assert len(kept) == int(workers), kept
     starts = [logdir for logdir in starts if logdir]  # Keras' warm-up start has none
     assert len(starts) == 1 and "scratch" in starts[0], starts
+
+
+# --- hostile places and profile ranges (issue 58) -------------------------------------------
+
+PLACES_JOB = os.path.join(JOBS, "log_places_job.py")
+#: How the tmpfs is spoilt before tests/jobs/log_places_job.py runs in it.
+SPOIL = {"read_only": 'mount -o remount,ro "$1"',
+         "full": '{ cat /dev/zero > "$1/filler"; } 2>/dev/null; true', "fills_up": "true"}
+
+
+def in_a_small_disk(tmp_path, scenario, size="64k"):
+    """tests/jobs/log_places_job.py SCENARIO in a private mount namespace (`unshare -m`,
+    root) over a tmpfs of `size` at tmp_path/mnt holding `exists/`, read-only, full, or
+    left for the job to fill (SPOIL); its JSON. The mount ends with the child."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    script = (f'mount -t tmpfs -o size={size} tmpfs "$1" && mkdir "$1/exists" && '
+              f'{SPOIL[scenario]} && exec "$2" "$3" "$1" "$4"')
+    run = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", str(mount),
+                          sys.executable, PLACES_JOB, scenario],
+                         cwd=JOBS, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert os.listdir(mount) == []  # written inside the tmpfs only
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def refused_before_training(run, make, key, path, reason):
+    """`run` (a fit of log_places_job.py) ended in one ConfigError line naming `make`'s
+    call, `key`=`path` and `reason`, before any batch began or the optimizer stepped."""
+    kind, message = run["error"]
+    assert kind == "ConfigError" and "\n" not in message, run
+    assert message.startswith(f"tfdist.callbacks.{make}(): {key}: "), message
+    assert f"Received: {key}={path!r}" in message and reason in message, message
+    assert run["iterations"] == run["batches"] == 0, run
+
+
+@pytest.mark.multiprocess
+def test_a_read_only_log_place_is_refused_before_the_first_step(tmp_path):
+    """On a read-only file system (root ignores permissions, not a read-only mount), a
+    new or existing log directory and a CSV file in a new or existing folder are each
+    refused by the write probe, in one line naming the path and the system's reason."""
+    found, mount = in_a_small_disk(tmp_path, "read_only"), str(tmp_path / "mnt")
+    for case, make, key, path in [
+            ("board", "TensorBoard", "log_dir", f"{mount}/board"),
+            ("board_exists", "TensorBoard", "log_dir", f"{mount}/exists"),
+            ("csv", "CSVLogger", "filename", f"{mount}/log.csv"),
+            ("csv_exists", "CSVLogger", "filename", f"{mount}/exists/log.csv")]:
+        refused_before_training(found[case], make, key, path, "Read-only file system")
+
+
+@pytest.mark.multiprocess
+def test_a_full_disk_is_refused_before_the_first_step_on_the_chief_and_a_worker(tmp_path):
+    """On a full file system the chief's log directory and CSV file are refused; a worker
+    that is not the chief (its scratch on that file system) is refused naming its
+    scratch, which is removed."""
+    found, mount = in_a_small_disk(tmp_path, "full"), str(tmp_path / "mnt")
+    for case, make, key, path in [("board", "TensorBoard", "log_dir", f"{mount}/board"),
+                                  ("csv", "CSVLogger", "filename", f"{mount}/log.csv")]:
+        refused_before_training(found[case], make, key, path, "No space left on device")
+        refused_before_training(found[f"worker_{case}"], make, key, path,
+                                "No space left on device")
+        assert f"cannot write in '{mount}/tfdist-worker-1-" in found[f"worker_{case}"][
+            "error"][1] and "private scratch" in found[f"worker_{case}"]["error"][1]
+    assert found["left"] == ["board", "exists", "filler"]  # no scratch left
+
+
+@pytest.mark.multiprocess
+def test_a_disk_that_fills_up_during_training_stops_it_naming_the_file(tmp_path):
+    """A file system that fills up while training (TensorFlow's event writer would lose
+    the events without a word, Keras' CSVLogger says "[Errno 28]" with no path): fit stops
+    at that epoch with one OSError line naming the file and "No space left on device";
+    the event file holds every epoch before it, read back with TensorBoard's reader."""
+    found, mount = in_a_small_disk(tmp_path, "fills_up", size="256k"), str(tmp_path / "mnt")
+    for case, file in [("board", f"{mount}/board/train/events.out.tfevents."),
+                       ("csv", f"{mount}/log.csv")]:
+        run = found[case]
+        kind, message = run["error"]
+        assert kind == "OSError" and "\n" not in message, run
+        assert message.startswith("[Errno 28] tfdist.callbacks.") and file in message, message
+        assert message.endswith("No space left on device; the log ends before this write")
+    board = found["board"]
+    assert 1 < board["epochs"] < 40 and board["iterations"] == 2 * board["epochs"], board
+    assert board["written"][:board["epochs"] - 1] == list(range(board["epochs"] - 1))
+    assert len(board["written"]) <= board["epochs"], board
+    assert found["csv"]["epochs"] == 1 and found["csv"]["written"] == "", found["csv"]
+
+
+def small_model():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    net.compile("sgd", "mse")
+    return net
+
+
+def fit(net, begun, *callbacks, epochs=2):
+    """`net` fit for `epochs` of 4 batches, each batch begun appended to `begun`."""
+    import keras
+
+    count = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda b, logs: begun.append(b))
+    x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
+    net.fit(x, x[:, :1], batch_size=4, epochs=epochs, verbose=0, callbacks=[count, *callbacks])
+
+
+def test_a_csv_file_on_a_device_that_refuses_writes_is_refused_before_the_first_step():
+    """/dev/full refuses every write with ENOSPC (Keras' CSVLogger would fail at the
+    first epoch's end, naming no path): refused at on_train_begin, no batch begun."""
+    import tfdist
+
+    net, begun = small_model(), []
+    with pytest.raises(ConfigError) as e:
+        fit(net, begun, tfdist.callbacks.CSVLogger("/dev/full"))
+    assert str(e.value) == ("tfdist.callbacks.CSVLogger(): filename: cannot write '/dev/full': "
+                            "No space left on device. Received: filename='/dev/full'")
+    assert begun == [] and int(net.optimizer.iterations.numpy()) == 0
+
+
+@pytest.mark.parametrize("make, kind, reason", [
+    ("TensorBoard", "file", "is a regular file, not a directory"),
+    ("TensorBoard", "under_file", "is a regular file, so "),
+    ("TensorBoard", "device", "'/dev/full' is a device, not a directory"),
+    ("CSVLogger", "directory", "is a directory, not a file"),
+    ("CSVLogger", "under_file", "is a regular file, so ")])
+def test_a_log_path_of_the_wrong_kind_is_refused_at_construction(tmp_path, make, kind, reason):
+    """A log directory that is a file or a device, a CSV file that is a directory, either
+    under a regular file: one ConfigError line naming the call, the path and the reason,
+    and nothing made on disk."""
+    import tfdist
+
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "directory").mkdir()
+    path = {"file": tmp_path / "file", "directory": tmp_path / "directory",
+            "device": "/dev/full", "under_file": tmp_path / "file" / "logs" / "log.csv"}[kind]
+    key = "log_dir" if make == "TensorBoard" else "filename"
+    with pytest.raises(ConfigError) as e:
+        getattr(tfdist.callbacks, make)(path)
+    message = str(e.value)
+    assert message.startswith(f"tfdist.callbacks.{make}(): {key}: ") and reason in message
+    assert message.endswith(f"Received: {key}={str(path)!r}") and "\n" not in message
+    assert sorted(os.listdir(tmp_path)) == ["directory", "file"]
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+@pytest.mark.parametrize("value, says", [
+    (-1, "profile_batch: expected a value >= 0. Received: profile_batch=-1"),
+    ((-2, 3), "profile_batch[0]: expected a value >= 0. Received: profile_batch[0]=-2"),
+    ((5, 2), "the range's start batch is after its stop. Received: profile_batch=(5, 2)"),
+    ("5,2", "the range's start batch is after its stop. Received: profile_batch='5,2'"),
+    ((0, 5), "the range's start batch is 0 (batches count from 1; 0 alone is off)"),
+    (2.5, "expected an integer, got a number. Received: profile_batch=2.5"),
+    (True, "expected an integer, got a boolean. Received: profile_batch=True"),
+    ((1.5, 3), "profile_batch[0]: expected an integer, got a number"),
+    ((2, True), "profile_batch[1]: expected an integer, got a boolean"),
+    ("abc", "expected an integer or \"start,stop\", got a string"),
+    ("1,2,3", "expected an integer or \"start,stop\", got a string"),
+    ("2.5", "expected an integer or \"start,stop\", got a string"),
+    ("٣", "expected an integer or \"start,stop\", got a string"),
+    ((1, 2, 3), "expected a pair (start, stop), got tuple"),
+    (2**70, "expected a 64-bit integer")])
+def test_a_profile_batch_keras_would_misread_is_refused_at_construction(value, says):
+    """Negative, start after stop (as a pair or "5,2"), a range from 0 (Keras never starts
+    it), not integers (Keras takes True as 1 and floats in a pair): one ConfigError line
+    naming the call and the value."""
+    import tfdist
+
+    with pytest.raises(ConfigError) as e:
+        tfdist.callbacks.TensorBoard("logs", profile_batch=value)
+    assert str(e.value).startswith("tfdist.callbacks.TensorBoard(): profile_batch")
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("value, in_keras", [
+    (0, 0), (3, 3), ("2,4", "2,4"), (" 2 , 4 ", "2,4"), ((2, 4), (2, 4)), ([1, 1], [1, 1]),
+    ((0, 0), (0, 0)), (np.int64(3), 3), ("3", 3)])
+def test_a_profile_batch_keras_takes_means_what_it_means_in_keras(value, in_keras):
+    """Every form Keras takes gives Keras' own range; NumPy's integers are taken as
+    Python's, and "N" as N (Keras' comment offers "start" as a string; its code refuses it)."""
+    import keras
+
+    import tfdist
+
+    ours = tfdist.callbacks.TensorBoard("logs", profile_batch=value)
+    theirs = keras.callbacks.TensorBoard("logs", profile_batch=in_keras)
+    assert (ours._start_batch, ours._stop_batch, ours._should_trace) == (
+        theirs._start_batch, theirs._stop_batch, theirs._should_trace)
+
+
+@pytest.mark.parametrize("profile, traced", [((9, 10), False), ((6, 7), True)])
+def test_a_profile_range_beyond_the_run_is_a_warning_that_no_trace_was_written(
+        tmp_path, capsys, profile, traced):
+    """2 epochs of 4 batches (Keras counts 1 to 8 across epochs): batches 9-10 are never
+    reached: no trace on disk and one warning naming the range and the 8 batches; 6-7
+    (in the second epoch) writes a trace and no warning."""
+    import tfdist
+
+    begun = []
+    fit(small_model(), begun, tfdist.callbacks.TensorBoard(tmp_path, profile_batch=profile))
+    assert len(begun) == 8
+    traces = [f for _, _, files in os.walk(tmp_path) for f in files if f.endswith(".xplane.pb")]
+    assert len(traces) == int(traced), traces
+    warned = [line for line in capsys.readouterr().out.splitlines() if "no profiler trace" in line]
+    assert warned == ([] if traced else [
+        "tfdist.callbacks.TensorBoard: no profiler trace was written: profile_batch=(9, 10) "
+        "was not reached, the run had 8 train batches (counted from 1 across epochs)"])

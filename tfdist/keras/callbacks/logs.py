@@ -11,6 +11,7 @@ trace (here on request: see `TensorBoard`).
 import functools
 import importlib.util
 import os
+import re
 
 import keras
 import tensorflow as tf
@@ -20,7 +21,11 @@ from tfdist.config import checks
 from tfdist.config.checks import check_arguments
 from tfdist.core.optimizer import pipeline_of
 from tfdist.core.owned import named_optimizers
+from tfdist.core.report import logger
+from tfdist.errors import shown
 from tfdist.keras.callbacks.comm_stats import CommStats
+from tfdist.keras.callbacks.log_paths import (check_place, ending_on_error, probe_directory,
+                                              probe_file, writing)
 from tfdist.keras.callbacks.step_times import EpochStepTimes
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
 from tfdist.local_sgd import ModelAverager
@@ -28,6 +33,9 @@ from tfdist.strategies.task import task_of
 
 #: The log directory a managed platform gives a job (Vertex AI's custom training).
 PLATFORM_LOG_DIRS = ("AIP_TENSORBOARD_LOG_DIR",)
+CALLER_TB, CALLER_CSV = "tfdist.callbacks.TensorBoard", "tfdist.callbacks.CSVLogger"
+#: How a worker's probe names its scratch (`probe_directory`'s `what`).
+_SCRATCH = "this worker's private scratch: only the chief writes the path given"
 #: Where TensorBoard's profile plugin reads a run's traces (under the run's directory).
 PROFILE = os.path.join("train", "plugins", "profile")
 
@@ -43,15 +51,42 @@ def require_tensorboard(caller):
 
 
 def default_log_dir(log_dir, caller):
-    """`log_dir` checked as a config path, or, when None, the platform's (Vertex AI's
-    `AIP_TENSORBOARD_LOG_DIR`, checked the same), else Keras' "logs"."""
+    """`log_dir` checked as a config path and as a place for a directory (`check_place`),
+    or, when None, the platform's (Vertex AI's `AIP_TENSORBOARD_LOG_DIR`, checked the
+    same), else Keras' "logs"."""
+    key, value = "log_dir", log_dir
     if log_dir is None:
-        given = next(((name, os.environ[name]) for name in PLATFORM_LOG_DIRS
-                      if os.environ.get(name)), None)
-        if given is None:
-            return "logs"
-        return check_arguments(caller, {given[0]: checks.path}, **{given[0]: given[1]})[given[0]]
-    return check_arguments(caller, {"log_dir": checks.path}, log_dir=log_dir)["log_dir"]
+        key, value = next(((name, os.environ[name]) for name in PLATFORM_LOG_DIRS
+                           if os.environ.get(name)), (key, "logs"))
+    value = check_arguments(caller, {key: checks.path}, **{key: value})[key]
+    check_place(caller, key, value, directory=True)
+    return value
+
+
+def profile_range(source, path, value):
+    """Keras' `profile_batch` as (start, stop): an integer N (0: off) is (N, N), a pair
+    or a string "start,stop" of integers 1 <= start <= stop (Keras counts the train
+    batches from 1, across epochs; a range from 0 would never start). Keras refuses
+    negatives and start > stop only, naming no caller; it takes True, floats in a pair
+    and any digits `int()` reads, and refuses the "N" its comment offers."""
+    pair = value
+    if isinstance(value, str):
+        found = re.fullmatch(r"\s*([0-9]+)\s*(?:,\s*([0-9]+)\s*)?", value)
+        if found is None:
+            raise checks.type_error(source, path, 'an integer or "start,stop"', value)
+        pair = tuple(int(n) for n in found.groups(found.group(1)))
+    elif not isinstance(pair, (tuple, list)):
+        pair = checks.integer(source, path, value, minimum=0)
+        return pair, pair
+    if len(pair) != 2:
+        raise checks.type_error(source, path, "a pair (start, stop)", value)
+    start, stop = (checks.integer(source, tuple(path) + (i,), n, minimum=0)
+                   for i, n in enumerate(pair))
+    if start > stop or (start == 0 < stop):
+        why = "after its stop" if start > stop else "0 (batches count from 1; 0 alone is off)"
+        raise source.error(path, f"the range's start batch is {why}. "
+                                 f"Received: {checks.path_name(path)}={shown(value)}")
+    return start, stop
 
 
 class TensorBoard(keras.callbacks.TensorBoard):
@@ -82,22 +117,37 @@ class TensorBoard(keras.callbacks.TensorBoard):
 
     Raises:
         ImportError: the tensorboard package is not installed.
-        tfdist.ConfigError: `log_dir` is not a path, `host_tracer_level` not in 1-3,
-            `profile_workers` not a boolean.
+        tfdist.ConfigError: at construction (on every task: all are given one `log_dir`):
+            `log_dir` is not a path, is an existing file or device, or lies under one
+            (checked on the local file system only, not gs://...); `host_tracer_level`
+            not in 1-3; `profile_workers` not a boolean; `profile_batch` negative, not an
+            integer (a float, a boolean, a string other than "N" or "start,stop"), a
+            range whose start is after its stop or 0. Before training or evaluating
+            (`set_model`): `log_dir` (on a worker that is not the chief: its scratch)
+            cannot be made or written (a read-only file system, a full disk).
+        OSError: an event file could not be written during the run (a disk that filled
+            up: "No space left on device"), in one line naming the file, at the latest at
+            the end of the epoch it happened in; fit stops there.
+
+    A `profile_batch` range the run never reached (more than its train batches) is a
+    warning at the end of training, on the `tfdist` logger: no trace was written.
     """
 
     def __init__(self, log_dir=None, host_tracer_level=None, profile_workers=False, **kwargs):
-        require_tensorboard("tfdist.callbacks.TensorBoard")
+        require_tensorboard(CALLER_TB)
         if host_tracer_level is not None:
-            check_arguments("tfdist.callbacks.TensorBoard", {"host_tracer_level": functools.partial(
+            check_arguments(CALLER_TB, {"host_tracer_level": functools.partial(
                 checks.integer, minimum=1, maximum=3)}, host_tracer_level=host_tracer_level)
         self.host_tracer_level = host_tracer_level
-        self.profile_workers = check_arguments("tfdist.callbacks.TensorBoard", {
+        self.profile_workers = check_arguments(CALLER_TB, {
             "profile_workers": checks.boolean}, profile_workers=profile_workers)["profile_workers"]
-        super().__init__(default_log_dir(log_dir, "tfdist.callbacks.TensorBoard"), **kwargs)
+        if "profile_batch" in kwargs:
+            kwargs.update(check_arguments(CALLER_TB, {"profile_batch": profile_range},
+                                          profile_batch=kwargs["profile_batch"]))
+        super().__init__(default_log_dir(log_dir, CALLER_TB), **kwargs)
         self._chief_log_dir = self.log_dir
         self._scratch = WorkerScratch(self.log_dir)
-        self._task, self._training = (None, None), False
+        self._task, self._training, self._traced = (None, None), False, False
         self._comm, self._times, self._epoch = CommStats(), EpochStepTimes(), {}
 
     def set_model(self, model):
@@ -106,12 +156,16 @@ class TensorBoard(keras.callbacks.TensorBoard):
             scratch = self._scratch.create(strategy)
             self.log_dir = self._chief_log_dir if scratch is None else scratch
             self._task = task_of(strategy)
-        super().set_model(model)
+        with self._scratch.removed_on_error():
+            probe_directory(CALLER_TB, "log_dir", self._chief_log_dir, self.log_dir,
+                            self._scratch.path and _SCRATCH)
+            with writing(CALLER_TB, self.log_dir):
+                super().set_model(model)  # writes the model's summary
         self._comm.set_model(model)
         self._times.set_model(model)
 
     def on_train_begin(self, logs=None):
-        self._training = True
+        self._training, self._traced = True, False
         self._comm.on_train_begin(logs)
         self._times.on_train_begin(logs)
         super().on_train_begin(logs)
@@ -125,7 +179,8 @@ class TensorBoard(keras.callbacks.TensorBoard):
     def on_train_batch_end(self, batch, logs=None):
         self._comm.on_train_batch_end(batch, logs)
         self._epoch["batches"] = self._epoch.get("batches", 0) + 1
-        super().on_train_batch_end(batch, logs)
+        with ending_on_error(self, CALLER_TB, self.log_dir):
+            super().on_train_batch_end(batch, logs)
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
@@ -133,23 +188,32 @@ class TensorBoard(keras.callbacks.TensorBoard):
             self._times.on_epoch_end(epoch, logs)
             figures, texts = training_figures(self.model, self._epoch)
             logs.update(figures)
-            if texts:
+        with ending_on_error(self, CALLER_TB, self.log_dir):
+            if logs is not None and texts:
                 with self._train_writer.as_default():
                     for name, text in texts.items():
                         self.summary.text(f"tfdist/{name}", text, step=epoch)
-        super().on_epoch_end(epoch, logs)
+            super().on_epoch_end(epoch, logs)
+            self._flush_writers()  # a full disk is told at the epoch it filled
 
     def on_train_end(self, logs=None):
         try:
-            super().on_train_end(logs)
+            self._warn_if_untraced()
+            with writing(CALLER_TB, self.log_dir):
+                super().on_train_end(logs)
         finally:
             self._training = False
             self._done()
 
     def on_test_end(self, logs=None):
-        super().on_test_end(logs)
-        if not self._training:  # evaluate() alone
-            self._close_writers()
+        if self._training:  # fit's validation
+            with ending_on_error(self, CALLER_TB, self.log_dir):
+                return super().on_test_end(logs)
+        try:  # evaluate() alone
+            with writing(CALLER_TB, self.log_dir):
+                super().on_test_end(logs)
+                self._close_writers()
+        finally:
             self._done()
 
     def _start_profiler(self, logdir):
@@ -162,7 +226,28 @@ class TensorBoard(keras.callbacks.TensorBoard):
         level = self.host_tracer_level or (1 if self._task[0] is not None else 2)
         tf.profiler.experimental.start(logdir, options=tf.profiler.experimental.ProfilerOptions(
             host_tracer_level=level, python_tracer_level=0, device_tracer_level=1))
-        self._profiler_started = True
+        self._profiler_started = self._traced = True
+
+    def _warn_if_untraced(self):
+        """A warning where this task was to trace `profile_batch` but never started (the
+        range is beyond the run's train batches, which Keras counts across epochs)."""
+        if self._should_trace and not self._traced and (
+                self._scratch.path is None or self.profile_workers):
+            logger.warning(f"{CALLER_TB}: no profiler trace was written: profile_batch="
+                           f"({self._start_batch}, {self._stop_batch}) was not reached, the "
+                           f"run had {self._global_train_batch} train batches (counted from 1 "
+                           "across epochs)")
+
+    def _flush_writers(self):
+        """TensorFlow's writers report a failed write only to a flush (not to `close`)."""
+        for writer in self._writers.values():
+            writer.flush()
+
+    def _close_writers(self):
+        try:
+            self._flush_writers()
+        finally:
+            super()._close_writers()
 
     def _done(self):
         """Keeps this worker's profiler traces beside the chief's, removes the scratch."""
@@ -222,12 +307,19 @@ class CSVLogger(keras.callbacks.CSVLogger):
     directory removed at the end of training.
 
     Raises:
-        tfdist.ConfigError: `filename` is not a path.
+        tfdist.ConfigError: at construction (on every task): `filename` is not a path,
+            is an existing directory, or lies under a file (local paths only). At
+            `on_train_begin`, before the first step: `filename` (on a worker that is not
+            the chief: its scratch) cannot be written (a read-only file system, a full
+            disk, a device such as /dev/full).
+        OSError: a row could not be written during the run (a disk that filled up: "No
+            space left on device"), in one line naming the file; fit stops there.
     """
 
     def __init__(self, filename, separator=",", append=False):
-        filename = check_arguments("tfdist.callbacks.CSVLogger", {"filename": checks.path},
+        filename = check_arguments(CALLER_CSV, {"filename": checks.path},
                                    filename=filename)["filename"]
+        check_place(CALLER_CSV, "filename", filename, directory=False)
         super().__init__(filename, separator=separator, append=append)
         self._chief_filename = self.filename
         self._scratch = WorkerScratch(self.filename)
@@ -235,11 +327,19 @@ class CSVLogger(keras.callbacks.CSVLogger):
     def on_train_begin(self, logs=None):
         if self._scratch.create(strategy_of(self.model)) is not None:
             self.filename = self._scratch.redirect(self._chief_filename)
+        with self._scratch.removed_on_error():
+            probe_file(CALLER_CSV, "filename", self._chief_filename, self.filename,
+                       self._scratch.path and _SCRATCH)
         super().on_train_begin(logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        with ending_on_error(self, CALLER_CSV, self.filename):
+            super().on_epoch_end(epoch, logs)
 
     def on_train_end(self, logs=None):
         try:
-            super().on_train_end(logs)
+            with writing(CALLER_CSV, self.filename):
+                super().on_train_end(logs)
         finally:
             self._scratch.cleanup()
             self.filename = self._chief_filename

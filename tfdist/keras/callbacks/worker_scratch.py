@@ -1,5 +1,6 @@
 """Where a non-chief worker writes files that only the chief should keep."""
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -41,6 +42,16 @@ class WorkerScratch:
     def redirect(self, path):
         """`path` inside the scratch directory (same file name)."""
         return os.path.join(self.path, os.path.basename(os.path.normpath(path)))
+
+    @contextlib.contextmanager
+    def removed_on_error(self):
+        """Removes the scratch when the block raises (a failed check before training:
+        Keras then calls no `on_train_end`)."""
+        try:
+            yield
+        except BaseException:
+            self.cleanup()
+            raise
 
     def cleanup(self):
         if self.path is not None:
