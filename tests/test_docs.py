@@ -2,6 +2,7 @@
 passes on the checkout, and fails on a public name without a docstring, a public module
 no page documents, and a broken internal link or heading anchor."""
 
+import os
 import pathlib
 import shutil
 import subprocess
@@ -78,3 +79,75 @@ def test_house_style_docstrings_become_rst(given, rst):
     lines = list(given)
     house_style_to_rst(None, "function", "f", None, {}, lines)
     assert lines == rst
+
+
+def test_the_docstring_examples_of_public_names_run(tmp_path):
+    """Every `>>>` example in a public name's docstring (and its methods') runs as a
+    doctest, with `tfdist`, `tf` and a temporary directory `tmp` at hand."""
+    import doctest
+
+    import tensorflow as tf
+
+    from tfdist_api import PUBLIC, exported
+
+    import tfdist
+
+    seen, tests = set(), []
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    for module_name in PUBLIC:
+        for name, obj in exported(module_name):
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                tests += finder.find(obj, f"{module_name}.{name}", module=False,
+                                     globs={"tfdist": tfdist, "tf": tf, "tmp": tmp_path})
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in tests:
+        runner.run(test)
+    examples = sum(len(t.examples) for t in tests)
+    assert runner.failures == 0, f"{runner.failures} of {examples} docstring examples failed"
+    assert examples >= 10, [t.name for t in tests]  # the examples are there
+
+
+#: What a Python block of a guide that cannot run here is preceded by (a MyST comment).
+NOT_RUNNABLE = "% not runnable here:"
+
+
+def python_blocks(page):
+    """[(line, code, reason)] of a page's ```python blocks; `reason` is why it cannot run
+    here (the `NOT_RUNNABLE` comment just above it), or None."""
+    lines, blocks = page.read_text().splitlines(), []
+    for i, line in enumerate(lines):
+        if line.strip() != "```python":
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+        above = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        reason = above[len(NOT_RUNNABLE):].strip() if above.startswith(NOT_RUNNABLE) else None
+        blocks.append((i + 1, "\n".join(lines[i + 1:end]), reason))
+    return blocks
+
+
+GUIDES = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.parts and p.parent.name != "api")
+
+
+def test_every_python_block_of_the_guides_runs_or_says_why_not():
+    """A block marked not runnable gives a reason of a few words; at least the logs guide
+    has blocks that run."""
+    runnable = 0
+    for page in GUIDES:
+        for line, _, reason in python_blocks(page):
+            assert reason is None or len(reason.split()) >= 3, f"{page}:{line}: {reason!r}"
+            runnable += reason is None
+    assert runnable >= 1
+
+
+@pytest.mark.parametrize("page", [p for p in GUIDES if any(r is None for *_, r in python_blocks(p))],
+                         ids=lambda p: str(p.relative_to(DOCS)))
+def test_the_python_blocks_of_a_guide_run(tmp_path, page):
+    """A page's runnable blocks, in order, as one script (a block may use the ones above
+    it), in a directory of its own: it exits 0."""
+    script = "\n\n".join(code for _, code, reason in python_blocks(page) if reason is None)
+    (tmp_path / "guide.py").write_text(script)
+    run = subprocess.run([sys.executable, "guide.py"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=600,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert run.returncode == 0, f"{page}:\n{run.stderr[-3000:]}"

@@ -22,6 +22,14 @@ def build(compression="none", **options):
     momentum_correction, local_clip_norm, ratio_warmup_steps, ratio_warmup_start
     (`tfdist.compression.corrections`). Unknown names and out-of-range values raise
     `ConfigError`.
+
+    Examples:
+        >>> hook = tfdist.compression.build("topk", ratio=0.01, error_feedback=True)
+        >>> hook.compressor
+        TopK()
+        >>> tfdist.compression.build({"name": "powersgd", "rank": 0})
+        Traceback (most recent call last):
+        tfdist.config.errors.ConfigError: compression.build(): rank: expected a value >= 1. Received: rank=0
     """
     if isinstance(compression, (GradientCompression, AutoCompression)):
         return compression

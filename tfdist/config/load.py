@@ -39,6 +39,20 @@ def load_config(path):
             in one printable line; also a file beyond `tfdist.limits` (size,
             values with aliases expanded, nesting, number length, tasks), refused
             before the work it would cost.
+
+    Examples:
+        >>> path = tmp / "job.yaml"
+        >>> _ = path.write_text("{cluster: {worker: 2}, strategy: multi_worker_mirrored, "
+        ...                     "compression: {name: topk, ratio: 0.01}}")
+        >>> config = tfdist.load_config(path)
+        >>> config.strategy.name, config.cluster.num_training_tasks
+        ('multi_worker_mirrored', 2)
+        >>> config.compression.name, config.compression.ratio, config.compression.min_size
+        ('topk', 0.01, 1024)
+        >>> _ = path.write_text("compresion: topk")
+        >>> tfdist.load_config(path)
+        Traceback (most recent call last):
+        tfdist.config.errors.ConfigError: ...job.yaml:1: compresion: unknown section 'compresion'; did you mean 'compression'? ...
     """
     data, source = read_yaml(path)
     return build_config(data, source)
