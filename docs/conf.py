@@ -19,7 +19,11 @@ extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon",
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build"]
-myst_enable_extensions = ["colon_fence"]
+myst_enable_extensions = ["colon_fence", "substitution"]
+
+import benchmark_figures  # noqa: E402  (docs/_ext)
+
+myst_substitutions = dict(benchmark_figures.figures())  # {{ name }}: benchmarks/results
 myst_heading_anchors = 3  # [text](page.md#a-heading) is checked
 suppress_warnings = ["ref.python"]  # `keras` in a docstring may name more than one module
 autodoc_member_order = "bysource"

@@ -1,6 +1,7 @@
 """The documentation site is a test (issue 59): `make docs`' build (warnings are errors)
 passes on the checkout, and fails on a public name without a docstring, a public module
-no page documents, and a broken internal link or heading anchor."""
+no page documents, a broken internal link or heading anchor, and a quoted figure that no
+benchmark file gives; docstring examples run as doctests, the guides' code blocks run."""
 
 import os
 import pathlib
@@ -41,14 +42,18 @@ def test_the_site_builds_without_a_warning(tmp_path):
 
 def test_a_missing_docstring_page_or_link_fails_the_build(tmp_path):
     """A copy of the site with a real public function's docstring deleted (by the conf,
-    before the build), a public module's page removed, and a link to no page and to no
-    heading: the build fails naming each."""
+    before the build), a public module's page removed, a link to no page and to no
+    heading, and a figure no benchmark file gives: the build fails naming each."""
     copy = tmp_path / "docs"
     shutil.copytree(DOCS, copy, ignore=shutil.ignore_patterns("_build"))
+    for entry in ROOT.iterdir():  # what the pages reach outside docs/ (../benchmarks/...)
+        if entry.name not in ("docs", ".git", ".venv"):
+            (tmp_path / entry.name).symlink_to(entry)
     (copy / "api" / "checkpoint.md").unlink()
     index = copy / "api" / "index.md"
     index.write_text(index.read_text().replace("checkpoint\n", "")
-                     + "\nSee [nothing](no-such-page.md) and [this](tfdist.md#no-such-heading).\n")
+                     + "\nSee [nothing](no-such-page.md) and [this](tfdist.md#no-such-heading)."
+                     "\nIt took {{ no_such_figure }}.\n")
     conf = tmp_path / "conf"
     conf.mkdir()
     (conf / "conf.py").write_text(
@@ -60,7 +65,7 @@ def test_a_missing_docstring_page_or_link_fails_the_build(tmp_path):
     assert run.returncode != 0
     for says in ("tfdist.keras.optimizer_from_config is public and has no docstring",
                  "tfdist.checkpoint is public and no page documents it",
-                 "no-such-page.md", "no-such-heading"):
+                 "no-such-page.md", "no-such-heading", "no_such_figure"):
         assert says in run.stderr, (says, run.stderr[-4000:])
 
 
