@@ -1,5 +1,5 @@
 """tfdist's layers, from its own import graph: `python docs/architecture.py` draws
-docs/architecture.png; `tests/test_layers.py` checks the same graph against `LAYERS`.
+docs/concepts/architecture.png; `tests/test_layers.py` checks the same graph against `LAYERS`.
 
 A module may import from its own layer's earlier packages and from lower layers, never
 from a higher one; nothing imports tfdist inside a function (no hidden cycle).
@@ -12,7 +12,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: Bottom to top; within a layer, a package may import the ones listed before it.
 LAYERS = (
-    ("errors", "limits", "versions", "capabilities", "regions"),  # leaves
+    ("errors", "limits", "versions", "capabilities", "regions", "step_times_line"),  # leaves
     ("cluster", "config", "checkpoint"),    # YAML, TF_CONFIG, checkpoint files; no TensorFlow
     ("strategies",),                        # get_strategy and the subclasses
     ("core",),                              # the step: hooks, driver, optimizer seam
@@ -110,4 +110,4 @@ def draw(path):
 
 
 if __name__ == "__main__":
-    draw(os.path.join(os.path.dirname(os.path.abspath(__file__)), "architecture.png"))
+    draw(os.path.join(os.path.dirname(os.path.abspath(__file__)), "concepts", "architecture.png"))

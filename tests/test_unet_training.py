@@ -199,6 +199,26 @@ def test_every_config_runs_a_few_steps(request, tmp_path, name):
         assert ratio == pytest.approx(1.0, rel=1e-3)  # the verdict: 1.4e-4 of a small UNet
     assert set(metrics["final"]) >= {"loss", "mean_iou", "pixel_accuracy", "val_mean_iou"}
     assert (out / "predictions.png").stat().st_size > 0 and (out / "curves.png").exists()
+    check_step_times(metrics, out, on_two_workers(name))  # local SGD: its synchronous warm-up
+
+
+def check_step_times(metrics, out, measured):
+    """tfdist.callbacks.StepTimes' breakdown in metrics.json and step_times.png when
+    `measured` (2 multi_worker_mirrored workers; under local SGD the synchronous warm-up
+    steps are the ones measured), else null and no picture."""
+    times = metrics["step_times"]
+    if not measured:
+        assert times is None and not (out / "step_times.png").exists(), times
+        return
+    parts = np.array([times[f"{part}_s"] for part in ("compute", "exchange", "wait")])
+    assert times["workers"] == [0, 1] and parts.shape == (3, 2), times
+    assert np.isfinite(parts).all() and (parts >= 0).all(), times
+    steps = parts.sum(axis=0)  # each worker's step, between two returns of its collectives
+    assert (steps > 0).all() and (steps < metrics["wall_time_seconds"]).all(), times
+    assert min(times["wait_s"]) == 0 and times["exchange_s"][0] == times["exchange_s"][1]
+    assert times["straggler"] == int(np.argmax(times["compute_s"]))
+    assert 0 <= times["straggler_wait_share"] < 1, times
+    assert (out / "step_times.png").stat().st_size > 0
 
 
 @pytest.mark.multiprocess

@@ -1,7 +1,9 @@
-"""What the chief writes: metrics.json, a prediction grid and training curves (PNG)."""
+"""What the chief writes: metrics.json, a prediction grid, training curves and each
+worker's step-time breakdown (PNG)."""
 
 import json
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -48,6 +50,60 @@ def training_curves(history, path):
     plt.close(fig)
 
 
+#: The parts of a step in tfdist.callbacks.StepTimes' logs, stacked in this order.
+PARTS = ("compute", "exchange", "wait")
+
+
+def step_times(history):
+    """Each worker's seconds per step computing, in the exchange and waiting, in the last
+    epoch that measured them (tfdist.callbacks.StepTimes' logs), and the straggler:
+    {"workers": [index], "compute_s": [...], "exchange_s": [...], "wait_s": [...],
+    "straggler": index, "straggler_wait_share": fraction}; None when not measured (one
+    machine, parameter servers, only local SGD steps)."""
+    workers = sorted(int(m.group(1)) for m in map(
+        re.compile(r"worker_(\d+)/step_compute_s$").match, history) if m)
+    if not workers or "straggler" not in history:
+        return None
+    return {"workers": workers,
+            **{f"{part}_s": [float(history[f"worker_{i}/step_{part}_s"][-1]) for i in workers]
+               for part in PARTS},
+            "straggler": int(history["straggler"][-1]),
+            "straggler_wait_share": float(history["straggler_wait_share"][-1])}
+
+
+def step_times_figure(times):
+    """A stacked bar per worker of `step_times`' figures, the straggler marked; returns the
+    matplotlib Figure (its axes' containers are the three parts' bars, in `PARTS` order)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(1.6 * len(times["workers"]) + 3, 3.5))
+    ax = fig.add_subplot()
+    x, bottom = np.arange(len(times["workers"])), np.zeros(len(times["workers"]))
+    for part in PARTS:
+        ax.bar(x, times[f"{part}_s"], bottom=bottom, label=part, width=0.6)
+        bottom = bottom + times[f"{part}_s"]
+    slow = times["workers"].index(times["straggler"])
+    ax.annotate(f"straggler\nothers wait {times['straggler_wait_share']:.0%}",
+                (x[slow], bottom[slow]), xytext=(0, 4), textcoords="offset points",
+                ha="center", va="bottom", color="firebrick")
+    ax.set_xticks(x, [f"worker {i}" for i in times["workers"]])
+    ax.set_ylim(0, 1.3 * max(bottom.max(), 1e-9))
+    ax.set_ylabel("seconds per step")
+    ax.set_title("step time per worker, last epoch")
+    ax.legend(loc="upper left", fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def step_times_chart(history, path):
+    """Writes `step_times_figure` of `history` to `path`; False (nothing written) when the
+    history has no step times."""
+    times = step_times(history)
+    if times is not None:
+        step_times_figure(times).savefig(path, dpi=100)
+    return times is not None
+
+
 def write_metrics(history, extra, path):
     """Final and per-epoch values, plus run facts (`extra`), as JSON."""
     final = {k: v[-1] for k, v in history.items()}
@@ -56,8 +112,8 @@ def write_metrics(history, extra, path):
 
 
 #: Said once, before any training, when the curves cannot be drawn.
-NO_PLOTS = ("matplotlib is not installed: curves.png will not be written (pip install "
-            "'tfdist[plots]' to draw it); metrics.json and predictions.png will")
+NO_PLOTS = ("matplotlib is not installed: curves.png and step_times.png will not be written "
+            "(pip install 'tfdist[plots]' to draw them); metrics.json and predictions.png will")
 
 
 def can_plot():
@@ -68,17 +124,19 @@ def can_plot():
 
 
 def write_all(output_dir, model, validation, history, extra):
-    """Writes the three outputs (the curves only if matplotlib is there); returns their
-    paths."""
+    """Writes the outputs (the curves and step times only if matplotlib is there, the step
+    times only if measured); returns their paths."""
     os.makedirs(output_dir, exist_ok=True)
     images, masks = validation
     predictions = np.argmax(model(images, training=False), axis=-1)
     paths = {name: os.path.join(output_dir, name)
-             for name in ("metrics.json", "predictions.png", "curves.png")}
-    write_metrics(history, extra, paths["metrics.json"])
+             for name in ("metrics.json", "predictions.png", "curves.png", "step_times.png")}
+    write_metrics(history, {**extra, "step_times": step_times(history)}, paths["metrics.json"])
     prediction_grid(images, masks, predictions, paths["predictions.png"])
     if can_plot():
         training_curves(history, paths["curves.png"])
-    else:
+    if not (can_plot() and step_times_chart(history, paths["step_times.png"])):
+        del paths["step_times.png"]
+    if not can_plot():
         del paths["curves.png"]
     return paths

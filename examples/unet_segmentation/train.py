@@ -1,7 +1,8 @@
 """Train the UNet on any tfdist strategy: `python train.py --config configs/unet_mwms.yaml`.
 
 Under `tfdist launch` every task runs this same command with its TF_CONFIG. The chief
-writes metrics.json, predictions.png and curves.png to --output_dir.
+writes metrics.json, predictions.png, curves.png and (on several workers) step_times.png
+to --output_dir.
 """
 
 import os
@@ -60,7 +61,11 @@ def main(argv):
     progress = Progress(train.epochs, train.steps_per_epoch)
     callbacks = [tfdist.callbacks.TrainingHooks(),  # phases, local SGD, one model per read
                  tfdist.callbacks.CommStats(),      # bytes per step, in every run
-                 *([progress] if chief else [])]
+                 *([progress] if chief else []),
+                 # each worker's compute / exchange / wait per step, into each epoch's logs
+                 # (after Progress: its epoch line stays short); the chief's line every
+                 # two epochs and for the whole run
+                 tfdist.callbacks.StepTimes(every_steps=2 * train.steps_per_epoch)]
     if train.backup_dir:  # preemption: every worker saves after one agreed step, exits 143
         callbacks.append(tfdist.callbacks.BackupAndRestore(train.backup_dir))
     fit_args = dict(epochs=train.epochs, steps_per_epoch=train.steps_per_epoch,
