@@ -14,7 +14,7 @@ CPUs through tfdist:
 
     python benchmarks/model_zoo.py [--from-results]
 
-Writes benchmarks/results/model_zoo.json and .md (the table docs/models.md shows).
+Writes benchmarks/results/model_zoo.json and .md (the table docs/concepts/models.md shows).
 """
 
 import json

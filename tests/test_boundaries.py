@@ -4,7 +4,7 @@ tfdist's boundaries are enumerated from the code itself — the command line's p
 environment variables its modules read, the public API's ``__all__``, the artefacts the
 command line prints — and each must have an entry below. A new option, variable,
 constructor or artefact without hostile cases fails `test_*_are_all_registered`, so the
-next surface arrives hardened (docs/architecture.md, "Boundaries").
+next surface arrives hardened (docs/concepts/architecture.md, "Boundaries").
 
 Each case must end in one printable line that names what was wrong: exit code 2 and one
 line on stderr for the command line, an error of tfdist (or a ValueError/TypeError) with
@@ -131,6 +131,14 @@ def _optimizer():
     return keras.optimizers.SGD(0.1)
 
 
+def _keras2_optimizer():
+    """What tf_keras' Adam looks like to tfdist (tf.keras under TF_USE_LEGACY_KERAS=1;
+    tf_keras itself is not a test dependency): its module path and a get_config."""
+    adam = type("Adam", (), {"__module__": "tf_keras.src.optimizers.adam",
+                             "get_config": lambda self: {"name": "Adam"}})
+    return adam()
+
+
 def _compression(name):
     return getattr(importlib.import_module("tfdist.compression"), name)
 
@@ -248,7 +256,10 @@ PY_CASES = {
         (lambda: tfdist.callbacks.ModelCheckpoint("model.txt"), "filepath")],
     "tfdist.keras.DistributedOptimizer": [
         (lambda: tfdist.keras.DistributedOptimizer(_optimizer(), "top-k"), "top-k"),
-        (lambda: tfdist.keras.DistributedOptimizer(_optimizer(), "topk", ratio=2), "ratio")],
+        (lambda: tfdist.keras.DistributedOptimizer(_optimizer(), "topk", ratio=2), "ratio"),
+        (lambda: tfdist.keras.DistributedOptimizer(_keras2_optimizer()),
+         "tf_keras.src.optimizers.adam.Adam is a Keras 2 (tf_keras) optimizer"),
+        (lambda: tfdist.keras.DistributedOptimizer(0.1), "float is not a keras.optimizers")],
     "tfdist.keras.ModelBackup": [(lambda: tfdist.keras.ModelBackup("a\0b", _model()), "NUL"),
                                  (lambda: tfdist.keras.ModelBackup("/tmp/x", "model"), "model")],
     "tfdist.keras.optimizer_from_config": [

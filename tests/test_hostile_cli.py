@@ -6,7 +6,7 @@ environment, and asserts the README's promise: exit code 2, exactly one printabl
 on stderr (no control characters, no traceback) that names what was wrong, and nothing
 left behind (no process carrying the token, nothing in the TMPDIR).
 
-The classes follow the hostile-input review (docs/reliability.md, "Hostile input"):
+The classes follow the hostile-input review (docs/concepts/reliability.md, "Hostile input"):
 alias bombs, sizes and special files, numbers, names that are not what they look like,
 ports in use on another local address, Kubernetes limits, launcher options, argparse.
 """

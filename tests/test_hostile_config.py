@@ -555,11 +555,14 @@ def test_example_train_sections_still_validate(unet_path):  # and examples/ on s
     assert checked
 
 
-def test_readme_configs_still_load():
-    blocks = re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert blocks
-    for i, block in enumerate(blocks):
-        data, source = parse_yaml(block, f"README.md#{i}")
+def test_the_configs_the_readme_and_the_guides_show_still_load():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    blocks = [(f"{page.relative_to(ROOT)}#{i}", block) for page in pages
+              if "_build" not in page.parts
+              for i, block in enumerate(re.findall(r"```yaml\n(.*?)```", page.read_text(), re.S))]
+    assert len(blocks) >= 10, blocks
+    for name, block in blocks:
+        data, source = parse_yaml(block, name)
         assert data == yaml.safe_load(block)
         if '"host:port"' not in block:  # the first block is a template
             build_config(data, source)

@@ -76,7 +76,7 @@ def step_times_figure(times):
     matplotlib Figure (its axes' containers are the three parts' bars, in `PARTS` order)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(1.6 * len(times["workers"]) + 3, 3.5))
+    fig = Figure(figsize=(1.6 * len(times["workers"]) + 4, 3.5))
     ax = fig.add_subplot()
     x, bottom = np.arange(len(times["workers"])), np.zeros(len(times["workers"]))
     for part in PARTS:
@@ -90,7 +90,7 @@ def step_times_figure(times):
     ax.set_ylim(0, 1.3 * max(bottom.max(), 1e-9))
     ax.set_ylabel("seconds per step")
     ax.set_title("step time per worker, last epoch")
-    ax.legend(loc="upper left", fontsize="small")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")  # off the bars
     fig.tight_layout()
     return fig
 

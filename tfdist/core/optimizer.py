@@ -101,6 +101,26 @@ def learning_rate_schedule(optimizer):
     return rate if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) else None
 
 
+def keras3_only(optimizer):
+    """`optimizer`, unless it is another Keras' optimizer (tf_keras, the Keras 2 that
+    `TF_USE_LEGACY_KERAS=1` makes `tf.keras`), which tfdist cannot route.
+
+    Raises:
+        TypeError: naming the optimizer's class and what to write instead.
+    """
+    if isinstance(optimizer, (str, dict, keras.optimizers.Optimizer)):
+        return optimizer
+    kind = type(optimizer)
+    keras2 = kind.__module__.split(".")[0] in ("tf_keras", "keras") and hasattr(
+        optimizer, "get_config")
+    raise TypeError(
+        f"tfdist routes Keras 3 optimizers only; {kind.__module__}.{kind.__qualname__} is "
+        + ("a Keras 2 (tf_keras) optimizer, which tf.keras is under TF_USE_LEGACY_KERAS=1. "
+           "Build the model and the optimizer with `import keras` (Keras 3), e.g. "
+           "keras.optimizers.Adam()" if keras2 else "not a keras.optimizers.Optimizer")
+        + f". Received: {optimizer!r}")
+
+
 def with_gradient_pipeline(optimizer, pipeline):
     """A copy of `optimizer` whose gradient exchange is `pipeline` (to which a
     `SyncReplicaState` hook is added if it has none: one model on every replica).
@@ -119,7 +139,7 @@ def with_gradient_pipeline(optimizer, pipeline):
     Raises:
         ValueError: the optimizer is already built or already routed through a pipeline.
     """
-    optimizer = keras.optimizers.get(optimizer)
+    optimizer = keras.optimizers.get(keras3_only(optimizer))
     if loss_scale.is_loss_scale(optimizer) and not optimizer.built:
         inner = with_gradient_pipeline(optimizer.inner_optimizer, pipeline)
         return loss_scale.LossScaleOptimizer(

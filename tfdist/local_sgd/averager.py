@@ -14,7 +14,7 @@ change since the anchors (which compresses like a gradient).
 `ModelAverager` is a short hook composed of parts, each in its own module: the warm-up
 (`warmup`), the schedule (`schedule`), one synchroniser per fragment (`synchroniser`),
 the synchronisations between steps (`rounds`), the step's own exchange (`step`) and the
-islands' agreement (`agreement`); docs/architecture.md draws them.
+islands' agreement (`agreement`); docs/concepts/architecture.md draws them.
 """
 
 from tfdist.capabilities import names_with
