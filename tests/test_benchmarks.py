@@ -775,3 +775,21 @@ def test_step_times_cost_is_each_comparisons_paired_difference_and_ratio():
         6, [("Const", 4), ("Timestamp", 2)])
     text = "\n".join(step_times_cost.markdown(metrics))
     assert "| own_unclocked → own |" in text and "| **no** |" in text
+
+
+def test_same_day_rows_replace_the_older_limit_and_auto_rows(monkeypatch):
+    """The page shows today's measurements only (issue 59): once same-day runs measured the
+    slow link and `auto` again, the rows from older time-to-accuracy runs are left out."""
+    fast, slow = 10**9, 2 * 10**7
+    runs = [tta_run("fp16", 0, [0.86, 0.9], 11.0, rate=fast),
+            tta_run("topk+EF", 0, [0.5, 0.86], 7.0, rate=slow),
+            tta_run("auto", 0, [0.86, 0.9], 11.5, rate=fast)]
+    monkeypatch.setattr(report, "RESULTS", pathlib.Path("/nonexistent"))
+    results = {"time_to_accuracy": {"runs": runs}, "overhead": {"block_median_seconds": {}}}
+    older = [name for name, *_ in report.limit_targets(results)]
+    assert any(name.startswith("auto at 1000 Mbit/s") for name in older)
+    today = ("auto with local steps at 20 Mbit/s", "18 s", False, "same-day runs (2026-11-29)")
+    monkeypatch.setattr(report, "auto_local_targets", lambda name="auto_local": [today])
+    names = [name for name, *_ in report.limit_targets(results)]
+    assert not [n for n in names if n.startswith(("auto at ", "time to mean IoU 0.85 at"))], names
+    assert names.count(today[0]) == 2  # auto_local and slow_link_limit, each once
