@@ -6,6 +6,7 @@ benchmark file gives; docstring examples run as doctests, the guides' code block
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -227,3 +228,14 @@ def test_the_readme_own_loop_example_learns_with_one_model_on_both_replicas(tmp_
     (report,) = report_of(run.stdout)
     assert all(len(v) == 2 and v[0] == v[1] for v in report["weights"]), report["weights"]
     assert report["history"] > 0.8, report["history"]  # chance: 0.5
+
+
+def test_every_results_file_and_script_a_page_cites_exists():
+    """A figure a page quotes names where it comes from (`benchmarks/results/X.md`, the
+    `benchmarks/X.py` that writes it); each named file is there, so no source dangles."""
+    pages = [ROOT / "README.md", *(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)]
+    cited = {(page.name, path) for page in pages for path in re.findall(
+        r"\b(benchmarks/(?:results/)?[\w./-]+\.(?:md|json|csv|py|png))", page.read_text())}
+    assert len(cited) >= 20, cited
+    missing = sorted((page, path) for page, path in cited if not (ROOT / path).exists())
+    assert not missing, missing
