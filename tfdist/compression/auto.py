@@ -201,6 +201,9 @@ class AutoCompression(TrainingHook):
     def replica_state(self):
         return [v for method in self.methods for v in self.hooks[method].replica_state()]
 
+    def replica_state_rules(self):
+        return [r for method in self.methods for r in self.hooks[method].replica_state_rules()]
+
     def checkpoint_state(self):
         """A kept choice (not while its prior or a trial is timed: that is measured again)."""
         if self._stage != "kept" or not self.decisions:

@@ -27,6 +27,7 @@ from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize
 from tfdist.config.hyperparameters import (LOCAL_CLIP_NORM, MOMENTUM_CORRECTION,
                                            RATIO_WARMUP_START, RATIO_WARMUP_STEPS)
 from tfdist.config import checks
+from tfdist.core.resize import rule_of_state
 from tfdist.config.checks import check_arguments
 from tfdist.config.sections.compression import EXCHANGE_OPTIONS
 from tfdist.core import gradients, transaction
@@ -265,6 +266,9 @@ class GradientCompression(TrainingHook):
 
     def replica_state(self):
         return [self.state[key] for key in sorted(self.state)]
+
+    def replica_state_rules(self):
+        return [rule_of_state(key) for key in sorted(self.state)]
 
     # --- the exchange ---------------------------------------------------------------
 

@@ -138,6 +138,11 @@ class TrainingHook:
         every worker and gives back to each."""
         return []
 
+    def replica_state_rules(self):
+        """How each of `replica_state()` goes onto another number of replicas
+        (`tfdist.core.resize`: "sum", "shared" or "afresh"), in the same order."""
+        return ["afresh"] * len(self.replica_state())
+
     def checkpoint_state(self):
         """What a backup keeps of this hook beyond variables (JSON values, the same on
         every worker; e.g. `compression: auto`'s decision), or None."""
@@ -279,6 +284,10 @@ class GradientPipeline:
     def replica_state(self):
         """Every hook's `replica_state()`, in order."""
         return [v for hook in self.hooks for v in hook.replica_state()]
+
+    def replica_state_rules(self):
+        """Every hook's `replica_state_rules()`, in order."""
+        return [r for hook in self.hooks for r in hook.replica_state_rules()]
 
     def checkpoint_states(self):
         """Every hook's `checkpoint_state()`, in order."""

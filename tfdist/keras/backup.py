@@ -6,7 +6,8 @@ scale, DiLoCo's outer optimizer) in `backup.weights.h5`; each replica's own stat
 gathered from every replica of every worker in `replica_state.npz` — the exchange's
 (error-feedback residuals, PowerSGD's P and Q, EF21's estimates) and, where replicas
 train apart (local SGD, DiLoCo), their weights, optimizer slots and DiLoCo's anchors, so
-a backup between two synchronisations changes nothing; and, in the metadata, the hooks'
+a backup between two synchronisations changes nothing (restored by another number of
+replicas, by each variable's rule: `tfdist.core.resize`); and, in the metadata, the hooks'
 kept state (`compression: auto`'s choice, where local SGD's schedule stands) and the
 layers' random state that Keras' `save_weights` leaves out (a Dropout's seed generator),
 so a resumed run draws the masks the uninterrupted one would. Each backup is a `tfdist.checkpoint.CheckpointStore`
@@ -26,9 +27,11 @@ import numpy as np
 from tfdist.checkpoint import CheckpointError, CheckpointStore
 from tfdist.checkpoint.store import check_json
 from tfdist.checkpoint.files import check_path, open_regular
+from tfdist.limits import MAX_LOGICAL_CPUS, MAX_TASKS
 from tfdist.core.driver import before_backup
 from tfdist.core.optimizer import pipeline_of
 from tfdist.core.owned import optimizers_of
+from tfdist.core.resize import describe, resized_rows
 from tfdist.core.variables import (gather_replica_values, optimizer_slots,
                                    set_replica_values)
 from tfdist.strategies.task import barrier, is_chief
@@ -238,14 +241,49 @@ def _restore_replica_state(model, strategy, path):
         return
     group = _replica_group(model)
     replicas = (group or strategy).num_replicas_in_sync
-    expected = [((replicas, *map(int, v.shape)), _numpy_dtype(v)) for v in state]
-    arrays = _read_arrays(file, expected, _bound(state, replicas))
+    old = _replicas_of(file, state)  # from the headers: who wrote it
+    arrays = None if old is None else _read_arrays(
+        file, [((old, *map(int, v.shape)), _numpy_dtype(v)) for v in state], _bound(state, old))
     if arrays is None:
         print(f"tfdist: the backup {path} holds the exchange state of another layout "
               f"(this run: {len(state)} variables over {replicas} replicas): it starts "
               "afresh", flush=True)
-        return
-    set_replica_values(strategy, state, arrays, group)
+    elif old == replicas:
+        set_replica_values(strategy, state, arrays, group)
+    else:
+        _restore_resized(model, strategy, path, state, arrays, replicas, group)
+
+
+def _restore_resized(model, strategy, path, state, arrays, replicas, group):
+    """The backup's exchange state (`arrays`, written by another number of replicas)
+    carried onto this run's by each variable's rule (`tfdist.core.resize`), in one line."""
+    rules = _replica_rules(model)
+    resized = [resized_rows(rows, replicas, rule) for rows, rule in zip(arrays, rules)]
+    carried = [(v, rows) for v, rows in zip(state, resized) if rows is not None]
+    set_replica_values(strategy, [v for v, _ in carried], [rows for _, rows in carried], group)
+    print(f"tfdist: the backup {path} holds {describe(rules, len(arrays[0]), replicas)}",
+          flush=True)
+
+
+def _replicas_of(file, state):
+    """The number of replicas the backup's exchange state was written by (every array's
+    first dimension, the rest the variables' shapes), or None — from the headers only,
+    before any array is read (the arrays are then read within that many replicas' bytes)."""
+    limit = _bound(state, MAX_LOGICAL_CPUS * MAX_TASKS)
+    with open_regular(file, limit) as f, zipfile.ZipFile(f) as archive:
+        names = [f"arr_{i}.npy" for i in range(len(state))]
+        if sorted(archive.namelist()) != sorted(names):
+            return None
+        firsts = set()
+        for name, variable in zip(names, state):
+            with archive.open(name) as member:
+                version = np.lib.format.read_magic(member)
+                shape = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                         else np.lib.format.read_array_header_2_0)(member)[0]
+            if len(shape) < 1 or tuple(shape[1:]) != tuple(map(int, variable.shape)):
+                return None
+            firsts.add(shape[0])
+        return firsts.pop() if len(firsts) == 1 and min(firsts) >= 1 else None
 
 
 def _read_arrays(file, expected, limit):
@@ -257,8 +295,10 @@ def _read_arrays(file, expected, limit):
             return None
         arrays = []
         for name, (shape, dtype) in zip(names, expected):
-            if archive.getinfo(name).file_size > dtype.itemsize * int(np.prod(shape)) \
-                    + _VARIABLE_OVERHEAD:
+            info, data = archive.getinfo(name), dtype.itemsize * int(np.prod(shape))
+            # stored as np.savez stores (no inflating), holding every byte its header declares
+            if not data <= info.file_size <= data + _VARIABLE_OVERHEAD \
+                    or info.compress_size != info.file_size:
                 return None
             with archive.open(name) as member:
                 version = np.lib.format.read_magic(member)
@@ -316,6 +356,19 @@ def _replica_state(model):
         if any(hook.replicas_apart for hook in pipeline.hooks):
             state += optimizer_slots(optimizer, distributed=pipeline.replica_group is None)
     return state
+
+
+def _replica_rules(model):
+    """How each of `_replica_state(model)` goes onto another number of replicas: the hooks'
+    rules; optimizer slots of replicas training apart start afresh."""
+    rules = []
+    for optimizer in _built(model):
+        pipeline = pipeline_of(optimizer)
+        rules += pipeline.replica_state_rules()
+        if any(hook.replicas_apart for hook in pipeline.hooks):
+            rules += ["afresh"] * len(optimizer_slots(
+                optimizer, distributed=pipeline.replica_group is None))
+    return rules
 
 
 def _replica_group(model):

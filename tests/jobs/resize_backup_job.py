@@ -1,0 +1,42 @@
+"""A backup written by one number of replicas, restored by another (issue 60): `--replicas
+N` logical CPUs under `mirrored`, an error-fed exchange (`--compression topk|powersgd`).
+`save` trains a few steps and writes a `ModelBackup`; `restore` builds the same model and
+restores it. Either prints one line `STATE {"rules": [...], "rows": [[...] per variable]}`:
+each replica-state variable gathered from every replica, flattened."""
+
+import argparse
+import json
+
+import keras
+import numpy as np
+
+import tfdist
+from tfdist.core.variables import gather_replica_values
+from tfdist.keras.backup import _replica_rules, _replica_state
+
+parser = argparse.ArgumentParser()
+parser.add_argument("mode", choices=["save", "restore"])
+parser.add_argument("--replicas", type=int, required=True)
+parser.add_argument("--dir", required=True)
+parser.add_argument("--compression", default="topk")
+args = parser.parse_args()
+
+strategy = tfdist.get_strategy("mirrored", logical_cpus=args.replicas)
+options = {"topk": dict(ratio=0.1), "powersgd": dict(rank=1)}[args.compression]
+with strategy.scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+    optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.1), args.compression,
+                                                  error_feedback=True, min_size=0, **options)
+    model.compile(optimizer, "mse")
+backup = tfdist.keras.ModelBackup(args.dir, model, run="resize test")
+if args.mode == "save":
+    x = np.random.default_rng(0).normal(size=(12 * args.replicas, 8)).astype("float32")
+    model.fit(x, x.sum(axis=1), batch_size=4 * args.replicas, epochs=1, verbose=0,
+              callbacks=[tfdist.callbacks.TrainingHooks()])
+    backup.save()
+else:
+    assert backup.restore() is not None, "no backup restored"
+rows = gather_replica_values(strategy, _replica_state(model))
+print("STATE " + json.dumps({"rules": _replica_rules(model),
+                             "rows": [r.reshape(r.shape[0], -1).tolist() for r in rows]}),
+      flush=True)
