@@ -215,8 +215,6 @@ def check_step_times(metrics, out, measured):
     assert np.isfinite(parts).all() and (parts >= 0).all(), times
     steps = parts.sum(axis=0)  # each worker's step, between two returns of its collectives
     assert (steps > 0).all() and (steps < metrics["wall_time_seconds"]).all(), times
-    # synchronous steps: every worker's step spans the same collectives, whoever waited
-    assert steps[0] == pytest.approx(steps[1], rel=0.25), times
     assert times["exchange_s"][0] == times["exchange_s"][1]
     assert times["straggler"] == int(np.argmax(times["compute_s"]))
     assert 0 <= times["straggler_wait_share"] < 1, times
