@@ -122,6 +122,7 @@ def _add_launch(sub):
     p = sub.add_parser("launch", help="run every task locally: tfdist launch CONFIG -- CMD ..., "
                                       "or N workers: tfdist launch -n N -- CMD ...",
                        usage="tfdist launch (CONFIG | -n N) [--max-restarts N] "
+                             "[--min-workers K [--rejoin-seconds S]] "
                              "[--task TYPE:INDEX] -- COMMAND [ARGS...]")
     p.add_argument("config", nargs="?")
     p.add_argument("-n", "--num-workers", type=_workers, metavar="N",
@@ -138,6 +139,14 @@ def _add_launch(sub):
     p.add_argument("--hang-seconds", type=float, default=600.0,
                    help="a task with no output and no CPU use for this long is reported "
                         "as hung and killed (default 600; 0: never)")
+    p.add_argument("--min-workers", type=_workers, metavar="K",
+                   help="multi_worker_mirrored: a lost worker does not stop the job, which "
+                        "goes on from its last backup with at least K workers (default: the "
+                        "config's elastic.min_workers; none: never resize)")
+    p.add_argument("--rejoin-seconds", type=float, metavar="S",
+                   help="with --min-workers: a lost worker's place is offered back after S "
+                        "seconds (doubled each time it is lost again) and taken back at an "
+                        "agreed step (default: elastic.rejoin_seconds, else 60)")
     p.set_defaults(run=_launch)
 
 
@@ -231,6 +240,9 @@ def describe(config):
             f", {local.compression.name}" if local.compression else "") + (
             f", after {local.warmup_steps} synchronous steps" if local.warmup_steps else "") + (
             f" exchanging {local.warmup_compression.name}" if local.warmup_compression else ""))
+    if config.elastic:
+        parts.append(f"elastic: at least {config.elastic.min_workers} workers, a lost one "
+                     f"offered back after {config.elastic.rejoin_seconds:g} s")
     return "; ".join(parts)
 
 
@@ -252,8 +264,12 @@ def _launch(args, command):
             raise UsageError(f"--task needs a cluster: section in {args.config}")
         only_task = parse_task(args.task, {j: a for j, a in config.cluster.jobs().items()})
     _require_command(command, "launch")
+    if args.rejoin_seconds is not None and args.min_workers is None and config.elastic is None:
+        raise UsageError("--rejoin-seconds is for an elastic job: give --min-workers K too (or "
+                         "an elastic: section in the config)")
     return launch(config, command, max_restarts=args.max_restarts, only_task=only_task,
-                  grace_seconds=args.grace_seconds, hang_seconds=args.hang_seconds)
+                  grace_seconds=args.grace_seconds, hang_seconds=args.hang_seconds,
+                  min_workers=args.min_workers, rejoin_seconds=args.rejoin_seconds)
 
 
 def _launch_config(path, workers):

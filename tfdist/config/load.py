@@ -10,18 +10,20 @@ from tfdist.config.schema import Config
 from tfdist.config.sections.cluster import SLURM_KEYS, cluster
 from tfdist.config.sections.compression import (COMPRESSION_KEYS, COMPRESSOR_PARAMS,
                                                 EXCHANGE_OPTIONS, compression)
+from tfdist.config.sections.elastic import ELASTIC_KEYS, elastic
 from tfdist.config.sections.local_sgd import LOCAL_SGD_KEYS, local_sgd
 from tfdist.config.sections.strategy import STRATEGY_OPTIONS, strategy
 from tfdist.config.together import check_together
 from tfdist.config.yaml_source import Source, read_yaml
 
 # Re-exported: the names callers and tests take from here.
-__all__ = ["COMPRESSION_KEYS", "COMPRESSOR_PARAMS", "EXCHANGE_OPTIONS", "LOCAL_SGD_KEYS",
+__all__ = ["COMPRESSION_KEYS", "COMPRESSOR_PARAMS", "ELASTIC_KEYS", "EXCHANGE_OPTIONS",
+           "LOCAL_SGD_KEYS",
            "SECTIONS", "SLURM_KEYS", "STRATEGY_OPTIONS", "build_config", "check_arguments",
            "compression_from_dict", "config_from_dict", "load_config", "local_sgd_from_dict",
            "strategy_from_dict"]
 
-SECTIONS = ("cluster", "strategy", "compression", "local_sgd")
+SECTIONS = ("cluster", "strategy", "compression", "local_sgd", "elastic")
 
 
 def load_config(path):
@@ -29,7 +31,8 @@ def load_config(path):
 
     Args:
         path: a YAML file (str or os.PathLike) with any of the sections cluster,
-            strategy, compression, local_sgd, plus the application's own sections.
+            strategy, compression, local_sgd, elastic, plus the application's own
+            sections.
 
     Returns:
         A frozen `Config`; a section left out is None.
@@ -97,6 +100,7 @@ def build_config(data, source):
         strategy=get("strategy", strategy),
         compression=get("compression", compression),
         local_sgd=get("local_sgd", local_sgd),
+        elastic=get("elastic", elastic),
         app=_freeze_app(source, {k: v for k, v in data.items() if k not in SECTIONS}),
         path=source.file,
         source=source,

@@ -132,6 +132,16 @@ class LocalSGDConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ElasticConfig:
+    """A job that goes on with fewer workers when one is lost (`tfdist.launch.elastic`):
+    at least `min_workers` (the cluster's size is the most); a lost worker's place is
+    offered back after `rejoin_seconds` (doubled each time that place is lost again)."""
+
+    min_workers: int
+    rejoin_seconds: float = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """A whole config file: tfdist's sections, each None when left out, and the rest.
 
@@ -147,6 +157,7 @@ class Config:
     strategy: StrategyConfig | None = None
     compression: CompressionConfig | None = None
     local_sgd: LocalSGDConfig | None = None
+    elastic: ElasticConfig | None = None
     app: Mapping[str, Any] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({}))
     path: str | None = None

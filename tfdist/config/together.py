@@ -24,6 +24,8 @@ def check_together(config, source):
         raise source.error(("compression", "name"), "with local_sgd: the compression section "
                            "compresses the model averages, which auto does not choose for; "
                            "name a method (e.g. fp16)")
+    if config.elastic is not None:
+        _check_elastic_fits(config, name, source)
     if name is None:
         return
     allowed = capabilities(name)
@@ -41,6 +43,27 @@ def check_together(config, source):
         raise source.error(("local_sgd", "island_steps"), "island_steps needs islands of "
                            "workers (a multi-worker job): a machine's replicas share one loop "
                            f"and train at one pace. Received: strategy={name}")
+
+
+def _check_elastic_fits(config, name, source):
+    """elastic: resizes a multi_worker_mirrored job of workers (islands not yet)."""
+    if name != "multi_worker_mirrored":
+        raise source.error(("elastic",), "resizes the collective group of "
+                           "strategy multi_worker_mirrored (parameter_server already goes on "
+                           "without a lost worker and uses it again when it returns). "
+                           f"Received: strategy={name}")
+    if config.local_sgd is not None and config.local_sgd.islands is not None:
+        raise source.error(("elastic",), "does not resize islands yet: a lost worker "
+                           "would leave islands of unequal size; leave out one of elastic: "
+                           "and local_sgd.islands")
+    cluster = config.cluster
+    if cluster is None or cluster.scheduler is not None:
+        return
+    members = len(cluster.chief) + len(cluster.worker)
+    if config.elastic.min_workers > members:
+        raise source.error(("elastic", "min_workers"), "min_workers is more than the cluster "
+                           f"has ({members} chief and worker tasks, the most the job runs "
+                           f"with). Received: min_workers={config.elastic.min_workers}")
 
 
 def _check_islands_fit(config, source):

@@ -23,6 +23,7 @@ import time
 
 import tensorflow as tf
 
+from tfdist import resize_signal
 from tfdist.errors import TfdistError
 
 #: The exit code of a task that saved at an agreed step after a preemption signal (128 +
@@ -59,10 +60,13 @@ class Preemption:
     # --- signals --------------------------------------------------------------------
 
     def install(self, signals=SIGNALS):
-        """Catches `signals` (main thread only): the first sets `requested`; a second of
+        """Catches `signals` (main thread only), and the resize signal in a task of an
+        elastic launch (`tfdist.resize_signal`): the first sets `requested`; a second of
         the same signal ends the process as the signal would have."""
         if threading.current_thread() is not threading.main_thread():
             return
+        if resize_signal.wanted():
+            signals = (*signals, resize_signal.NAME)
         for name in signals:
             number = getattr(signal, name)
             if number not in self._installed:
@@ -89,6 +93,10 @@ class Preemption:
             signal.signal(number, signal.SIG_DFL)
             signal.raise_signal(number)
             return
+        self.request(number)
+
+    def request(self, number):
+        """Takes note of a stop asked by signal `number`: the next step carries it."""
         self.requested, self.received_at = True, time.monotonic()
         self.signal_name = signal.Signals(number).name
 

@@ -16,7 +16,8 @@ from tfdist.cluster.spec import check_local_ports_free, check_resolvable, cluste
 from tfdist.cluster.tf_config import tf_config_json
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.launch import os_limits, reaper
+from tfdist.config.sections.elastic import ELASTIC_KEYS
+from tfdist.launch import elastic, os_limits, reaper
 from tfdist.launch.errors import LaunchError
 from tfdist.launch.output import Sink
 from tfdist.launch.summary import summary
@@ -106,6 +107,11 @@ class Launcher:
             0 to `MAX_GRACE_SECONDS`).
         hang_seconds: a task without output or CPU use for this long is hung (0: never;
             at most `MAX_HANG_SECONDS`).
+        min_workers: the fewest workers (chief included) a multi_worker_mirrored job goes
+            on with when one is lost, instead of stopping (`tfdist.launch.elastic`);
+            default: the config's ``elastic.min_workers``, else the job never resizes.
+        rejoin_seconds: how long after its loss a worker's place is offered back (default:
+            the config's ``elastic.rejoin_seconds``, else 60).
 
     Raises:
         LaunchError: no command, an option out of range, a task not on this machine,
@@ -115,12 +121,16 @@ class Launcher:
     """
 
     def __init__(self, config, command, *, max_restarts=0, only_task=None,
-                 out=None, err=None, grace_seconds=10.0, hang_seconds=600.0):
+                 out=None, err=None, grace_seconds=10.0, hang_seconds=600.0,
+                 min_workers=None, rejoin_seconds=None):
         if not command:
             raise LaunchError("no command to launch; give it after --, e.g. "
                               "tfdist launch job.yaml -- python train.py")
         _check_options(max_restarts=max_restarts, grace_seconds=grace_seconds,
                        hang_seconds=hang_seconds)
+        self.places = self._elastic_places(config, min_workers, rejoin_seconds, only_task)
+        self._taking_back = False  # the resize signal was sent; the tasks stop at one step
+        self.resizes = 0
         self.config, self.command, self.max_restarts = config, list(command), max_restarts
         self.only_task = only_task
         self.out, self.err = out or sys.stdout, err or sys.stderr
@@ -133,8 +143,23 @@ class Launcher:
         self._failed = None  # the task whose failure ended the job
         self.tmpdir = None
         self.tasks = []
+        self._retired = []  # the tasks of an elastic job's earlier sizes
         self._popen_pids = set()
         self._err_sink = self._out_sink = None
+
+    @staticmethod
+    def _elastic_places(config, min_workers, rejoin_seconds, only_task):
+        """The `elastic.Places` of a job that resizes, or None."""
+        given = config.elastic
+        if min_workers is None and given is not None:
+            min_workers = given.min_workers
+        if rejoin_seconds is None:
+            rejoin_seconds = given.rejoin_seconds if given is not None else 60.0
+        if min_workers is None:
+            return None
+        _check_options(min_workers=min_workers, rejoin_seconds=rejoin_seconds)
+        elastic.check_elastic(config, min_workers, only_task)
+        return elastic.Places(elastic.members_of(config.cluster), min_workers, rejoin_seconds)
 
     # --- the run ------------------------------------------------------------------------
 
@@ -199,7 +224,7 @@ class Launcher:
             task.wait_output(0.5)
         if code is not None and any(task.proc for task in self.tasks):
             self.log(summary(self.tasks, seconds=seconds, failed=self._failed,
-                             signum=self._signal, restarts=restarts,
+                             signum=self._signal, restarts=restarts, resizes=self.resizes,
                              step_times=self._last_step_times()))
         self._err_sink.close(max(0.5, deadline - time.monotonic()))
 
@@ -270,6 +295,10 @@ class Launcher:
         if cluster is None:
             return [TaskProcess("main", self.command, self._private_tmp(base_env, "main"),
                                 self._out_sink)]
+        if self.places is not None:
+            cluster = elastic.resized(cluster, self.places.size())
+            selected = cluster.tasks()
+            base_env = elastic.task_env(base_env)
         addresses = cluster_dict(cluster, pick_free_ports=self.only_task is None)
         tasks = []
         for job, index in selected:
@@ -320,6 +349,9 @@ class Launcher:
                           f"exited with code {exit_code(code)}" if code else
                           "exited while the job was still running")
                 task.wait_output()
+                if self.places is not None and self._resize(task, code, reason):
+                    finished.clear()
+                    break
                 self._release_reports(keep=True)
                 if not self._restart_after_failure(task, reason):
                     self.log(f"{task.name} {reason}; stopping the other tasks")
@@ -330,12 +362,100 @@ class Launcher:
                 break
             if all(t.name in finished for t in self.tasks if not t.is_server):
                 return 0
+            if self.places is not None:
+                self._take_back_when_due()
             if time.monotonic() >= next_hang_check:
                 next_hang_check = time.monotonic() + _HANG_CHECK_SECONDS
                 reaper.reap_adopted(self._popen_pids)
                 if self.hang_seconds:
                     self._kill_hung_tasks(finished)
             time.sleep(_POLL_SECONDS)
+
+    # --- an elastic job ------------------------------------------------------------------
+
+    def _resize(self, task, code, reason):
+        """An elastic job's answer to `task`'s exit: True if the job was restarted at a new
+        size (a loss, or the agreed stop of a take-back), False to handle it as any job."""
+        if self._taking_back and elastic.stop_code(code):
+            self._wait_for_stop()
+            return self._restart_resized(taking_back=True)
+        if code == elastic.PREEMPTED or (self._taking_back and code == 0):
+            return False  # a preemption from outside, or the job's end: as always
+        self._taking_back = False
+        lost = [i for i, each in enumerate(self.tasks)
+                if each.poll() not in (None, 0) and not each.stopped]
+        if self.places.size() - len(lost) < self.places.min_workers:
+            self.log(f"{task.name} {reason}; {self.places.size() - len(lost)} of "
+                     f"{self.places.members} workers left, fewer than --min-workers "
+                     f"{self.places.min_workers}")
+            return False
+        self._kill_all()
+        now = time.monotonic()
+        places = self.places.lose(lost, now)
+        names = ", ".join(self.tasks[i].name for i in lost)
+        self.places.take_back(now)  # places due meanwhile come back with this restart
+        offered = min(self.places.back_in(place, now) for place in places)
+        self.log(f"{names} {reason}; going on with {self.places.size()} of "
+                 f"{self.places.members} workers (--min-workers {self.places.min_workers}) "
+                 f"from the last backup; the lost place is offered back in {offered:.0f} s")
+        return self._restart_resized(taking_back=False)
+
+    def _take_back_when_due(self):
+        """A lost place whose time has come: asks every task to stop at one agreed step."""
+        if self._taking_back or not self.places.due(time.monotonic()):
+            return
+        if any(task.poll() is not None for task in self.tasks if not task.is_server):
+            return  # one has exited (finished, or failing): not a moment to resize
+        self._taking_back = True
+        size = self.places.size() + len(self.places.due(time.monotonic()))
+        self.log(f"a lost worker's place is back: asking every task to stop at an agreed "
+                 f"step ({elastic.RESIZE_SIGNAL}) to go on with {size} of "
+                 f"{self.places.members} workers")
+        for task in self.tasks:
+            if task.proc is not None and task.name.split(":")[0] in ("chief", "worker"):
+                task.proc.send_signal(elastic.resize_signal())
+
+    def _wait_for_stop(self):
+        """After one task answered the resize signal: the others get as long as saving
+        may take (`grace_seconds`, at least a minute) to answer too, then are killed."""
+        deadline = time.monotonic() + max(self.grace_seconds, 60.0)
+        while time.monotonic() < deadline and any(t.poll() is None for t in self.tasks if t.proc):
+            time.sleep(_POLL_SECONDS)
+        late = [t.name for t in self.tasks if t.proc and t.poll() is None]
+        if late:
+            self.log(f"{', '.join(late)} did not stop at the agreed step; killing "
+                     "(resuming from the last backup)")
+
+    def _restart_resized(self, taking_back):
+        """Kills what is left, takes back the places that are due (`taking_back`) and
+        starts the job at its new size, from the last backup."""
+        self._kill_all()
+        self._taking_back = False
+        if taking_back:
+            self.places.take_back(time.monotonic())
+            self.log(f"every task stopped at the agreed step; going on with "
+                     f"{self.places.size()} of {self.places.members} workers")
+        self.resizes += 1
+        for task in self.tasks:
+            task.wait_output()
+        self._release_reports(keep=not taking_back)
+        self._retired += self.tasks
+        self.tasks = self._make_tasks(None)
+        for task in self.tasks:
+            self._start(task)
+        return True
+
+    def _kill_all(self):
+        """SIGKILL to every task's group at once: blocked in a collective with a lost peer,
+        they hold nothing the last backup does not."""
+        for task in self.tasks:
+            if task.poll() is None and task.proc is not None:
+                task.stopped = True
+            task.signal_group(signal.SIGKILL)
+            if task.proc is not None:
+                task.proc.wait()
+                task.group_killed = True
+        reaper.sweep(self.tmpdir)
 
     def _restart_after_failure(self, task, reason):
         """Restarts `task` (or the whole job) if the budget allows; False if not."""
@@ -410,6 +530,7 @@ OPTIONS = {
     "max_restarts": functools.partial(checks.integer, minimum=0, maximum=10**10 - 1),
     "grace_seconds": functools.partial(checks.number, minimum=0, maximum=MAX_GRACE_SECONDS),
     "hang_seconds": functools.partial(checks.number, minimum=0, maximum=MAX_HANG_SECONDS),
+    **ELASTIC_KEYS,  # --min-workers, --rejoin-seconds: as the config's elastic: section
 }
 
 

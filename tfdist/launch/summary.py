@@ -10,7 +10,8 @@ code 3): 2 tasks (worker:0 stopped, worker:1 3), 0 restarts, 5.2 s``.
 import signal
 
 
-def summary(tasks, *, restarts, seconds, failed=None, signum=None, step_times=None):
+def summary(tasks, *, restarts, seconds, failed=None, signum=None, step_times=None,
+            resizes=0):
     """The summary of a finished launch.
 
     Args:
@@ -21,6 +22,8 @@ def summary(tasks, *, restarts, seconds, failed=None, signum=None, step_times=No
         signum: the signal that stopped the launcher, if one did.
         step_times: the last `tfdist.step_times_line.StepTimesLine` a task printed, if
             one did.
+        resizes: how often an elastic job restarted at another size (`tasks` are those
+            of its last size).
     """
     if signum is not None:
         head = f"job stopped by {signal_name(signum)}"
@@ -29,8 +32,9 @@ def summary(tasks, *, restarts, seconds, failed=None, signum=None, step_times=No
     else:
         head = "job succeeded"
     ends = ", ".join(f"{task.name} {outcome(task)}" for task in tasks)
-    return (f"{head}: {_count(len(tasks), 'task')} ({ends}), {_count(restarts, 'restart')}, "
-            f"{seconds:.1f} s" + ("" if step_times is None else f"; {straggler(step_times)}"))
+    resized = f", {_count(resizes, 'resize')}" if resizes else ""
+    return (f"{head}: {_count(len(tasks), 'task')} ({ends}), {_count(restarts, 'restart')}"
+            f"{resized}, {seconds:.1f} s" + ("" if step_times is None else f"; {straggler(step_times)}"))
 
 
 def straggler(report):

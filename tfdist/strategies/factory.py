@@ -4,6 +4,7 @@ import json
 
 import tensorflow as tf
 
+from tfdist import resize_signal
 from tfdist.strategies import sigterm_guard
 from tfdist.cluster.spec import ClusterError, check_resolvable
 from tfdist.cluster.tf_config import check_matches, has_tf_config, read_tf_config
@@ -59,7 +60,9 @@ def get_strategy(name_or_config="default", **options):
         if isinstance(name_or_config, Config):
             _check_tf_config(name_or_config)
     strategy = _BUILDERS[spec.name](dict(spec.options))
-    if tasks > 1:  # a SIGTERM from here on is honoured (TensorFlow's own would swallow it)
+    # a SIGTERM from here on is honoured (TensorFlow's own would swallow it); in an elastic
+    # launch the resize signal is taken note of, even by the job's last worker
+    if tasks > 1 or resize_signal.wanted():
         sigterm_guard.guard()
     return strategy
 

@@ -4,11 +4,18 @@ it and let the task run on and end "succeeded". While no training loop watches f
 preemption (building the model, restoring a backup, after `fit`) there is nothing trained
 to save: the task ends at once with 143 ("preempted: restart me"). A loop that watches
 (`tfdist.core.preemption`) installs its own handler over this one and gives it back after.
+
+In a task of an elastic launch, the resize signal (`tfdist.resize_signal`) is only taken
+note of here: the next training step, if one comes, carries it (every worker saves after
+that step and exits 143, and the job restarts at its new size); without one the task ends
+as it would have.
 """
 
 import signal
 import sys
 import threading
+
+from tfdist import resize_signal
 
 EXIT_CODE = 143
 
@@ -19,6 +26,14 @@ def guard():
         return
     if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
         signal.signal(signal.SIGTERM, _on_sigterm)
+    if resize_signal.wanted() and signal.getsignal(resize_signal.number()) is not _on_resize:
+        signal.signal(resize_signal.number(), _on_resize)
+
+
+def _on_resize(number, frame):
+    from tfdist.core.preemption import preemption
+
+    preemption().request(number)
 
 
 def _on_sigterm(number, frame):

@@ -1,0 +1,145 @@
+"""An elastic local job: a lost worker does not stop it, and its place is taken back later.
+
+A multi_worker_mirrored job forms one collective group of a fixed size, which cannot take
+a newcomer nor lose a member (TensorFlow aborts its collectives and must be restarted
+with the same cluster). So a resize is a restart with a new `TF_CONFIG`, from the last
+backup, which `tfdist.callbacks.BackupAndRestore` (or `tfdist.ModelBackup`) restores onto
+the new number of replicas (`tfdist.core.resize`):
+
+- **A loss** (a worker that exits with anything but 0 or 143, is killed, or hangs): the
+  survivors are blocked in a collective with it and hold nothing a backup does not, so
+  they are killed at once and the job restarts with the places left, if at least
+  `min_workers`; the steps since the last backup are trained again (what a SIGKILL costs
+  any job: choose `save_freq` by it).
+- **A place back**: `rejoin_seconds` after a loss (doubled each time the same place is
+  lost again, up to `MAX_REJOIN_SECONDS`, so a machine that keeps failing costs less
+  and less), the launcher asks every task to stop at one agreed step with `RESIZE_SIGNAL`
+  (tfdist's preemption watch: every worker saves after the same step and exits 143, so
+  nothing trained is lost) and restarts the job with the place back. A task not training
+  when it arrives (building, restoring, after `fit`) takes note and goes on: the request
+  is honoured at the first step, or the job ends as it would have.
+
+The global batch is what the training script batches its dataset by: under
+multi_worker_mirrored TensorFlow splits each batch over the workers there are, so the same
+script keeps the global batch, its learning rate and the examples of every step across a
+resize (each worker computes a larger share). A script that batches per worker (`batch *
+num_replicas_in_sync`) changes its global batch instead and must scale its learning rate
+itself.
+"""
+
+import dataclasses
+
+from tfdist.cluster.address import Address
+from tfdist.config.sections.elastic import MAX_REJOIN_SECONDS
+from tfdist.launch.errors import LaunchError
+from tfdist import resize_signal as resize_signal_contract
+
+RESIZE_SIGNAL = resize_signal_contract.NAME  # why not SIGTERM: tfdist.resize_signal
+PREEMPTED = 143  # tfdist.core.preemption.EXIT_CODE, without importing TensorFlow
+
+
+class Places:
+    """The member places of an elastic job (chief and workers) and the ones lost.
+
+    Args:
+        members: the cluster's chief and worker tasks: the most the job runs with.
+        min_workers: the fewest it goes on with.
+        rejoin_seconds: how long after its loss a place is offered back.
+    """
+
+    def __init__(self, members, min_workers, rejoin_seconds):
+        self.members, self.min_workers, self.rejoin_seconds = members, min_workers, rejoin_seconds
+        self._back_at = {}  # place -> time.monotonic() when it is offered back
+        self._losses = [0] * members
+
+    def active(self):
+        """The places running now, in order: task i of the current cluster is active()[i]."""
+        return [place for place in range(self.members) if place not in self._back_at]
+
+    def size(self):
+        return self.members - len(self._back_at)
+
+    def lose(self, indices, now):
+        """Marks the current cluster's members `indices` lost; returns their places."""
+        active = self.active()
+        places = [active[i] for i in indices]
+        for place in places:
+            self._losses[place] += 1
+            delay = self.rejoin_seconds * 2 ** (self._losses[place] - 1)
+            self._back_at[place] = now + min(delay, MAX_REJOIN_SECONDS)
+        return places
+
+    def back_in(self, place, now):
+        """Seconds until a lost `place` is offered back."""
+        return max(0.0, self._back_at[place] - now)
+
+    def due(self, now):
+        """The lost places whose time to be offered back has come."""
+        return sorted(place for place, at in self._back_at.items() if at <= now)
+
+    def take_back(self, now):
+        """Makes the due places active again; returns how many."""
+        due = self.due(now)
+        for place in due:
+            del self._back_at[place]
+        return len(due)
+
+
+def check_elastic(config, min_workers, only_task):
+    """The launcher's checks of an elastic job (the config's are in
+    `tfdist.config.together`; these also hold for --min-workers given on the command line).
+
+    Raises:
+        LaunchError: not multi_worker_mirrored, islands, one task only, a cluster given by
+            addresses, or more workers required than it has.
+    """
+    strategy = config.strategy.name if config.strategy else None
+    cluster = config.cluster
+    if strategy != "multi_worker_mirrored" or cluster is None or cluster.scheduler:
+        raise LaunchError("--min-workers resizes the collective group of a local "
+                          "multi_worker_mirrored cluster (parameter_server already goes on "
+                          "without a lost worker: --max-restarts). Received: strategy="
+                          f"{strategy}" + ("" if cluster is None or not cluster.scheduler
+                                           else f", cluster: {cluster.scheduler}"))
+    if config.local_sgd is not None and config.local_sgd.islands is not None:
+        raise LaunchError("--min-workers does not resize islands yet: a lost worker would "
+                          "leave islands of unequal size; leave out local_sgd.islands")
+    if only_task is not None:
+        raise LaunchError("--min-workers resizes a job whose every task this launcher runs; "
+                          "--task runs one host of a fixed cluster")
+    if any(address.port is not None for job in ("chief", "worker")
+           for address in cluster.jobs().get(job, ())):
+        raise LaunchError("--min-workers needs the chief and workers given by counts (e.g. "
+                          "cluster: {worker: 4}): the launcher picks the ports of each size "
+                          "it runs at")
+    members = members_of(cluster)
+    if not 1 <= min_workers <= members:
+        raise LaunchError(f"--min-workers must be between 1 and the cluster's {members} chief "
+                          f"and worker tasks. Received: {min_workers}")
+
+
+def members_of(cluster):
+    return len(cluster.chief) + len(cluster.worker)
+
+
+def resized(cluster, size):
+    """`cluster` with `size` members: the chief (if it has one) and size - 1 workers."""
+    chief = cluster.chief[:1] if size else ()
+    return dataclasses.replace(cluster, chief=chief,
+                               worker=tuple(Address("localhost")
+                                            for _ in range(size - len(chief))))
+
+
+def resize_signal():
+    return resize_signal_contract.number()
+
+
+def stop_code(code):
+    """Whether an exit code is a task's answer to the resize signal: 143 (it saved at the
+    agreed step) or killed by the signal itself (a command that does not catch it)."""
+    return code in (PREEMPTED, -resize_signal(), 128 + resize_signal())
+
+
+def task_env(env):
+    """A task's environment in an elastic job: it names the resize signal."""
+    return dict(env, **{resize_signal_contract.ENV: RESIZE_SIGNAL})
