@@ -122,7 +122,7 @@ def _add_launch(sub):
     p = sub.add_parser("launch", help="run every task locally: tfdist launch CONFIG -- CMD ..., "
                                       "or N workers: tfdist launch -n N -- CMD ...",
                        usage="tfdist launch (CONFIG | -n N) [--max-restarts N] "
-                             "[--min-workers K [--rejoin-seconds S]] "
+                             "[--min-workers K [--rejoin-seconds S] [--discover CMD]] "
                              "[--task TYPE:INDEX] -- COMMAND [ARGS...]")
     p.add_argument("config", nargs="?")
     p.add_argument("-n", "--num-workers", type=_workers, metavar="N",
@@ -147,6 +147,10 @@ def _add_launch(sub):
                    help="with --min-workers: a lost worker's place is offered back after S "
                         "seconds (doubled each time it is lost again) and taken back at an "
                         "agreed step (default: elastic.rejoin_seconds, else 60)")
+    p.add_argument("--discover", metavar="CMD",
+                   help="with --min-workers: a command line that prints how many workers can "
+                        "run now, run every 5 s while a place is lost; a place comes back "
+                        "only when there is room for it (default: elastic.discover)")
     p.set_defaults(run=_launch)
 
 
@@ -264,12 +268,14 @@ def _launch(args, command):
             raise UsageError(f"--task needs a cluster: section in {args.config}")
         only_task = parse_task(args.task, {j: a for j, a in config.cluster.jobs().items()})
     _require_command(command, "launch")
-    if args.rejoin_seconds is not None and args.min_workers is None and config.elastic is None:
-        raise UsageError("--rejoin-seconds is for an elastic job: give --min-workers K too (or "
-                         "an elastic: section in the config)")
+    for flag in ("rejoin_seconds", "discover"):
+        if getattr(args, flag) is not None and args.min_workers is None and config.elastic is None:
+            raise UsageError(f"--{flag.replace('_', '-')} is for an elastic job: give "
+                             "--min-workers K too (or an elastic: section in the config)")
     return launch(config, command, max_restarts=args.max_restarts, only_task=only_task,
                   grace_seconds=args.grace_seconds, hang_seconds=args.hang_seconds,
-                  min_workers=args.min_workers, rejoin_seconds=args.rejoin_seconds)
+                  min_workers=args.min_workers, rejoin_seconds=args.rejoin_seconds,
+                  discover=args.discover)
 
 
 def _launch_config(path, workers):

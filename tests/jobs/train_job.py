@@ -20,14 +20,16 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
                                      probe_seconds 0); records its decisions
     --accumulate K                   SGD with gradient_accumulation_steps=K
     --pause_after E1,E2              after epoch E the chief writes <out>/paused-E and waits
-                                     for <out>/resume-E (for a test to kill a task meanwhile)
+                                     for <out>/resume-E (for a test to kill a task meanwhile;
+                                     under multi_worker_mirrored the others wait in the next
+                                     step)
     --policy NAME                    a Keras dtype policy (e.g. mixed_float16)
     --validate                       fit validates on 2 batches after each epoch
     --preempt E,B,I                  worker:I SIGTERMs itself after step B of epoch E (B = -1:
                                      during epoch E's validation) (once,
                                      as an orchestrator would); every task appends each step
                                      it trains to <out>/steps-<task>.log ("epoch step
-                                     optimizer-step wall-time"); <out>/preempted holds the
+                                     optimizer-step wall-time replicas"); <out>/preempted holds the
                                      signal's wall time
     --preempt_signal KILL            SIGKILL instead (no warning: the backup's step is lost)
     --preempt_signal EXTERNAL        no signal of its own: worker:I writes <out>/ready and
@@ -81,6 +83,7 @@ def parse():
     p.add_argument("--loop", default="fit")
     p.add_argument("--model", default="conv")
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--seed", type=int, default=3, help="the plain model's initial weights")
     p.add_argument("--out", required=True)
     p.add_argument("--backup")
     p.add_argument("--kill", type=int)
@@ -169,8 +172,9 @@ class PreemptOnce(keras.callbacks.Callback):
     that epoch's validation), the first time only; every task logs each step it trains
     (not the ones a resumed run skips)."""
 
-    def __init__(self, epoch, batch, task, out, kind="TERM"):
+    def __init__(self, epoch, batch, task, out, kind="TERM", replicas=None):
         self.at, self.task, self.out, self.epoch = (epoch, batch), task, out, None
+        self.replicas = replicas
         self.marker = os.path.join(out, "preempted" if kind != "EXTERNAL" else "ready")
         self.signal = getattr(signal, f"SIG{kind}", None)
 
@@ -185,7 +189,8 @@ class PreemptOnce(keras.callbacks.Callback):
         task = tfdist.strategies.task_of()
         with open(os.path.join(self.out, f"steps-{task[0]}-{task[1]}.log"), "a") as f:
             f.write(f"{self.epoch} {batch} {int(self.model.optimizer.iterations.numpy())} "
-                    f"{time.time():.3f}\n")  # epoch, step, optimizer step, wall time
+                    f"{time.time():.3f} {self.replicas}\n")
+            # epoch, step, optimizer step, wall time, replicas
         if (self.epoch, batch) == self.at:
             self._signal(task)
 
@@ -343,7 +348,8 @@ def main():
     dict_inputs = args.model == "dict"
     with strategy.scope():
         model = {"conv": conv_model, "dict": dict_model,
-                 "plain": lambda: conv_model(seed=3, batchnorm=False, dropout=0)}[args.model]()
+                 "plain": lambda: conv_model(seed=args.seed, batchnorm=False,
+                                             dropout=0)}[args.model]()
         if args.await_worker1 is not None:  # the probe first, inside every training step
             model = keras.Sequential([keras.Input(model.inputs[0].shape[1:]),
                                       StepProbe(args.out), model])
@@ -394,8 +400,11 @@ def main():
         if args.kill is not None:
             callbacks.append(KillOnce(args.kill, os.path.join(args.out, "killed")))
         if args.preempt is not None:  # first: it logs a step before a backup can end it
-            callbacks.insert(0, PreemptOnce(*args.preempt, args.out, args.preempt_signal))
+            callbacks.insert(0, PreemptOnce(*args.preempt, args.out, args.preempt_signal,
+                                                strategy.num_replicas_in_sync))
 
+    if args.pause_after:
+        callbacks.append(PauseAfter(args.pause_after, args.out))
     if args.strategy == "parameter_server":
         with strategy.scope():
             model.compile(keras.optimizers.Adam(0.01), loss())
@@ -412,8 +421,6 @@ def main():
             tf.get_logger().setLevel("INFO")
         if args.await_worker1 is not None:
             callbacks.append(AwaitWorker1(args.await_worker1, args.out))
-        if args.pause_after:
-            callbacks.append(PauseAfter(args.pause_after, args.out))
         hooks = [tfdist.compression.build(args.compression)] if args.compression else []
         trainer = tfdist.Trainer(model, optimizer, loss(), strategy=strategy,
                                  metrics=["sparse_categorical_accuracy"], hooks=hooks)

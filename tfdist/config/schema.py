@@ -135,10 +135,13 @@ class LocalSGDConfig:
 class ElasticConfig:
     """A job that goes on with fewer workers when one is lost (`tfdist.launch.elastic`):
     at least `min_workers` (the cluster's size is the most); a lost worker's place is
-    offered back after `rejoin_seconds` (doubled each time that place is lost again)."""
+    offered back after `rejoin_seconds` (doubled each time that place is lost again) and,
+    with `discover` (a command's argv), once that command prints a count of workers that
+    can run which leaves room for it."""
 
     min_workers: int
     rejoin_seconds: float = 60.0
+    discover: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

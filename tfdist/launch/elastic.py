@@ -8,9 +8,11 @@ the new number of replicas (`tfdist.core.resize`):
 
 - **A loss** (a worker that exits with anything but 0 or 143, is killed, or hangs): the
   survivors are blocked in a collective with it and hold nothing a backup does not, so
-  they are killed at once and the job restarts with the places left, if at least
-  `min_workers`; the steps since the last backup are trained again (what a SIGKILL costs
-  any job: choose `save_freq` by it).
+  after `SETTLE_SECONDS` (the failures of that moment are lost together) they are killed
+  and the job restarts with the places left, if at least `min_workers`, else it stops as
+  any job would; the steps since the last backup are trained again (what a SIGKILL costs
+  any job: choose `save_freq` by it). A bug that fails every worker fails again at each
+  size until fewer than `min_workers` are left.
 - **A place back**: `rejoin_seconds` after a loss (doubled each time the same place is
   lost again, up to `MAX_REJOIN_SECONDS`, so a machine that keeps failing costs less
   and less), the launcher asks every task to stop at one agreed step with `RESIZE_SIGNAL`
@@ -28,6 +30,7 @@ itself.
 """
 
 import dataclasses
+import os
 
 from tfdist.cluster.address import Address
 from tfdist.config.sections.elastic import MAX_REJOIN_SECONDS
@@ -36,6 +39,9 @@ from tfdist import resize_signal as resize_signal_contract
 
 RESIZE_SIGNAL = resize_signal_contract.NAME  # why not SIGTERM: tfdist.resize_signal
 PREEMPTED = 143  # tfdist.core.preemption.EXIT_CODE, without importing TensorFlow
+#: After a first failure, how long the others get to fail too (those of the same moment are
+#: lost together; a survivor blocked in a collective with a lost peer does not exit).
+SETTLE_SECONDS = 1.0
 
 
 class Places:
@@ -73,13 +79,14 @@ class Places:
         """Seconds until a lost `place` is offered back."""
         return max(0.0, self._back_at[place] - now)
 
-    def due(self, now):
-        """The lost places whose time to be offered back has come."""
-        return sorted(place for place, at in self._back_at.items() if at <= now)
+    def due(self, now, room=None):
+        """The lost places whose time to be offered back has come (at most `room`)."""
+        due = sorted(place for place, at in self._back_at.items() if at <= now)
+        return due if room is None else due[:max(0, room)]
 
-    def take_back(self, now):
-        """Makes the due places active again; returns how many."""
-        due = self.due(now)
+    def take_back(self, now, room=None):
+        """Makes the due places active again (at most `room`); returns how many."""
+        due = self.due(now, room)
         for place in due:
             del self._back_at[place]
         return len(due)
@@ -143,3 +150,103 @@ def stop_code(code):
 def task_env(env):
     """A task's environment in an elastic job: it names the resize signal."""
     return dict(env, **{resize_signal_contract.ENV: RESIZE_SIGNAL})
+
+
+DISCOVER_SECONDS = 5.0  # how often the discovery command is run
+DISCOVER_TIMEOUT = 10.0  # a run that takes longer is killed and counts as no answer
+DISCOVER_BYTES = 4096  # what is read of its output; more is a wrong answer
+
+
+class Discovery:
+    """How many workers can run now, as a command says (``--discover``; Horovod's
+    ``--host-discovery-script``, but a count: every task of a local job is on this machine).
+
+    The command prints one whole number; it is run every `DISCOVER_SECONDS`, never two at a
+    time, without blocking the launcher. An answer it cannot use — the command not found, a
+    non-zero exit, no whole number, more than `DISCOVER_BYTES`, no answer within
+    `DISCOVER_TIMEOUT` — is said in one line (once until the next good answer) and leaves
+    the last good one, which starts as "none known" (no place is taken back before a first
+    answer).
+
+    Args:
+        argv: the command.
+        log: the launcher's one-line messages.
+        register: called with the pid of each run (the launcher's own children).
+    """
+
+    def __init__(self, argv, log, register=lambda pid: None):
+        self.argv, self.log, self.register = list(argv), log, register
+        self.count = None
+        self._proc = self._started = None
+        self._output, self._next, self._said = b"", 0.0, None
+
+    def poll(self, now):
+        """Starts a run when one is due, takes in a finished one; returns `count`."""
+        if self._proc is not None:
+            self._read()
+            if self._proc.poll() is not None:
+                self._finish()
+            elif now - self._started > DISCOVER_TIMEOUT or len(self._output) > DISCOVER_BYTES:
+                self._kill(f"gave no answer within {DISCOVER_TIMEOUT:g} s" if
+                           len(self._output) <= DISCOVER_BYTES else
+                           f"printed more than {DISCOVER_BYTES} bytes")
+        elif now >= self._next:
+            self._start(now)
+        return self.count
+
+    def _start(self, now):
+        import subprocess
+
+        self._next, self._started, self._output = now + DISCOVER_SECONDS, now, b""
+        try:
+            self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        except OSError as e:
+            self._refuse(f"could not be run ({e.strerror or e})")
+            return
+        self.register(self._proc.pid)
+        os.set_blocking(self._proc.stdout.fileno(), False)
+
+    def _read(self):
+        try:
+            while len(self._output) <= DISCOVER_BYTES:
+                chunk = self._proc.stdout.read(DISCOVER_BYTES + 1)
+                if not chunk:
+                    return
+                self._output += chunk
+        except (BlockingIOError, ValueError):
+            return
+
+    def _finish(self):
+        code, text = self._proc.returncode, self._output
+        self._close()
+        if code:
+            return self._refuse(f"exited with code {code}")
+        words = text.decode("ascii", "replace").split()
+        if len(words) != 1 or not (words[0].isascii() and words[0].isdigit()) \
+                or len(words[0]) > 9:
+            return self._refuse("printed no whole number of workers. Received: "
+                                f"{text[:80]!r}")
+        self.count, self._said = int(words[0]), None
+
+    def _kill(self, why):
+        self._proc.kill()
+        self._proc.wait()
+        self._close()
+        self._refuse(why)
+
+    def _close(self):
+        self._proc.stdout.close()
+        self._proc = None
+
+    def _refuse(self, why):
+        if why != self._said:
+            self.log(f"--discover {' '.join(self.argv)[:200]}: {why}; keeping the last "
+                     f"answer ({'none yet' if self.count is None else self.count})")
+        self._said = why
+
+    def stop(self):
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._close()

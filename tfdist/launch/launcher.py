@@ -112,6 +112,9 @@ class Launcher:
             default: the config's ``elastic.min_workers``, else the job never resizes.
         rejoin_seconds: how long after its loss a worker's place is offered back (default:
             the config's ``elastic.rejoin_seconds``, else 60).
+        discover: a command line that prints how many workers can run now
+            (`elastic.Discovery`): a lost place is then taken back only once there is room
+            for it (default: the config's ``elastic.discover``, else every place is there).
 
     Raises:
         LaunchError: no command, an option out of range, a task not on this machine,
@@ -122,13 +125,22 @@ class Launcher:
 
     def __init__(self, config, command, *, max_restarts=0, only_task=None,
                  out=None, err=None, grace_seconds=10.0, hang_seconds=600.0,
-                 min_workers=None, rejoin_seconds=None):
+                 min_workers=None, rejoin_seconds=None, discover=None):
         if not command:
             raise LaunchError("no command to launch; give it after --, e.g. "
                               "tfdist launch job.yaml -- python train.py")
         _check_options(max_restarts=max_restarts, grace_seconds=grace_seconds,
                        hang_seconds=hang_seconds)
         self.places = self._elastic_places(config, min_workers, rejoin_seconds, only_task)
+        if discover is None and config.elastic is not None:
+            discover = config.elastic.discover
+        elif discover is not None:
+            discover = check_arguments("launch", ELASTIC_KEYS, discover=discover)["discover"]
+        if discover is not None and self.places is None:
+            raise LaunchError("--discover is for an elastic job: give --min-workers K too (or "
+                              "an elastic: section in the config)")
+        self.discovery = None if discover is None else elastic.Discovery(
+            discover, self.log, register=self._popen_pids_add)
         self._taking_back = False  # the resize signal was sent; the tasks stop at one step
         self.resizes = 0
         self.config, self.command, self.max_restarts = config, list(command), max_restarts
@@ -199,6 +211,8 @@ class Launcher:
         finally:
             self._setting_up = False
             self.stop_all()
+            if self.discovery is not None:
+                self.discovery.stop()
             if self.tmpdir is not None:
                 reaper.sweep(self.tmpdir, adopted_besides=not_adopted | self._popen_pids)
                 shutil.rmtree(self.tmpdir, ignore_errors=True)
@@ -373,6 +387,17 @@ class Launcher:
 
     # --- an elastic job ------------------------------------------------------------------
 
+    def _popen_pids_add(self, pid):
+        self._popen_pids.add(pid)
+
+    def _room(self, now):
+        """How many lost places may come back now: all (None) without discovery, else as
+        many as the last answer leaves room for (0 before a first answer)."""
+        if self.discovery is None:
+            return None
+        count = self.discovery.poll(now)
+        return 0 if count is None else count - self.places.size()
+
     def _resize(self, task, code, reason):
         """An elastic job's answer to `task`'s exit: True if the job was restarted at a new
         size (a loss, or the agreed stop of a take-back), False to handle it as any job."""
@@ -382,6 +407,9 @@ class Launcher:
         if code == elastic.PREEMPTED or (self._taking_back and code == 0):
             return False  # a preemption from outside, or the job's end: as always
         self._taking_back = False
+        settle = time.monotonic() + elastic.SETTLE_SECONDS  # failures of the same moment
+        while time.monotonic() < settle and any(t.poll() is None for t in self.tasks if t.proc):
+            time.sleep(_POLL_SECONDS)
         lost = [i for i, each in enumerate(self.tasks)
                 if each.poll() not in (None, 0) and not each.stopped]
         if self.places.size() - len(lost) < self.places.min_workers:
@@ -393,21 +421,25 @@ class Launcher:
         now = time.monotonic()
         places = self.places.lose(lost, now)
         names = ", ".join(self.tasks[i].name for i in lost)
-        self.places.take_back(now)  # places due meanwhile come back with this restart
+        self.places.take_back(now, self._room(now))  # due meanwhile: back with this restart
         offered = min(self.places.back_in(place, now) for place in places)
+        when = f"in {offered:.0f} s" + (", once --discover reports room for it"
+                                         if self.discovery is not None else "")
         self.log(f"{names} {reason}; going on with {self.places.size()} of "
                  f"{self.places.members} workers (--min-workers {self.places.min_workers}) "
-                 f"from the last backup; the lost place is offered back in {offered:.0f} s")
+                 f"from the last backup; the lost place is offered back {when}")
         return self._restart_resized(taking_back=False)
 
     def _take_back_when_due(self):
         """A lost place whose time has come: asks every task to stop at one agreed step."""
-        if self._taking_back or not self.places.due(time.monotonic()):
+        now = time.monotonic()
+        if self._taking_back or not self.places.due(now) or not self.places.due(
+                now, self._room(now)):
             return
         if any(task.poll() is not None for task in self.tasks if not task.is_server):
             return  # one has exited (finished, or failing): not a moment to resize
         self._taking_back = True
-        size = self.places.size() + len(self.places.due(time.monotonic()))
+        size = self.places.size() + len(self.places.due(now, self._room(now)))
         self.log(f"a lost worker's place is back: asking every task to stop at an agreed "
                  f"step ({elastic.RESIZE_SIGNAL}) to go on with {size} of "
                  f"{self.places.members} workers")
@@ -432,7 +464,8 @@ class Launcher:
         self._kill_all()
         self._taking_back = False
         if taking_back:
-            self.places.take_back(time.monotonic())
+            now = time.monotonic()
+            self.places.take_back(now, self._room(now))
             self.log(f"every task stopped at the agreed step; going on with "
                      f"{self.places.size()} of {self.places.members} workers")
         self.resizes += 1

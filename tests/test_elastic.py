@@ -1,0 +1,253 @@
+"""An elastic job (`tfdist launch --min-workers`, `elastic:`; tfdist/launch/elastic.py): a
+lost worker does not stop the job, which goes on with fewer from its last backup and takes
+the place back at an agreed step.
+
+The launcher's side with a stand-in script (tests/jobs/elastic_fake_job.py, no TensorFlow),
+then real 4-worker jobs (tests/jobs/train_job.py) compared with runs never interrupted."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from test_multiworker_training import Background, batched_runs, launch, one_launch, weights
+from tfdist.config.errors import ConfigError
+from tfdist.config.load import config_from_dict
+from tfdist.launch.elastic import Places
+from tfdist.launch.errors import LaunchError
+from tfdist.launch.launcher import Launcher
+
+FAKE = pathlib.Path(__file__).parent / "jobs" / "elastic_fake_job.py"
+FOUR = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
+
+
+# --- the launcher, with a stand-in script ------------------------------------------------
+
+def fake_launch(write_config, tmp_path, *launcher_args, job_args=(), cluster=FOUR,
+                timeout=120):
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    config = write_config(cluster, name="cluster.yaml")
+    run = subprocess.run(
+        [sys.executable, "-m", "tfdist", "launch", config, "--grace-seconds", "5",
+         *launcher_args, "--", sys.executable, str(FAKE), "--out", str(out), *job_args],
+        capture_output=True, text=True, timeout=timeout, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    starts = [line.split() for line in (out / "starts.log").read_text().splitlines()]
+    return run, starts
+
+
+def sizes(starts):
+    """The cluster sizes the tasks were started at, in order (one entry per size)."""
+    seen = []
+    for members, *_ in starts:
+        if not seen or seen[-1][0] != int(members) or seen[-1][1] == int(members):
+            seen.append([int(members), 0])
+        seen[-1][1] += 1
+    return [members for members, _ in seen]
+
+
+pytestmark = pytest.mark.multiprocess
+
+
+def test_a_lost_worker_the_job_goes_on_with_three_then_takes_it_back(write_config, tmp_path):
+    """worker:3 is SIGKILLed: the other three are killed at once and the job restarts with
+    3 workers (TF_CONFIG of 3, indices 0-2); 1 s later its place is offered back, every task
+    is asked (SIGUSR1) to stop at an agreed step, answers 143, and the job goes on with 4."""
+    run, starts = fake_launch(write_config, tmp_path, "--min-workers", "2",
+                              "--rejoin-seconds", "1", job_args=("--kill", "3:3"))
+    assert run.returncode == 0, run.stderr
+    assert sizes(starts) == [4, 3, 4], starts
+    assert sorted(int(i) for m, i, _ in starts if m == "3") == [0, 1, 2]
+    assert {s for *_, s in starts} == {"SIGUSR1"}  # every task knows the resize signal
+    assert ("worker:3 exited with code 137; going on with 3 of 4 workers (--min-workers 2) "
+            "from the last backup; the lost place is offered back in 1 s") in run.stderr
+    assert "asking every task to stop at an agreed step (SIGUSR1) to go on with 4" in run.stderr
+    assert "job succeeded: 4 tasks" in run.stderr and "2 resizes" in run.stderr
+
+
+def test_fewer_workers_left_than_the_minimum_stops_the_job_in_one_line(write_config,
+                                                                       tmp_path):
+    """Every task fails (a bug, not a lost machine): the failures of one moment are lost
+    together, the job fails again at each smaller size, and once fewer than --min-workers
+    are left it stops with the failure's exit code, as a job without --min-workers."""
+    run, starts = fake_launch(write_config, tmp_path, "--min-workers", "2",
+                              job_args=("--crash",))
+    assert run.returncode == 3, run.stderr
+    assert sizes(starts)[0] == 4 and all(a > b >= 2 for a, b in zip(sizes(starts),
+                                                                    sizes(starts)[1:]))
+    assert "workers left, fewer than --min-workers 2" in run.stderr, run.stderr
+    assert "job failed" in run.stderr.splitlines()[-1]
+
+
+def test_a_script_that_ignores_the_resize_signal_trains_on_at_its_size(write_config,
+                                                                      tmp_path):
+    """A script that does not stop at the request (no backup watching) is never killed for
+    it: the job ends at 3 workers, as it would have."""
+    run, starts = fake_launch(write_config, tmp_path, "--min-workers", "3",
+                              "--rejoin-seconds", "0.5",
+                              job_args=("--kill", "0:2", "--on-resize", "ignore", "--steps", "40"))
+    assert run.returncode == 0, run.stderr
+    assert sizes(starts) == [4, 3]
+    assert "asking every task to stop" in run.stderr and "1 resize," in run.stderr
+
+
+def test_a_script_killed_by_the_resize_signal_restarts_at_the_new_size(write_config,
+                                                                      tmp_path):
+    """A command with no handler dies of SIGUSR1 (138): as good as stopped, the job goes on
+    with 4 from its last backup."""
+    run, starts = fake_launch(write_config, tmp_path, "--min-workers", "3",
+                              "--rejoin-seconds", "0.5",
+                              job_args=("--kill", "1:2", "--on-resize", "default"))
+    assert run.returncode == 0, run.stderr
+    assert sizes(starts) == [4, 3, 4], starts
+
+
+def test_discover_decides_when_a_place_comes_back(write_config, tmp_path):
+    """--discover prints how many workers can run: while it says 3 the lost place stays
+    away (well past --rejoin-seconds), once it says 4 the job takes it back; the config's
+    elastic: section does the same."""
+    avail = tmp_path / "avail"
+    avail.write_text("3\n")
+    cluster = FOUR + f"elastic: {{min_workers: 2, rejoin_seconds: 0, discover: 'cat {avail}'}}\n"
+    config = write_config(cluster, name="cluster.yaml")
+    out = tmp_path / "out"
+    out.mkdir()
+    job = subprocess.Popen([sys.executable, "-m", "tfdist", "launch", config, "--",
+                            sys.executable, str(FAKE), "--out", str(out), "--kill", "2:2",
+                            "--steps", "150"],
+                           stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    try:
+        deadline = time.monotonic() + 60
+        while sizes_in(out) != [4, 3]:
+            assert time.monotonic() < deadline, sizes_in(out)
+            time.sleep(0.1)
+        time.sleep(6)  # more than a discovery round: the answer 3 leaves no room
+        assert sizes_in(out) == [4, 3]
+        avail.write_text("4\n")
+        _, stderr = job.communicate(timeout=90)
+    finally:
+        job.kill()
+    assert job.returncode == 0, stderr
+    assert sizes_in(out) == [4, 3, 4]
+    assert "once --discover reports room for it" in stderr
+
+
+def sizes_in(out):
+    path = out / "starts.log"
+    return sizes([line.split() for line in path.read_text().splitlines()]) if path.exists() else []
+
+
+@pytest.mark.parametrize("answer, said", [
+    ("printf 'four'", "printed no whole number of workers. Received: b'four'"),
+    ("sh -c 'exit 4'", "exited with code 4"),
+    ("sleep 60", "gave no answer within 10 s"),  # the job trains on meanwhile
+    ("yes 4", "printed more than 4096 bytes"),
+    ("/nonexistent/discover", "could not be run (No such file or directory)"),
+    ("printf '4 5'", "printed no whole number of workers"),
+    ("printf -- '-1'", "printed no whole number of workers"),
+])
+def test_a_discovery_answer_it_cannot_use_is_said_once_and_changes_nothing(
+        write_config, tmp_path, answer, said):
+    """A wrong answer (not a count, a failure, a hang, a flood, no such command) is said in
+    one line, once, and no place comes back on it; the job trains on to its end."""
+    steps = "130" if answer.startswith("sleep") else "40"
+    run, starts = fake_launch(write_config, tmp_path, "--min-workers", "2",
+                              "--rejoin-seconds", "0", "--discover", answer,
+                              job_args=("--kill", "0:1", "--steps", steps))
+    assert run.returncode == 0, run.stderr
+    assert sizes(starts) == [4, 3]
+    lines = [line for line in run.stderr.splitlines() if "--discover" in line and said in line]
+    assert len(lines) == 1, run.stderr
+    assert "keeping the last answer (none yet)" in lines[0]
+
+
+def test_a_place_lost_again_waits_twice_as_long():
+    places = Places(4, 2, 10.0)
+    assert places.lose([3], now=0.0) == [3]
+    assert places.active() == [0, 1, 2] and places.due(9.9) == [] and places.due(10.0) == [3]
+    assert places.take_back(10.0) == 1 and places.size() == 4
+    places.lose([1], now=20.0)
+    assert places.lose([2], now=20.0) == [3]  # task 2 of [0, 2, 3] is place 3
+    assert places.due(39.9) == [1] and places.due(40.0) == [1, 3]  # place 3: 2 x 10 s
+    assert places.due(40.0, room=1) == [1]
+
+
+# --- hostile input: the command line and the config --------------------------------------
+
+@pytest.mark.parametrize("args, said", [
+    (("--min-workers", "0"), "expected a number of workers from 1 to"),
+    (("--min-workers", "two"), "expected a number of workers from 1 to"),
+    (("--min-workers", "5"), "--min-workers must be between 1 and the cluster's 4 chief and "
+                             "worker tasks. Received: 5"),
+    (("--min-workers", "2", "--rejoin-seconds", "nan"), "rejoin_seconds: expected a finite"),
+    (("--min-workers", "2", "--rejoin-seconds", "-1"), "rejoin_seconds: expected a value "
+                                                       "between 0 and 86400"),
+    (("--rejoin-seconds", "5"), "--rejoin-seconds is for an elastic job: give --min-workers"),
+    (("--discover", "cat n"), "--discover is for an elastic job: give --min-workers"),
+    (("--min-workers", "2", "--discover", ""), "expected a non-empty string"),
+    (("--min-workers", "2", "--discover", "cat 'n"), "expected a command line (No closing "
+                                                     "quotation)"),
+    (("--min-workers", "2", "--discover", "   "), "expected a command that prints how many"),
+    (("--min-workers", "2", "--task", "worker:0"), "--task"),
+])
+def test_bad_elastic_options_are_refused_in_one_line(write_config, tmp_path, args, said):
+    config = write_config(FOUR, name="cluster.yaml")
+    run = subprocess.run([sys.executable, "-m", "tfdist", "launch", config, *args, "--",
+                          sys.executable, "-c", "pass"], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert said in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+@pytest.mark.parametrize("cluster, said", [
+    ("cluster: {chief: 1, worker: 2, ps: 1}\nstrategy: parameter_server\n",
+     "Received: strategy=parameter_server"),
+    ("cluster: {worker: [localhost:23456, localhost:23457]}\nstrategy: multi_worker_mirrored\n",
+     "needs the chief and workers given by counts"),
+    (FOUR + "local_sgd: {period: 2, islands: 2}\n", "does not resize islands yet"),
+    ("cluster: {worker: 1}\nstrategy: mirrored\n", "Received: strategy=mirrored"),
+    ("strategy: multi_worker_mirrored\n", "Received: strategy=multi_worker_mirrored"),
+])
+def test_a_cluster_that_cannot_resize_is_refused_before_anything_starts(cluster, said):
+    with pytest.raises(LaunchError, match="--min-workers") as refused:
+        Launcher(config_from_dict(__import__("yaml").safe_load(cluster)),
+                 ["true"], min_workers=1)
+    assert said in str(refused.value)
+
+
+@pytest.mark.parametrize("section, said", [
+    ("{min_workers: 5}", "min_workers is more than the cluster has (4 chief and worker"),
+    ("{min_workers: 0}", "min_workers: expected a value >= 1"),
+    ("{rejoin_seconds: 5}", "missing key 'min_workers'"),
+    ("{min_workers: 2, rejoin: 5}", "did you mean 'rejoin_seconds'?"),
+    ("{min_workers: 2, rejoin_seconds: .inf}", "rejoin_seconds: expected a finite"),
+    ("{min_workers: 2, rejoin_seconds: 86401}", "between 0 and 86400"),
+    ("{min_workers: 2, discover: ''}", "expected a non-empty string"),
+    ("{min_workers: 2, discover: [cat, n]}", "expected a non-empty string"),
+    ("{min_workers: 2, discover: \"a\\0b\"}", "without NUL characters"),
+    ("{min_workers: true}", "expected an integer"),
+    ("3", "expected a mapping of min_workers, rejoin_seconds and discover"),
+])
+def test_a_bad_elastic_section_is_refused_with_file_and_key(write_config, section, said):
+    from tfdist.config import load_config
+
+    path = write_config(FOUR + f"elastic: {section}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert said in str(refused.value) and ":3: elastic" in str(refused.value), str(refused.value)
+
+
+def test_elastic_with_another_strategy_or_islands_is_refused_by_the_config(write_config):
+    from tfdist.config import load_config
+
+    for text, said in [("cluster: {worker: 2}\nstrategy: mirrored\n", "strategy=mirrored"),
+                       (FOUR + "local_sgd: {period: 2, islands: 2}\n", "islands yet")]:
+        with pytest.raises(ConfigError, match=said):
+            load_config(write_config(text + "elastic: {min_workers: 1}\n"))
