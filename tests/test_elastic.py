@@ -73,14 +73,14 @@ def test_a_lost_worker_the_job_goes_on_with_three_then_takes_it_back(write_confi
 
 def test_fewer_workers_left_than_the_minimum_stops_the_job_in_one_line(write_config,
                                                                        tmp_path):
-    """Every task fails (a bug, not a lost machine): the failures of one moment are lost
-    together, the job fails again at each smaller size, and once fewer than --min-workers
-    are left it stops with the failure's exit code, as a job without --min-workers."""
+    """Every task fails with an error (a bug, not a lost machine): one place is lost each
+    time (an error exit after a peer's may be TensorFlow aborting the group: not a loss),
+    the job fails again at each smaller size, and once fewer than --min-workers are left it
+    stops with the failure's exit code, as a job without --min-workers."""
     run, starts = fake_launch(write_config, tmp_path, "--min-workers", "2",
                               job_args=("--crash",))
     assert run.returncode == 3, run.stderr
-    assert sizes(starts)[0] == 4 and all(a > b >= 2 for a, b in zip(sizes(starts),
-                                                                    sizes(starts)[1:]))
+    assert sizes(starts) == [4, 3, 2], starts
     assert "workers left, fewer than --min-workers 2" in run.stderr, run.stderr
     assert "job failed" in run.stderr.splitlines()[-1]
 
@@ -251,3 +251,156 @@ def test_elastic_with_another_strategy_or_islands_is_refused_by_the_config(write
                        (FOUR + "local_sgd: {period: 2, islands: 2}\n", "islands yet")]:
         with pytest.raises(ConfigError, match=said):
             load_config(write_config(text + "elastic: {min_workers: 1}\n"))
+
+
+# --- real 4-worker jobs -------------------------------------------------------------------
+
+PLAIN3 = ("--model", "plain", "--epochs", "3")
+TRAINING = {"fit": ("--loop", "fit"),
+            "fit-topk-ef-mixed_float16": ("--loop", "fit", "--compression", "topk", "--ratio",
+                                          "0.1", "--error_feedback", "--policy",
+                                          "mixed_float16")}
+#: The 4-worker runs never interrupted that the elastic ones are compared with, run by one
+#: launch (`clean_runs`); the first of each list is the same run, the second (plain fit)
+#: another seed: the seed noise.
+CLEAN = {
+    "test_a_worker_killed_for_good_the_job_goes_on_with_three":
+        lambda training: [(*TRAINING[training], *PLAIN3),
+                          *([(*TRAINING[training], *PLAIN3, "--seed", "4")]
+                            if training == "fit" else [])],
+    "test_a_worker_back_is_taken_back_at_an_agreed_step_and_all_four_agree":
+        lambda: ("--loop", "trainer", *PLAIN3),
+}
+
+
+@pytest.fixture(scope="module")
+def clean_runs(request, tmp_path_factory):
+    return batched_runs(request, tmp_path_factory, FOUR, CLEAN)
+
+
+def trained_steps(out, index):
+    """(epoch, step, optimizer step, replicas) of every step worker:`index` trained."""
+    lines = (out / f"steps-worker-{index}.log").read_text().split("\n")[:-1]
+    return [(int(e), int(b), int(s), int(r)) for e, b, s, _, r in map(str.split, lines)]
+
+
+def final_trajectory(steps):
+    """The steps that count: a step trained again after a restart from a backup replaces
+    the run of it that was lost (the log lists both)."""
+    kept = []
+    for step in steps:
+        while kept and kept[-1][2] >= step[2]:
+            kept.pop()
+        kept.append(step)
+    return kept
+
+
+EVERY_STEP = [(e, b, 4 * e + b + 1) for e in range(3) for b in range(4)]
+
+
+def final_loss(out, task="worker-0"):
+    return json.loads((out / f"{task}.json").read_text())["evaluate"]["loss"]
+
+
+@pytest.mark.parametrize("training", list(TRAINING))
+def test_a_worker_killed_for_good_the_job_goes_on_with_three(request, write_config, tmp_path,
+                                                             training):
+    """worker:3 is SIGKILLed after step 1 of epoch 1 and never comes back (rejoin in a day):
+    the job goes on with 3 from the backup of epoch 0, keeps the global batch (TensorFlow
+    splits the 32 examples of each step 11/11/10), ends with the 3 survivors identical, and
+    its final loss is within the seed noise of a run of 4 never interrupted (the gap to it
+    smaller than the gap between two seeds). Every step of every epoch counts once: the two
+    steps the loss cost are trained again from the backup, on 3 workers. Also with top-k
+    and error feedback under mixed_float16: the lost replica's residuals folded into the
+    survivors (tfdist/core/resize.py), the loss scale kept."""
+    out, backup = tmp_path / "out", tmp_path / "backup"
+    _, run = launch(write_config, out, FOUR, *TRAINING[training], *PLAIN3, "--backup",
+                    str(backup), "--preempt", "1,1,3", "--preempt_signal", "KILL",
+                    launcher_args=("--min-workers", "2", "--rejoin-seconds", "86400"),
+                    timeout=420)
+    assert "worker:3 exited with code 137; going on with 3 of 4 workers" in run.stderr
+    assert "job succeeded: 3 tasks" in run.stderr, run.stderr[-2000:]
+    assert not (out / "worker-3.json").exists()
+    for index in range(3):
+        steps = trained_steps(out, index)
+        assert [s[:3] for s in final_trajectory(steps)] == EVERY_STEP, (index, steps)
+        assert [s[3] for s in final_trajectory(steps)] == [4] * 4 + [3] * 8
+        assert [s[:2] for s in steps[4:6]] == [(1, 0), (1, 1)]  # lost with the kill
+    for task in ("worker-1", "worker-2"):
+        for a, b in zip(weights(out, "worker-0"), weights(out, task)):
+            np.testing.assert_array_equal(a, b)
+    outs, _ = request.getfixturevalue("clean_runs")
+    clean = [outs[flags] for flags in CLEAN[request.node.originalname](training)]
+    seed_noise = abs(final_loss(outs[(*TRAINING["fit"], *PLAIN3)])
+                     - final_loss(outs[(*TRAINING["fit"], *PLAIN3, "--seed", "4")]))
+    gap = abs(final_loss(out) - final_loss(clean[0]))
+    assert gap < seed_noise, (final_loss(out), final_loss(clean[0]), seed_noise)
+
+
+def test_a_worker_back_is_taken_back_at_an_agreed_step_and_all_four_agree(request,
+                                                                         write_config,
+                                                                         tmp_path):
+    """Under tfdist.Trainer: worker:3 is SIGKILLed after step 1 of epoch 1; --discover says
+    3 workers can run, so the job goes on with 3. Once the 3 have trained epoch 1 (the
+    chief holds at its end), the discovery says 4: the launcher asks every task to stop
+    at an agreed step (SIGUSR1), all save after that same step and exit 143, and the job
+    goes on with 4 from that backup: every step trains once (none lost to the take-back),
+    the 4 workers end identical, and the weights are those of a run of 4 never
+    interrupted up to the seed noise."""
+    out, backup, avail = tmp_path / "out", tmp_path / "backup", tmp_path / "avail"
+    avail.write_text("3\n")
+    job = Background(write_config, out, FOUR, "--loop", "trainer", *PLAIN3, "--backup",
+                     str(backup), "--preempt", "1,1,3", "--preempt_signal", "KILL",
+                     "--pause_after", "1",
+                     launcher_args=("--min-workers", "2", "--rejoin-seconds", "0",
+                                    "--discover", f"cat {avail}"))
+    try:
+        job.wait_for_line("going on with 3 of 4 workers", timeout=240)
+        wait_for(out / "paused-1", timeout=240)
+        avail.write_text("4\n")
+        job.wait_for_line("asking every task to stop at an agreed step (SIGUSR1)")
+        (out / "resume-1").touch()
+        code, output = job.finish(timeout=300)
+    finally:
+        stop_tasks(job, out)
+    assert code == 0, output[-3000:]
+    saved = [line for line in output.splitlines() if "tfdist: preempted: saved" in line]
+    assert len(saved) == 3 and len({line.split("] ", 1)[1] for line in saved}) == 1, saved
+    assert "every task stopped at the agreed step; going on with 4 of 4 workers" in output
+    assert "job succeeded: 4 tasks" in output and "2 resizes" in output
+    for index in range(3):
+        trajectory = final_trajectory(trained_steps(out, index))
+        assert [s[:3] for s in trajectory] == EVERY_STEP, (index, trajectory)
+        replicas = [s[3] for s in trajectory]
+        assert replicas[:8] == [4] * 4 + [3] * 4 and replicas[-1] == 4, replicas
+    back = trained_steps(out, 3)  # the new worker:3 trains the rest
+    assert back[-1][:3] == EVERY_STEP[-1] and all(s[3] == 4 for s in back)
+    for index in (1, 2, 3):
+        for a, b in zip(weights(out, "worker-0"), weights(out, f"worker-{index}")):
+            np.testing.assert_array_equal(a, b)
+    _, clean, _ = one_launch(request, "clean_runs", CLEAN)
+    for mine, theirs in zip(weights(out, "worker-0"), weights(clean, "worker-0")):
+        np.testing.assert_allclose(mine, theirs, rtol=0.05, atol=0.01)
+
+
+def wait_for(path, timeout):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.1)
+
+
+def stop_tasks(job, out):
+    """Kills what is left of `job`: the launcher, then (it sweeps its own on a normal
+    end) any task of this test still running."""
+    if job.proc.poll() is None:
+        job.proc.kill()
+        job.proc.wait(10)
+    from test_multiworker_training import task_pids
+
+    for index in range(4):
+        for pid in task_pids(out, "worker", index):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

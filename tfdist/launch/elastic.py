@@ -7,12 +7,12 @@ backup, which `tfdist.callbacks.BackupAndRestore` (or `tfdist.ModelBackup`) rest
 the new number of replicas (`tfdist.core.resize`):
 
 - **A loss** (a worker that exits with anything but 0 or 143, is killed, or hangs): the
-  survivors are blocked in a collective with it and hold nothing a backup does not, so
-  after `SETTLE_SECONDS` (the failures of that moment are lost together) they are killed
-  and the job restarts with the places left, if at least `min_workers`, else it stops as
-  any job would; the steps since the last backup are trained again (what a SIGKILL costs
-  any job: choose `save_freq` by it). A bug that fails every worker fails again at each
-  size until fewer than `min_workers` are left.
+  survivors hold nothing a backup does not (blocked in a collective with it, or failing
+  as TensorFlow aborts the group's collectives: `lost_tasks` tells them apart), so after
+  `SETTLE_SECONDS` they are killed and the job restarts with the places left, if at least
+  `min_workers`, else it stops as any job would; the steps since the last backup are
+  trained again (what a SIGKILL costs any job: choose `save_freq` by it). A bug that
+  fails every worker loses one place at each size until fewer than `min_workers` are left.
 - **A place back**: `rejoin_seconds` after a loss (doubled each time the same place is
   lost again, up to `MAX_REJOIN_SECONDS`, so a machine that keeps failing costs less
   and less), the launcher asks every task to stop at one agreed step with `RESIZE_SIGNAL`
@@ -90,6 +90,17 @@ class Places:
         for place in due:
             del self._back_at[place]
         return len(due)
+
+
+def lost_tasks(tasks, first):
+    """The indices in `tasks` of the ones lost when `first` failed: those killed by a signal
+    or hung in the same moment (`SETTLE_SECONDS`), else `first` alone. A task that exited
+    with an error of its own meanwhile is a survivor: TensorFlow aborts the collectives of
+    a group that lost a peer, which then fail in every task (their place is not lost).
+    A bug that fails them all is `first` alone each time."""
+    killed = [i for i, task in enumerate(tasks) if not task.stopped and task.poll() is not None
+              and (task.poll() < 0 or task.hung)]
+    return killed or [tasks.index(first)]
 
 
 def check_elastic(config, min_workers, only_task):

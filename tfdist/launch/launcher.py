@@ -410,8 +410,7 @@ class Launcher:
         settle = time.monotonic() + elastic.SETTLE_SECONDS  # failures of the same moment
         while time.monotonic() < settle and any(t.poll() is None for t in self.tasks if t.proc):
             time.sleep(_POLL_SECONDS)
-        lost = [i for i, each in enumerate(self.tasks)
-                if each.poll() not in (None, 0) and not each.stopped]
+        lost = elastic.lost_tasks(self.tasks, task)
         if self.places.size() - len(lost) < self.places.min_workers:
             self.log(f"{task.name} {reason}; {self.places.size() - len(lost)} of "
                      f"{self.places.members} workers left, fewer than --min-workers "
