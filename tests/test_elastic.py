@@ -71,6 +71,18 @@ def test_a_lost_worker_the_job_goes_on_with_three_then_takes_it_back(write_confi
     assert "job succeeded: 4 tasks" in run.stderr and "2 resizes" in run.stderr
 
 
+def test_a_stopped_worker_is_found_hung_and_lost_alone(write_config, tmp_path):
+    """worker:1 is SIGSTOPped (a frozen machine): after --hang-seconds it is the one killed
+    as hung and lost, and the job goes on with 3."""
+    run, starts = fake_launch(write_config, tmp_path, "--min-workers", "2",
+                              "--rejoin-seconds", "86400", "--hang-seconds", "2",
+                              job_args=("--stop", "1:2", "--steps", "60"))
+    assert run.returncode == 0, run.stderr
+    assert sizes(starts) == [4, 3], starts
+    assert "worker:1 is hung" in run.stderr
+    assert "going on with 3 of 4 workers" in run.stderr
+
+
 def test_fewer_workers_left_than_the_minimum_stops_the_job_in_one_line(write_config,
                                                                        tmp_path):
     """Every task fails with an error (a bug, not a lost machine): one place is lost each

@@ -4,6 +4,7 @@ its environment>" to <out>/starts.log when it starts.
 
     --kill INDEX:STEP   the task of that index SIGKILLs itself at STEP, once (<out>/killed
                         marks it)
+    --stop INDEX:STEP   the task of that index SIGSTOPs itself at STEP, once
     --crash             every task exits with code 3 at step 2 (a bug, not a lost machine)
     --on-resize stop    the resize signal: exit 143 at the next step (as tfdist's watch)
     --on-resize ignore  take no notice (a script without a backup: it trains on)
@@ -23,6 +24,7 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--kill")
+    p.add_argument("--stop")
     p.add_argument("--crash", action="store_true")
     p.add_argument("--on-resize", default="stop", choices=["stop", "ignore", "default"])
     args = p.parse_args()
@@ -37,8 +39,10 @@ def main():
         f.write(f"{members} {index} {os.environ.get('TFDIST_RESIZE_SIGNAL')}\n")
     marker = os.path.join(args.out, "killed")
     kill = tuple(int(v) for v in args.kill.split(":")) if args.kill else None
+    stop = tuple(int(v) for v in args.stop.split(":")) if args.stop else None
     for step in range(args.steps):
         time.sleep(0.1)
+        print(f"step {step}", flush=True)  # progress: not hung
         if asked and args.on_resize == "stop":
             return 143
         if args.crash and step == 2:
@@ -46,6 +50,9 @@ def main():
         if kill == (index, step) and not os.path.exists(marker):
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
+        if stop == (index, step) and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGSTOP)
     return 0
 
 

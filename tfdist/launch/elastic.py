@@ -103,6 +103,20 @@ def lost_tasks(tasks, first):
     return killed or [tasks.index(first)]
 
 
+def first_hung(tasks):
+    """Of tasks that all made no progress (one stopped or stuck, the others waiting for it
+    in a collective), the one to kill as lost: a stopped process (SIGSTOP, a debugger)
+    first, else the one quiet the longest."""
+    def stopped(task):
+        try:
+            with open(f"/proc/{task.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+        except (OSError, IndexError, TypeError):
+            return False
+
+    return max(tasks, key=lambda task: (stopped(task), task.seconds_without_progress()))
+
+
 def check_elastic(config, min_workers, only_task):
     """The launcher's checks of an elastic job (the config's are in
     `tfdist.config.together`; these also hold for --min-workers given on the command line).

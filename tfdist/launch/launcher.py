@@ -511,10 +511,12 @@ class Launcher:
         return True
 
     def _kill_hung_tasks(self, finished):
-        for task in self.tasks:
-            if (task.is_server or task.name in finished or task.poll() is not None
-                    or task.seconds_without_progress() < self.hang_seconds):
-                continue
+        hung = [task for task in self.tasks
+                if not (task.is_server or task.name in finished or task.poll() is not None
+                        or task.seconds_without_progress() < self.hang_seconds)]
+        if self.places is not None and hung:  # its peers wait for it: they are not lost
+            hung = [elastic.first_hung(hung)]
+        for task in hung:
             self.log(f"{task.name} is hung: no output and no CPU time for "
                      f"{self.hang_seconds:g}s (pid {task.pid})")
             task.hung = True
