@@ -505,3 +505,31 @@ def test_a_decision_on_a_link_too_noisy_to_fit_is_saved_and_restored(capsys):
     assert resumed.choice == "topk+EF" and math.isinf(resumed.link.bandwidth_bits)
     assert resumed.decisions[-1]["link"] == resumed.link
     assert "resumed with topk+EF" in capsys.readouterr().out
+
+
+def test_a_backup_restored_onto_another_number_of_replicas_measures_again(capsys):
+    """A resized job (`tfdist launch --min-workers`) measures again: auto's kept choice was
+    a measurement of the old cluster, so restoring it onto other replicas does not give it
+    back (one line says so); a hook whose state is not a measurement gets its own back; the
+    same size resumes with the choice."""
+    from tfdist.core.hooks import GradientPipeline, TrainingHook
+
+    class Kept(TrainingHook):
+        def restore_checkpoint_state(self, state):
+            self.restored = state
+
+    def pipeline():
+        auto = AutoCompression(probe_steps=6)
+        auto.chief = True
+        return GradientPipeline([auto, Kept()]), auto
+
+    saved = {"choice": "topk+EF", "step": 6, "measured": 0.1, "link": [1e6, 1e-3],
+             "bucket_bytes": None}
+    resized, auto = pipeline()
+    assert resized.restore_checkpoint_states([saved, {"n": 1}], resized=(4, 3))
+    assert auto.choice == "probe" and not auto.decisions and resized.hooks[1].restored == {"n": 1}
+    assert ("AutoCompression's kept choice was measured on 4 replicas and this run has 3: "
+            "it measures again") in capsys.readouterr().out
+    same, auto = pipeline()
+    assert same.restore_checkpoint_states([saved, None])
+    assert auto.choice == "topk+EF" and auto.decisions[-1]["restored"]

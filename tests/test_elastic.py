@@ -416,3 +416,21 @@ def stop_tasks(job, out):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.parametrize("verb, cluster, extra", [
+    ("manifest", FOUR, ("--image", "registry/me/train:1")),
+    ("manifest", FOUR, ("--image", "registry/me/train:1", "--format", "trainjob")),
+    ("sbatch", "cluster: slurm\nstrategy: multi_worker_mirrored\n", ("--ntasks", "4")),
+])
+def test_manifests_and_batch_scripts_say_they_do_not_resize(write_config, verb, cluster, extra):
+    """An orchestrator restarts a job at its declared size: `tfdist manifest` and `sbatch`
+    still write theirs for a config with an elastic: section, and say in one line on stderr
+    that it is not expressed there (the same config may run under `tfdist launch`)."""
+    config = write_config(cluster + "elastic: {min_workers: 2}\n")
+    run = subprocess.run([sys.executable, "-m", "tfdist", verb, config, *extra, "--",
+                          "python", "train.py"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() and "elastic" not in run.stdout
+    note, = run.stderr.strip().splitlines()
+    assert f"tfdist {verb}: note:" in note and "elastic: section is not expressed here" in note

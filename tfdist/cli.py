@@ -291,9 +291,19 @@ def _launch_config(path, workers):
                             name=f"-n {workers}")
 
 
+def _note_not_elastic(config, verb, orchestrator):
+    """An elastic: section that `verb`'s output cannot express, said on stderr (the same
+    config may also run under `tfdist launch`, which resizes)."""
+    if config.elastic is not None:
+        report(f"tfdist {verb}: note: {one_line(config.path or 'the config')}'s elastic: "
+               f"section is not expressed here ({orchestrator} restarts the job at its "
+               "declared size); only tfdist launch resizes. See docs/guides/elastic.md")
+
+
 def _manifest(args, command):
     config = load_config(args.config)
     _require_command(command, "manifest")
+    _note_not_elastic(config, "manifest", "Kubernetes")
     options = dict(image=args.image, command=command, name=args.name,
                    namespace=args.namespace, max_restarts=args.max_restarts,
                    grace_seconds=args.grace_seconds)
@@ -318,6 +328,7 @@ def _exec(args, command):
 def _sbatch(args, command):
     config = load_config(args.config)
     _require_command(command, "sbatch")
+    _note_not_elastic(config, "sbatch", "SLURM, with --requeue,")
     options = [(name, getattr(args, name.replace("-", "_"))) for name in SBATCH_OPTIONS]
     print(batch_script(config, command, ntasks=args.ntasks, options=options,
                        grace_seconds=args.grace_seconds), end="")

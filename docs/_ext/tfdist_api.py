@@ -139,7 +139,8 @@ class ConfigKeys(PublicApi):
                      "a list of host:port; under ``scheduler: slurm`` also "
                      + ", ".join(f"``{k}``" for k in SLURM_KEYS)),
                     ("compression", schema.CompressionConfig, "a name, or a mapping"),
-                    ("local_sgd", schema.LocalSGDConfig, "a mapping")]
+                    ("local_sgd", schema.LocalSGDConfig, "a mapping"),
+                    ("elastic", schema.ElasticConfig, "a mapping")]
         for section, shape, given in sections:
             lines += [f".. rubric:: {section}:", "", f"{given}. {own_docstring(shape)}", "",
                       ".. list-table::", "   :header-rows: 1", "", "   * - key", "     - default"]

@@ -128,6 +128,9 @@ def worth_timing(floats, last_floats, last_seconds, timed, budget=0.05):
 class AutoCompression(TrainingHook):
     """Chooses the gradient exchange from measurements (module docstring).
 
+    A backup keeps its choice; one restored onto another number of replicas (a resized
+    job, `tfdist launch --min-workers`) does not, and it measures again.
+
     Args:
         probe_steps: steps of the prior timed before choosing, and steps of another choice
             timed before keeping it.
@@ -203,6 +206,8 @@ class AutoCompression(TrainingHook):
 
     def replica_state_rules(self):
         return [r for method in self.methods for r in self.hooks[method].replica_state_rules()]
+
+    measures_the_cluster = True
 
     def checkpoint_state(self):
         """A kept choice (not while its prior or a trial is timed: that is measured again)."""

@@ -143,6 +143,11 @@ class TrainingHook:
         (`tfdist.core.resize`: "sum", "shared" or "afresh"), in the same order."""
         return ["afresh"] * len(self.replica_state())
 
+    #: Whether `checkpoint_state()` is a measurement of the cluster it ran on (`compression:
+    #: auto`'s choice): a backup restored onto another number of replicas does not give it
+    #: back, and the hook measures again.
+    measures_the_cluster = False
+
     def checkpoint_state(self):
         """What a backup keeps of this hook beyond variables (JSON values, the same on
         every worker; e.g. `compression: auto`'s decision), or None."""
@@ -293,14 +298,22 @@ class GradientPipeline:
         """Every hook's `checkpoint_state()`, in order."""
         return [hook.checkpoint_state() for hook in self.hooks]
 
-    def restore_checkpoint_states(self, states):
+    def restore_checkpoint_states(self, states, resized=None):
         """Gives each hook its state of `checkpoint_states()` back; False (nothing given)
-        when the hooks are not those the states came from."""
+        when the hooks are not those the states came from. `resized`: (the backup's
+        replicas, this run's) when they differ — a hook that `measures_the_cluster` then
+        measures again, which it says in one line."""
         if not isinstance(states, list) or len(states) != len(self.hooks):
             return False
         for hook, state in zip(self.hooks, states):
-            if state is not None:
-                hook.restore_checkpoint_state(state)
+            if state is None:
+                continue
+            if resized is not None and hook.measures_the_cluster:
+                print(f"tfdist: {type(hook).__name__}'s kept choice was measured on "
+                      f"{resized[0]} replicas and this run has {resized[1]}: it measures "
+                      "again", flush=True)
+                continue
+            hook.restore_checkpoint_state(state)
         return True
 
     def push_codec(self):

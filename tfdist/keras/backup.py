@@ -40,7 +40,7 @@ WEIGHTS = "backup.weights.h5"
 #: Each replica's own state of the exchange, stacked over all replicas.
 REPLICA_STATE = "replica_state.npz"
 #: The metadata keys tfdist writes itself (BackupAndRestore adds epoch, batch, epochs).
-RESERVED = ("steps", "hooks", "policy", "seeds", "checkpoint")
+RESERVED = ("steps", "hooks", "policy", "seeds", "checkpoint", "replicas")
 #: A step count no run reaches (an int64 optimizer counter, with room).
 MAX_STEPS = 2**62
 #: What a file of a backup may hold beyond its variables' bytes (HDF5's or NumPy's own).
@@ -127,6 +127,7 @@ def capture(model, strategy):
     each replica's state are collectives)."""
     before_backup(model)
     metadata = {"steps": _steps(model), "policy": policy_of(model),
+                "replicas": (_replica_group(model) or strategy).num_replicas_in_sync,
                 "hooks": [pipeline_of(o).checkpoint_states() for o in _built(model)],
                 "seeds": [np.asarray(v.numpy()).ravel().tolist() for v in seed_states(model)]}
     values = gather_replica_values(strategy, _replica_state(model), _replica_group(model))
@@ -161,8 +162,11 @@ def restore(model, strategy, path, metadata):
     for state, value in zip(seed_states(model), _seed_values(model, metadata.get("seeds"))
                             or []):
         state.assign(value)
+    replicas = (_replica_group(model) or strategy).num_replicas_in_sync
+    resized = metadata.get("replicas") not in (None, replicas)
     for optimizer, states in zip(_built(model), metadata.get("hooks") or []):
-        pipeline_of(optimizer).restore_checkpoint_states(states)
+        pipeline_of(optimizer).restore_checkpoint_states(
+            states, resized=(metadata["replicas"], replicas) if resized else None)
 
 
 class ModelBackup:

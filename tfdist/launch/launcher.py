@@ -52,7 +52,9 @@ class Launcher:
     newcomer, so the whole job is restarted (and resumes from `BackupAndRestore`'s last backup), as
     Kubeflow and TensorFlow's fault-tolerance guide do. Under parameter_server only the
     failed task is restarted: the coordinator keeps training on the other workers and
-    uses a returning worker again.
+    uses a returning worker again. With `min_workers` a multi_worker_mirrored job goes on
+    with fewer workers when one is lost and takes its place back later, each by a restart
+    at the new size (`tfdist.launch.elastic`).
 
     A task that neither prints a line nor uses CPU time for `hang_seconds` (e.g. blocked
     in a collective whose peer is gone) is reported by name, killed and handled as a
@@ -155,7 +157,6 @@ class Launcher:
         self._failed = None  # the task whose failure ended the job
         self.tmpdir = None
         self.tasks = []
-        self._retired = []  # the tasks of an elastic job's earlier sizes
         self._popen_pids = set()
         self._err_sink = self._out_sink = None
 
@@ -432,13 +433,13 @@ class Launcher:
     def _take_back_when_due(self):
         """A lost place whose time has come: asks every task to stop at one agreed step."""
         now = time.monotonic()
-        if self._taking_back or not self.places.due(now) or not self.places.due(
-                now, self._room(now)):
+        if self._taking_back or not self.places.due(now):
             return
-        if any(task.poll() is not None for task in self.tasks if not task.is_server):
-            return  # one has exited (finished, or failing): not a moment to resize
+        back = self.places.due(now, self._room(now))
+        if not back or any(task.poll() is not None for task in self.tasks if not task.is_server):
+            return  # no room yet; or one has exited (finished, failing): not the moment
         self._taking_back = True
-        size = self.places.size() + len(self.places.due(now, self._room(now)))
+        size = self.places.size() + len(back)
         self.log(f"a lost worker's place is back: asking every task to stop at an agreed "
                  f"step ({elastic.RESIZE_SIGNAL}) to go on with {size} of "
                  f"{self.places.members} workers")
@@ -471,7 +472,6 @@ class Launcher:
         for task in self.tasks:
             task.wait_output()
         self._release_reports(keep=not taking_back)
-        self._retired += self.tasks
         self.tasks = self._make_tasks(None)
         for task in self.tasks:
             self._start(task)
