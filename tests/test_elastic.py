@@ -71,6 +71,18 @@ def test_a_lost_worker_the_job_goes_on_with_three_then_takes_it_back(write_confi
     assert "job succeeded: 4 tasks" in run.stderr and "2 resizes" in run.stderr
 
 
+def test_a_preemption_restarts_an_elastic_job_without_counting_a_restart(write_config,
+                                                                        tmp_path):
+    """Every task exits 143 (saved at an agreed step after a SIGTERM): the job restarts at
+    its size at once, although --max-restarts is 0 (nothing was lost)."""
+    run, starts = fake_launch(write_config, tmp_path, "--min-workers", "2",
+                              job_args=("--preempt", "2", "--steps", "10"))
+    assert run.returncode == 0, run.stderr
+    assert sizes(starts) == [4, 4], starts
+    assert "not counted against --max-restarts" in run.stderr
+    assert "0 restarts, 1 resize" in run.stderr
+
+
 def test_a_stopped_worker_is_found_hung_and_lost_alone(write_config, tmp_path):
     """worker:1 is SIGSTOPped (a frozen machine): after --hang-seconds it is the one killed
     as hung and lost, and the job goes on with 3."""

@@ -5,6 +5,7 @@ its environment>" to <out>/starts.log when it starts.
     --kill INDEX:STEP   the task of that index SIGKILLs itself at STEP, once (<out>/killed
                         marks it)
     --stop INDEX:STEP   the task of that index SIGSTOPs itself at STEP, once
+    --preempt STEP      every task exits 143 at STEP (saved at an agreed step), once
     --crash             every task exits with code 3 at step 2 (a bug, not a lost machine)
     --on-resize stop    the resize signal: exit 143 at the next step (as tfdist's watch)
     --on-resize ignore  take no notice (a script without a backup: it trains on)
@@ -25,6 +26,7 @@ def main():
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--kill")
     p.add_argument("--stop")
+    p.add_argument("--preempt", type=int)
     p.add_argument("--crash", action="store_true")
     p.add_argument("--on-resize", default="stop", choices=["stop", "ignore", "default"])
     args = p.parse_args()
@@ -47,6 +49,10 @@ def main():
             return 143
         if args.crash and step == 2:
             return 3
+        preempted = os.path.join(args.out, f"preempted-{index}")
+        if args.preempt == step and not os.path.exists(preempted):
+            open(preempted, "w").close()
+            return 143
         if kill == (index, step) and not os.path.exists(marker):
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)

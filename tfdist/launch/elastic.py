@@ -21,6 +21,11 @@ the new number of replicas (`tfdist.core.resize`):
   when it arrives (building, restoring, after `fit`) takes note and goes on: the request
   is honoured at the first step, or the job ends as it would have.
 
+- **A preemption** (a SIGTERM to a task: every worker saves after one agreed step and
+  exits 143) restarts the job at once, with any place that is due, and is not counted
+  against ``--max-restarts`` (nothing was lost; JobSet's ``RestartJobSetAndIgnoreMaxRestarts``
+  does the same).
+
 The global batch is what the training script batches its dataset by: under
 multi_worker_mirrored TensorFlow splits each batch over the workers there are, so the same
 script keeps the global batch, its learning rate and the examples of every step across a

@@ -402,11 +402,14 @@ class Launcher:
     def _resize(self, task, code, reason):
         """An elastic job's answer to `task`'s exit: True if the job was restarted at a new
         size (a loss, or the agreed stop of a take-back), False to handle it as any job."""
-        if self._taking_back and elastic.stop_code(code):
+        if (self._taking_back and elastic.stop_code(code)) or code == elastic.PREEMPTED:
+            if not self._taking_back:  # preempted from outside: all save at an agreed step
+                self.log(f"{task.name} {reason} (preempted: every task saves at an agreed "
+                         "step); restarting the job, not counted against --max-restarts")
             self._wait_for_stop()
             return self._restart_resized(taking_back=True)
-        if code == elastic.PREEMPTED or (self._taking_back and code == 0):
-            return False  # a preemption from outside, or the job's end: as always
+        if self._taking_back and code == 0:
+            return False  # the job's end: as always
         self._taking_back = False
         settle = time.monotonic() + elastic.SETTLE_SECONDS  # failures of the same moment
         while time.monotonic() < settle and any(t.poll() is None for t in self.tasks if t.proc):
@@ -463,7 +466,7 @@ class Launcher:
         starts the job at its new size, from the last backup."""
         self._kill_all()
         self._taking_back = False
-        if taking_back:
+        if taking_back:  # or preempted: places due come back too
             now = time.monotonic()
             self.places.take_back(now, self._room(now))
             self.log(f"every task stopped at the agreed step; going on with "
