@@ -1,0 +1,126 @@
+"""The launcher's side of an elastic job (`tfdist.launch.elastic`): losing a place,
+taking one back, and restarting the job at its new size."""
+
+import signal
+import time
+
+from tfdist.launch import elastic, reaper
+
+_POLL_SECONDS = 0.05
+
+
+class Resizing:
+    """What `tfdist.launch.launcher.Launcher` does when `min_workers` is set: its
+    `places` (`elastic.Places`), `discovery` and the resize signal's round."""
+
+    @staticmethod
+    def _elastic_places(config, min_workers, rejoin_seconds, only_task):
+        """The `elastic.Places` of a job that resizes (`min_workers` not None), or None."""
+        if min_workers is None:
+            return None
+        elastic.check_elastic(config, min_workers, only_task)
+        return elastic.Places(elastic.members_of(config.cluster), min_workers, rejoin_seconds)
+
+    def _popen_pids_add(self, pid):
+        self._popen_pids.add(pid)
+
+    def _room(self, now):
+        """How many lost places may come back now: all (None) without discovery, else as
+        many as the last answer leaves room for (0 before a first answer)."""
+        if self.discovery is None:
+            return None
+        count = self.discovery.poll(now)
+        return 0 if count is None else count - self.places.size()
+
+    def _resize(self, task, code, reason):
+        """An elastic job's answer to `task`'s exit: True if the job was restarted at a new
+        size (a loss, or the agreed stop of a take-back), False to handle it as any job."""
+        if (self._taking_back and elastic.stop_code(code)) or code == elastic.PREEMPTED:
+            if not self._taking_back:  # preempted from outside: all save at an agreed step
+                self.log(f"{task.name} {reason} (preempted: every task saves at an agreed "
+                         "step); restarting the job, not counted against --max-restarts")
+            self._wait_for_stop()
+            return self._restart_resized(taking_back=True)
+        if self._taking_back and code == 0:
+            return False  # the job's end: as always
+        self._taking_back = False
+        settle = time.monotonic() + elastic.SETTLE_SECONDS  # failures of the same moment
+        while time.monotonic() < settle and any(t.poll() is None for t in self.tasks if t.proc):
+            time.sleep(_POLL_SECONDS)
+        lost = elastic.lost_tasks(self.tasks, task)
+        if self.places.size() - len(lost) < self.places.min_workers:
+            self.log(f"{task.name} {reason}; {self.places.size() - len(lost)} of "
+                     f"{self.places.members} workers left, fewer than --min-workers "
+                     f"{self.places.min_workers}")
+            return False
+        self._kill_all()
+        now = time.monotonic()
+        places = self.places.lose(lost, now)
+        names = ", ".join(self.tasks[i].name for i in lost)
+        self.places.take_back(now, self._room(now))  # due meanwhile: back with this restart
+        offered = min(self.places.back_in(place, now) for place in places)
+        when = f"in {offered:.0f} s" + (", once --discover reports room for it"
+                                         if self.discovery is not None else "")
+        self.log(f"{names} {reason}; going on with {self.places.size()} of "
+                 f"{self.places.members} workers (--min-workers {self.places.min_workers}) "
+                 f"from the last backup; the lost place is offered back {when}")
+        return self._restart_resized(taking_back=False)
+
+    def _take_back_when_due(self):
+        """A lost place whose time has come: asks every task to stop at one agreed step."""
+        now = time.monotonic()
+        if self._taking_back or not self.places.due(now):
+            return
+        back = self.places.due(now, self._room(now))
+        if not back or any(task.poll() is not None for task in self.tasks if not task.is_server):
+            return  # no room yet; or one has exited (finished, failing): not the moment
+        self._taking_back = True
+        size = self.places.size() + len(back)
+        self.log(f"a lost worker's place is back: asking every task to stop at an agreed "
+                 f"step ({elastic.RESIZE_SIGNAL}) to go on with {size} of "
+                 f"{self.places.members} workers")
+        for task in self.tasks:
+            if task.proc is not None and task.name.split(":")[0] in ("chief", "worker"):
+                task.proc.send_signal(elastic.resize_signal())
+
+    def _wait_for_stop(self):
+        """After one task answered the resize signal: the others get as long as saving
+        may take (`grace_seconds`, at least a minute) to answer too, then are killed."""
+        deadline = time.monotonic() + max(self.grace_seconds, 60.0)
+        while time.monotonic() < deadline and any(t.poll() is None for t in self.tasks if t.proc):
+            time.sleep(_POLL_SECONDS)
+        late = [t.name for t in self.tasks if t.proc and t.poll() is None]
+        if late:
+            self.log(f"{', '.join(late)} did not stop at the agreed step; killing "
+                     "(resuming from the last backup)")
+
+    def _restart_resized(self, taking_back):
+        """Kills what is left, takes back the places that are due (`taking_back`) and
+        starts the job at its new size, from the last backup."""
+        self._kill_all()
+        self._taking_back = False
+        if taking_back:  # or preempted: places due come back too
+            now = time.monotonic()
+            self.places.take_back(now, self._room(now))
+            self.log(f"every task stopped at the agreed step; going on with "
+                     f"{self.places.size()} of {self.places.members} workers")
+        self.resizes += 1
+        for task in self.tasks:
+            task.wait_output()
+        self._release_reports(keep=not taking_back)
+        self.tasks = self._make_tasks(None)
+        for task in self.tasks:
+            self._start(task)
+        return True
+
+    def _kill_all(self):
+        """SIGKILL to every task's group at once: blocked in a collective with a lost peer,
+        they hold nothing the last backup does not."""
+        for task in self.tasks:
+            if task.poll() is None and task.proc is not None:
+                task.stopped = True
+            task.signal_group(signal.SIGKILL)
+            if task.proc is not None:
+                task.proc.wait()
+                task.group_killed = True
+        reaper.sweep(self.tmpdir)
