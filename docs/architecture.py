@@ -12,7 +12,8 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: Bottom to top; within a layer, a package may import the ones listed before it.
 LAYERS = (
-    ("errors", "limits", "versions", "capabilities", "regions", "step_times_line"),  # leaves
+    ("errors", "limits", "versions", "capabilities", "regions", "step_times_line",
+     "resize_signal"),  # leaves
     ("cluster", "config", "checkpoint"),    # YAML, TF_CONFIG, checkpoint files; no TensorFlow
     ("strategies",),                        # get_strategy and the subclasses
     ("core",),                              # the step: hooks, driver, optimizer seam

@@ -24,6 +24,7 @@ import time
 import tensorflow as tf
 
 from tfdist import resize_signal
+from tfdist.strategies import sigterm_guard
 from tfdist.errors import TfdistError
 
 #: The exit code of a task that saved at an agreed step after a preemption signal (128 +
@@ -71,6 +72,9 @@ class Preemption:
             number = getattr(signal, name)
             if number not in self._installed:
                 self._installed[number] = signal.signal(number, self._on_signal)
+        asked = sigterm_guard.take_resize_request()  # before training: the next step says it
+        if asked is not None and not self.requested:
+            self.request(asked)
 
     def uninstall(self):
         """Gives each signal back its handler from before (the strategy's guard, if any:

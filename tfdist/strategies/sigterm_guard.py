@@ -30,10 +30,17 @@ def guard():
         signal.signal(resize_signal.number(), _on_resize)
 
 
-def _on_resize(number, frame):
-    from tfdist.core.preemption import preemption
+_RESIZE_ASKED = []  # the resize signal's number, when it came while no loop watched
 
-    preemption().request(number)
+
+def _on_resize(number, frame):
+    _RESIZE_ASKED[:] = [number]
+
+
+def take_resize_request():
+    """The resize signal's number if it arrived while no loop watched (then forgotten),
+    else None: `tfdist.core.preemption` carries it in the next step."""
+    return _RESIZE_ASKED.pop() if _RESIZE_ASKED else None
 
 
 def _on_sigterm(number, frame):
