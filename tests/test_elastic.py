@@ -446,3 +446,31 @@ def test_manifests_and_batch_scripts_say_they_do_not_resize(write_config, verb, 
     assert run.stdout.strip() and "elastic" not in run.stdout
     note, = run.stderr.strip().splitlines()
     assert f"tfdist {verb}: note:" in note and "elastic: section is not expressed here" in note
+
+
+def test_the_resize_signal_before_training_is_kept_for_the_first_step(monkeypatch):
+    """In a task of an elastic launch, SIGUSR1 while no loop watches (building the model,
+    restoring) is taken note of by the guard, not fatal; the preemption watch takes it when
+    training begins, so the first step carries it. Without the launcher's variable the
+    guard leaves SIGUSR1 alone."""
+    from tfdist.core.preemption import preemption
+    from tfdist.strategies import sigterm_guard
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        monkeypatch.delenv("TFDIST_RESIZE_SIGNAL", raising=False)
+        sigterm_guard.guard()
+        assert signal.getsignal(signal.SIGUSR1) == before[signal.SIGUSR1]
+        monkeypatch.setenv("TFDIST_RESIZE_SIGNAL", "SIGUSR1")
+        sigterm_guard.guard()
+        os.kill(os.getpid(), signal.SIGUSR1)  # handled at once, in this thread
+        assert not preemption().requested
+        preemption().install()
+        assert preemption().requested and preemption().signal_name == "SIGUSR1"
+        assert signal.getsignal(signal.SIGUSR1) == preemption()._on_signal
+    finally:
+        preemption().uninstall()
+        preemption().requested, preemption().received_at = False, None
+        preemption().signal_name = None
+        for number, handler in before.items():
+            signal.signal(number, handler)
