@@ -430,22 +430,53 @@ def stop_tasks(job, out):
                 pass
 
 
-@pytest.mark.parametrize("verb, cluster, extra", [
-    ("manifest", FOUR, ("--image", "registry/me/train:1")),
-    ("manifest", FOUR, ("--image", "registry/me/train:1", "--format", "trainjob")),
-    ("sbatch", "cluster: slurm\nstrategy: multi_worker_mirrored\n", ("--ntasks", "4")),
-])
-def test_manifests_and_batch_scripts_say_they_do_not_resize(write_config, verb, cluster, extra):
-    """An orchestrator restarts a job at its declared size: `tfdist manifest` and `sbatch`
-    still write theirs for a config with an elastic: section, and say in one line on stderr
+@pytest.mark.parametrize("extra", [(), ("--format", "trainjob")])
+def test_manifests_say_they_do_not_resize(write_config, extra):
+    """Kubernetes restarts a job at its declared size: `tfdist manifest` still writes the
+    TFJob or TrainJob for a config with an elastic: section, and says in one line on stderr
     that it is not expressed there (the same config may run under `tfdist launch`)."""
-    config = write_config(cluster + "elastic: {min_workers: 2}\n")
-    run = subprocess.run([sys.executable, "-m", "tfdist", verb, config, *extra, "--",
-                          "python", "train.py"], capture_output=True, text=True, timeout=60)
+    config = write_config(FOUR + "elastic: {min_workers: 2}\n")
+    run = subprocess.run([sys.executable, "-m", "tfdist", "manifest", config, "--image",
+                          "registry/me/train:1", *extra, "--", "python", "train.py"],
+                         capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() and "elastic" not in run.stdout
     note, = run.stderr.strip().splitlines()
-    assert f"tfdist {verb}: note:" in note and "elastic: section is not expressed here" in note
+    assert "tfdist manifest: note:" in note and "elastic: section is not expressed here" in note
+
+
+SLURM = "cluster: {slurm: {chief: 1}}\nstrategy: multi_worker_mirrored\n"
+
+
+def test_a_batch_script_asks_slurm_for_a_range_of_nodes(write_config):
+    """`tfdist sbatch` of an elastic job asks for MIN-MAX nodes with one TF task each
+    (min_workers counts the chief) instead of a fixed --ntasks, and keeps --requeue: a lost
+    node requeues the job, which starts again on the nodes SLURM has."""
+    from tfdist.cluster.sbatch import batch_script
+    from tfdist.config import load_config
+
+    config = load_config(write_config(SLURM + "elastic: {min_workers: 3}\n"))
+    script = batch_script(config, ["python", "train.py"], ntasks=5).splitlines()
+    assert "#SBATCH --nodes=3-5" in script and "#SBATCH --ntasks-per-node=1" in script
+    assert "#SBATCH --requeue" in script and not any("--ntasks=" in line for line in script)
+    assert "up to 5 TF task(s), chief x1, worker x4" in script[1]
+
+
+@pytest.mark.parametrize("section, args, said", [
+    ("{min_workers: 6}", ("--ntasks", "5"), "elastic.min_workers must be between 2 and the 5 "
+                                            "chief and worker tasks of --ntasks=5"),
+    ("{min_workers: 1}", ("--ntasks", "5"), "must be between 2"),  # the chief and a worker
+    ("{min_workers: 2}", ("--ntasks", "5", "--nodes", "3"), "leave out --nodes"),
+    ("{min_workers: 2}", ("--ntasks", "5", "--ntasks-per-node", "2"),
+     "leave out --ntasks-per-node"),
+])
+def test_a_batch_script_that_cannot_hold_the_range_is_refused(write_config, section, args,
+                                                              said):
+    config = write_config(SLURM + f"elastic: {section}\n")
+    run = subprocess.run([sys.executable, "-m", "tfdist", "sbatch", config, *args, "--",
+                          "python", "train.py"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and said in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and not run.stdout
 
 
 def test_the_resize_signal_before_training_is_kept_for_the_first_step(monkeypatch):

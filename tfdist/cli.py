@@ -328,7 +328,6 @@ def _exec(args, command):
 def _sbatch(args, command):
     config = load_config(args.config)
     _require_command(command, "sbatch")
-    _note_not_elastic(config, "sbatch", "SLURM, with --requeue,")
     options = [(name, getattr(args, name.replace("-", "_"))) for name in SBATCH_OPTIONS]
     print(batch_script(config, command, ntasks=args.ntasks, options=options,
                        grace_seconds=args.grace_seconds), end="")

@@ -64,9 +64,12 @@ def batch_script(config, command, *, ntasks=None, options=(), tfdist=None,
                            f"and one worker). Received: --ntasks={ntasks}")
     check_grace_seconds(grace_seconds)
     name = one_line(config.path or "a config").encode("ascii", "backslashreplace").decode()
+    size = [f"#SBATCH --ntasks={ntasks}"] if config.elastic is None else \
+        _elastic_size(config, ntasks, options)
     lines = ["#!/bin/bash", f"# Written by tfdist sbatch for {name}: "
-             f"{ntasks} TF task(s), {_layout(slurm, ntasks)}.",
-             f"#SBATCH --ntasks={ntasks}", f"#SBATCH --signal=B:TERM@{grace_seconds}",
+             f"{'up to ' if config.elastic else ''}{ntasks} TF task(s), "
+             f"{_layout(slurm, ntasks)}.",
+             *size, f"#SBATCH --signal=B:TERM@{grace_seconds}",
              "#SBATCH --requeue", "#SBATCH --open-mode=append"]  # a requeued run's log after
     # the preempted one's, not over it
     lines += [f"#SBATCH --{name}={_checked(name, value)}" for name, value in options
@@ -115,6 +118,29 @@ def _PREEMPTIBLE(srun):  # noqa: N802 (the script's body)
         f'  scontrol requeue "$SLURM_JOB_ID" && sleep {REQUEUE_WAIT_SECONDS}',
         "fi",
         'exit "$status"']
+
+
+def _elastic_size(config, ntasks, options):
+    """The #SBATCH lines of an ``elastic:`` job: a range of nodes, one TF task each
+    (``--nodes=MIN-MAX``: SLURM starts it with as many as it can give, at least MIN). A lost
+    node fails the job, which SLURM requeues (``--requeue``; its NODE_FAIL), and the job
+    resumes from its backup on the nodes it then gets — a resize at each start, not while
+    it runs."""
+    taken = sorted(name for name, value in options
+                   if value is not None and name in ("nodes", "ntasks-per-node"))
+    if taken:
+        raise ClusterError(f"with an elastic: section tfdist sbatch chooses --nodes (a range, "
+                           f"one task each) itself; leave out --{', --'.join(taken)}")
+    slurm = config.cluster
+    least = slurm.ps + slurm.evaluator + config.elastic.min_workers  # min_workers: chief too
+    if not slurm.minimum_tasks <= least <= ntasks:
+        members = ntasks - slurm.ps - slurm.evaluator
+        raise ClusterError(f"elastic.min_workers must be between {1 + slurm.chief} and the "
+                           f"{members} chief and worker tasks of --ntasks={ntasks}. Received: "
+                           f"min_workers={config.elastic.min_workers}")
+    return [f"# elastic: {least} to {ntasks} nodes, one TF task each; a lost node requeues "
+            "the job, which resumes from its backup on the nodes it gets",
+            f"#SBATCH --nodes={least}-{ntasks}", "#SBATCH --ntasks-per-node=1"]
 
 
 def _layout(slurm, ntasks):
