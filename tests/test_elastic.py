@@ -283,7 +283,9 @@ PLAIN3 = ("--model", "plain", "--epochs", "3")
 TRAINING = {"fit": ("--loop", "fit"),
             "fit-topk-ef-mixed_float16": ("--loop", "fit", "--compression", "topk", "--ratio",
                                           "0.1", "--error_feedback", "--policy",
-                                          "mixed_float16")}
+                                          "mixed_float16"),
+            "trainer-powersgd-ef": ("--loop", "trainer", "--compression", "powersgd", "--rank",
+                                    "2", "--error_feedback")}
 #: The 4-worker runs never interrupted that the elastic ones are compared with, run by one
 #: launch (`clean_runs`); the first of each list is the same run, the second (plain fit)
 #: another seed: the seed noise.
@@ -336,7 +338,8 @@ def test_a_worker_killed_for_good_the_job_goes_on_with_three(request, write_conf
     smaller than the gap between two seeds). Every step of every epoch counts once: the two
     steps the loss cost are trained again from the backup, on 3 workers. Also with top-k
     and error feedback under mixed_float16: the lost replica's residuals folded into the
-    survivors (tfdist/core/resize.py), the loss scale kept."""
+    survivors (tfdist/core/resize.py), the loss scale kept; and PowerSGD with error
+    feedback under the Trainer: its Q kept on every replica."""
     out, backup = tmp_path / "out", tmp_path / "backup"
     _, run = launch(write_config, out, FOUR, *TRAINING[training], *PLAIN3, "--backup",
                     str(backup), "--preempt", "1,1,3", "--preempt_signal", "KILL",
@@ -505,3 +508,24 @@ def test_the_resize_signal_before_training_is_kept_for_the_first_step(monkeypatc
         preemption().signal_name = None
         for number, handler in before.items():
             signal.signal(number, handler)
+
+
+def test_a_discovery_answer_is_only_taken_while_it_is_fresh():
+    """The launcher acts on what the command said lately: an answer older than
+    DISCOVER_FRESH, or from before a loss (`forget`), is no answer (a machine that was up
+    before a loss may be the one lost)."""
+    from tfdist.launch import elastic
+
+    said = []
+    discovery = elastic.Discovery(["echo", "4"], said.append)
+    assert discovery.poll(0.0) is None  # started
+    deadline = time.monotonic() + 30
+    while discovery.poll(0.1) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert discovery.poll(elastic.DISCOVER_FRESH) == 4  # answered at 0.0, the run's start
+    assert discovery.poll(elastic.DISCOVER_FRESH + 0.1) is None  # stale (a new run started)
+    discovery.stop()
+    discovery.forget()
+    assert discovery.poll(1.0) is None and not said
+    discovery.stop()

@@ -102,24 +102,29 @@ def lost_tasks(tasks, first):
     or hung in the same moment (`SETTLE_SECONDS`), else `first` alone. A task that exited
     with an error of its own meanwhile is a survivor: TensorFlow aborts the collectives of
     a group that lost a peer, which then fail in every task (their place is not lost).
-    A bug that fails them all is `first` alone each time."""
-    killed = [i for i, task in enumerate(tasks) if not task.stopped and task.poll() is not None
-              and (task.poll() < 0 or task.hung)]
+    A bug that fails them all is `first` alone each time. A frozen task (`is_frozen`) is lost
+    too: its peers' errors are its doing."""
+    killed = [i for i, task in enumerate(tasks) if not task.stopped and (
+        task.poll() is None and is_frozen(task)  # SIGSTOPped: its peers fail, not it
+        or task.poll() is not None and (task.poll() < 0 or task.hung))]
     return killed or [tasks.index(first)]
 
 
-def first_hung(tasks):
-    """Of tasks that all made no progress (one stopped or stuck, the others waiting for it
-    in a collective), the one to kill as lost: a stopped process (SIGSTOP, a debugger)
-    first, else the one quiet the longest."""
-    def stopped(task):
-        try:
-            with open(f"/proc/{task.pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-        except (OSError, IndexError, TypeError):
-            return False
+def is_frozen(task):
+    """Whether the task's process is stopped (SIGSTOP, a debugger): alive, but no step of
+    it will come."""
+    try:
+        with open(f"/proc/{task.pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError, TypeError):
+        return False
 
-    return max(tasks, key=lambda task: (stopped(task), task.seconds_without_progress()))
+
+def first_hung(tasks):
+    """Of tasks that all made no progress (one frozen or stuck, the others waiting for it
+    in a collective), the one to kill as lost: a frozen one first, else the one quiet the
+    longest."""
+    return max(tasks, key=lambda task: (is_frozen(task), task.seconds_without_progress()))
 
 
 def check_elastic(config, min_workers, only_task):
@@ -185,6 +190,7 @@ def task_env(env):
 DISCOVER_SECONDS = 5.0  # how often the discovery command is run
 DISCOVER_TIMEOUT = 10.0  # a run that takes longer is killed and counts as no answer
 DISCOVER_BYTES = 4096  # what is read of its output; more is a wrong answer
+DISCOVER_FRESH = 2 * DISCOVER_SECONDS  # an older answer is not taken for "now"
 
 
 class Discovery:
@@ -195,8 +201,8 @@ class Discovery:
     time, without blocking the launcher. An answer it cannot use — the command not found, a
     non-zero exit, no whole number, more than `DISCOVER_BYTES`, no answer within
     `DISCOVER_TIMEOUT` — is said in one line (once until the next good answer) and leaves
-    the last good one, which starts as "none known" (no place is taken back before a first
-    answer).
+    the last good one. An answer older than `DISCOVER_FRESH`, or from before the last loss
+    (`forget`), is none: no place is taken back on it.
 
     Args:
         argv: the command.
@@ -207,11 +213,18 @@ class Discovery:
     def __init__(self, argv, log, register=lambda pid: None):
         self.argv, self.log, self.register = list(argv), log, register
         self.count = None
+        self._answered = None  # when `count` was answered (time.monotonic())
         self._proc = self._started = None
         self._output, self._next, self._said = b"", 0.0, None
 
+    def forget(self):
+        """After a loss: what was said before is no answer for what follows."""
+        self.count = self._answered = None
+        self._next = 0.0
+
     def poll(self, now):
-        """Starts a run when one is due, takes in a finished one; returns `count`."""
+        """Starts a run when one is due, takes in a finished one; returns the answer, or
+        None if there is no fresh one."""
         if self._proc is not None:
             self._read()
             if self._proc.poll() is not None:
@@ -222,7 +235,8 @@ class Discovery:
                            f"printed more than {DISCOVER_BYTES} bytes")
         elif now >= self._next:
             self._start(now)
-        return self.count
+        fresh = self._answered is not None and now - self._answered <= DISCOVER_FRESH
+        return self.count if fresh else None
 
     def _start(self, now):
         import subprocess
@@ -258,6 +272,7 @@ class Discovery:
             return self._refuse("printed no whole number of workers. Received: "
                                 f"{text[:80]!r}")
         self.count, self._said = int(words[0]), None
+        self._answered = self._started
 
     def _kill(self, why):
         self._proc.kill()

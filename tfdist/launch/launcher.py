@@ -151,7 +151,7 @@ class Launcher(Resizing):
                               "an elastic: section in the config)")
         self.discovery = None if discover is None else elastic.Discovery(
             discover, self.log, register=self._popen_pids_add)
-        self._taking_back = False  # the resize signal was sent; the tasks stop at one step
+        self._taking_back = None  # places to take back once the tasks stopped at one step
         self.resizes = 0
         self.config, self.command, self.max_restarts = config, list(command), max_restarts
         self.only_task = only_task

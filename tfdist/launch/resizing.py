@@ -43,17 +43,19 @@ class Resizing:
             return self._restart_resized(taking_back=True)
         if self._taking_back and code == 0:
             return False  # the job's end: as always
-        self._taking_back = False
+        self._taking_back = None
         settle = time.monotonic() + elastic.SETTLE_SECONDS  # failures of the same moment
         while time.monotonic() < settle and any(t.poll() is None for t in self.tasks if t.proc):
             time.sleep(_POLL_SECONDS)
         lost = elastic.lost_tasks(self.tasks, task)
+        self._kill_all()  # what is left holds nothing the last backup does not
+        if self.discovery is not None:
+            self.discovery.forget()
         if self.places.size() - len(lost) < self.places.min_workers:
             self.log(f"{task.name} {reason}; {self.places.size() - len(lost)} of "
                      f"{self.places.members} workers left, fewer than --min-workers "
                      f"{self.places.min_workers}")
             return False
-        self._kill_all()
         now = time.monotonic()
         places = self.places.lose(lost, now)
         names = ", ".join(self.tasks[i].name for i in lost)
@@ -74,7 +76,7 @@ class Resizing:
         back = self.places.due(now, self._room(now))
         if not back or any(task.poll() is not None for task in self.tasks if not task.is_server):
             return  # no room yet; or one has exited (finished, failing): not the moment
-        self._taking_back = True
+        self._taking_back = len(back)  # the places to take back once every task stopped
         size = self.places.size() + len(back)
         self.log(f"a lost worker's place is back: asking every task to stop at an agreed "
                  f"step ({elastic.RESIZE_SIGNAL}) to go on with {size} of "
@@ -98,10 +100,12 @@ class Resizing:
         """Kills what is left, takes back the places that are due (`taking_back`) and
         starts the job at its new size, from the last backup."""
         self._kill_all()
-        self._taking_back = False
+        asked, self._taking_back = self._taking_back, None
         if taking_back:  # or preempted: places due come back too
             now = time.monotonic()
-            self.places.take_back(now, self._room(now))
+            # as many as there was room for when the tasks were asked (or, after a
+            # preemption, as there is now)
+            self.places.take_back(now, asked if asked else self._room(now))
             self.log(f"every task stopped at the agreed step; going on with "
                      f"{self.places.size()} of {self.places.members} workers")
         self.resizes += 1
