@@ -230,7 +230,8 @@ def table(result):
              "|---|---|---|---|---|---|"]
     for e in result["faults"]:
         pause = e.get("longest_pause_s")
-        lines.append(f"| {e['at']:.0f} s | {e['kind']} | {e.get('worker', '')} | "
+        worker = "" if e.get("worker") is None else e["worker"]
+        lines.append(f"| {e['at']:.0f} s | {e['kind']} | {worker} | "
                      f"{'yes' if e.get('gone_for_good') else ''} | {e.get('available', '')} | "
                      + (f"{pause:.1f} s" if pause is not None else "—") + " |")
     return "\n".join(lines) + "\n"
