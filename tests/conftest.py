@@ -11,14 +11,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 #: The slowest test files, slowest first (seconds in a CI run: 1370, 1260, 1110, 820, 610,
 #: 440, 380, 340, 300, 180, 150, 120, 100; the model zoo's, measured alone: ~400, ~350,
-#: ~300): collected first, so that `make test`'s two
+#: ~300; test_elastic.py alone ~330): collected first, so that `make test`'s two
 #: processes (pytest-xdist, a file each at a time, its reordering by test count turned off
 #: in the Makefile) start on them and end on the quick files, instead of one process
 #: finishing a slow file alone while the other waits.
 SLOWEST_FIRST = ("test_transaction.py", "test_multiworker_training.py",
                  "test_unet_training.py", "test_islands.py", "test_preemption.py",
                  "test_mixed_precision.py", "test_model_zoo_exchanges.py",
-                 "test_model_zoo_workers.py", "test_model_zoo.py", "test_fault_grid.py",
+                 "test_model_zoo_workers.py", "test_model_zoo.py", "test_elastic.py",
+                 "test_fault_grid.py",
                  "test_input_position.py", "test_sigterm_moments.py", "test_char_lm.py",
                  "test_backup_hostile.py", "test_slurm.py", "test_auto_compression.py",
                  "test_strategies.py", "test_resume.py", "test_strategy_lifetimes.py")
