@@ -1,12 +1,14 @@
 """`hvd.elastic` (Horovod's elastic training: workers joining and leaving a running job)
 is not here; every name of it refuses in one line and says what tfdist does instead: a
-job that restarts (`tfdist launch --max-restarts N`), every worker resuming from the last
-backup, saved at one agreed step (`tfdist.keras.BackupAndRestore`, a callback for fit)."""
+job that goes on with fewer workers and takes them back (`tfdist launch --min-workers K`),
+every worker resuming from the last backup, saved at one agreed step
+(`tfdist.keras.BackupAndRestore`, a callback for fit)."""
 
 INSTEAD = ("tfdist.horovod has no hvd.elastic: run the script under `tfdist launch -n N "
-           "--max-restarts K` with tfdist.keras.BackupAndRestore(backup_dir) among fit's "
-           "callbacks (a lost or preempted worker restarts the job, which resumes at the last "
-           "step every worker saved); drop hvd.elastic.run and the State objects")
+           "--min-workers K` with tfdist.keras.BackupAndRestore(backup_dir) among fit's "
+           "callbacks (a lost worker: the job goes on with the others from the last backup "
+           "and takes it back at a step every worker saved); drop hvd.elastic.run and the "
+           "State objects")
 
 __all__ = ["CommitStateCallback", "KerasState", "ObjectState", "State", "TensorFlowKerasState",
            "TensorFlowState", "UpdateBatchStateCallback", "UpdateEpochStateCallback", "run"]
