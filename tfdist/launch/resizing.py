@@ -5,6 +5,7 @@ import signal
 import time
 
 from tfdist.launch import elastic, reaper
+from tfdist.launch.task_process import exit_code
 
 _POLL_SECONDS = 0.05
 
@@ -48,6 +49,12 @@ class Resizing:
         while time.monotonic() < settle and any(t.poll() is None for t in self.tasks if t.proc):
             time.sleep(_POLL_SECONDS)
         lost = elastic.lost_tasks(self.tasks, task)
+        said = "; ".join(f"{self.tasks[i].name} " + (
+            reason if self.tasks[i] is task else "was frozen (stopped)"
+            if self.tasks[i].poll() is None else
+            f"exited with code {exit_code(self.tasks[i].poll())}") for i in lost)
+        if task not in [self.tasks[i] for i in lost]:
+            said += f" ({task.name} {reason}: its collectives lost a peer)"
         self._kill_all()  # what is left holds nothing the last backup does not
         if self.discovery is not None:
             self.discovery.forget()
@@ -58,12 +65,11 @@ class Resizing:
             return False
         now = time.monotonic()
         places = self.places.lose(lost, now)
-        names = ", ".join(self.tasks[i].name for i in lost)
         self.places.take_back(now, self._room(now))  # due meanwhile: back with this restart
         offered = min(self.places.back_in(place, now) for place in places)
         when = f"in {offered:.0f} s" + (", once --discover reports room for it"
                                          if self.discovery is not None else "")
-        self.log(f"{names} {reason}; going on with {self.places.size()} of "
+        self.log(f"{said}; going on with {self.places.size()} of "
                  f"{self.places.members} workers (--min-workers {self.places.min_workers}) "
                  f"from the last backup; the lost place is offered back {when}")
         return self._restart_resized(taking_back=False)
