@@ -54,6 +54,15 @@ CLI_CASES = {
                                     ("nan", "-1", "inf", "1e309", "ten")],
     ("launch", "--hang-seconds"): [["{config}", "--hang-seconds", v, "--", "true"] for v in
                                    ("nan", "-5", "inf", "1e400")],
+    ("launch", "--min-workers"): [["{config}", "--min-workers", v, "--", "true"] for v in
+                                  ("0", "-1", "1.5", BIG, "two", "3", "")],
+    ("launch", "--rejoin-seconds"): [["{config}", "--min-workers", "1", "--rejoin-seconds", v,
+                                      "--", "true"] for v in ("nan", "-1", "inf", "1e400",
+                                                              "86401")]
+                                    + [["{config}", "--rejoin-seconds", "5", "--", "true"]],
+    ("launch", "--discover"): [["{config}", "--min-workers", "1", "--discover", v, "--", "true"]
+                               for v in ("", "  ", "cat 'x", "a\0b", "x" * 5000)]
+                              + [["{config}", "--discover", "cat n", "--", "true"]],
     ("manifest", "config"): [["/nonexistent.yaml", "--image", "i", "--", "true"]],
     ("manifest", "--image"): [["{config}", "--image", v, "--", "true"] for v in
                               ("", "a b", "x\ny", "\x1b[2J")],
@@ -395,6 +404,9 @@ NOT_USER_VALUES = {
     "ENV_TAG": "the name of TFDIST_LAUNCH_DIR in the reaper, not a variable",
     "TFDIST_LAUNCH_DIR": "tfdist's own tag on its children, compared byte for byte with the "
                          "launch's directory and never parsed (tests/test_launch.py)",
+    "TFDIST_RESIZE_SIGNAL": "the launcher's name of the resize signal, compared with "
+                            "'SIGUSR1' whole and never parsed: any other value is no resize "
+                            "signal (tests/test_elastic.py)",
     "KERAS_BACKEND": "Keras' own; compared with 'tensorflow' before Keras is imported, any "
                      "other value one line (tests/test_versions.py, tests/test_char_lm.py)",
 }

@@ -485,16 +485,20 @@ def test_a_batch_script_that_cannot_hold_the_range_is_refused(write_config, sect
 def test_the_resize_signal_before_training_is_kept_for_the_first_step(monkeypatch):
     """In a task of an elastic launch, SIGUSR1 while no loop watches (building the model,
     restoring) is taken note of by the guard, not fatal; the preemption watch takes it when
-    training begins, so the first step carries it. Without the launcher's variable the
-    guard leaves SIGUSR1 alone."""
+    training begins, so the first step carries it. Without the launcher's variable, or with
+    any other value of it, the guard leaves SIGUSR1 alone."""
     from tfdist.core.preemption import preemption
     from tfdist.strategies import sigterm_guard
 
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:
-        monkeypatch.delenv("TFDIST_RESIZE_SIGNAL", raising=False)
-        sigterm_guard.guard()
-        assert signal.getsignal(signal.SIGUSR1) == before[signal.SIGUSR1]
+        for value in (None, "SIGKILL", "SIGUSR1\n", "sigusr1", "10", ""):
+            if value is None:
+                monkeypatch.delenv("TFDIST_RESIZE_SIGNAL", raising=False)
+            else:
+                monkeypatch.setenv("TFDIST_RESIZE_SIGNAL", value)
+            sigterm_guard.guard()
+            assert signal.getsignal(signal.SIGUSR1) == before[signal.SIGUSR1], value
         monkeypatch.setenv("TFDIST_RESIZE_SIGNAL", "SIGUSR1")
         sigterm_guard.guard()
         os.kill(os.getpid(), signal.SIGUSR1)  # handled at once, in this thread
