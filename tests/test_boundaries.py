@@ -518,6 +518,9 @@ ENV_CASES = {
 CHECKED_ELSEWHERE = {
     "AIP_TENSORBOARD_LOG_DIR": "tfdist.callbacks.TensorBoard's default log_dir, checked as "
                                "a path naming the variable (tests/test_logs.py)",
+    "TFDIST_ELASTIC_PLACES": "the elastic launcher's places of a resized job's tasks, read "
+                             "where islands are formed: malformed values refused in one line "
+                             "naming it (tests/test_islands.py)",
 }
 
 

@@ -15,7 +15,7 @@ import pytest
 import tfdist
 from tfdist.config import ConfigError, config_from_dict
 from tfdist.errors import UnsupportedError
-from tfdist.local_sgd.islands import island_groups
+from tfdist.local_sgd.islands import island_groups, present_islands
 
 JOBS = os.path.join(os.path.dirname(__file__), "jobs")
 sys.path.insert(0, JOBS)
@@ -37,6 +37,40 @@ def test_island_groups_from_a_count_hosts_or_lists():
         island_groups(3, 4)
     with pytest.raises(UnsupportedError, match="every worker index 0..3 exactly once"):
         island_groups([[0, 1], [2]], 4)
+
+
+@pytest.mark.parametrize("spec, places, groups, kept", [
+    (2, "0,1,2,3/4", [[0, 1], [2, 3]], [0, 1]),  # all there: as without a resize
+    (2, "0,1,3/4", [[0, 1], [2]], [0, 1]),  # an island that lost a worker goes on smaller
+    (2, "0,1/4", [[0, 1]], [0]),  # an island lost: the other trains alone
+    (2, "2,3/4", [[0, 1]], [1]),
+    ([[0, 3], [1, 2]], "0,1,2/4", [[0], [1, 2]], [0, 1]),
+    (3, "0,1,4,5/6", [[0, 1], [2, 3]], [0, 2]),
+    ("host", "0,2/4", [[0, 1]], [0]),  # by host: the hosts of the tasks here
+])
+def test_islands_of_the_whole_cluster_are_found_among_the_places_left(spec, places, groups,
+                                                                     kept):
+    """An elastic job's islands are given for the whole cluster; at a smaller size the
+    launcher names the places its tasks hold (TFDIST_ELASTIC_PLACES), and each island
+    holds the tasks here whose places it lists."""
+    units = places.split("/")[0].count(",") + 1
+    found = present_islands(spec, units, environ={"TFDIST_ELASTIC_PLACES": places})
+    assert found[:2] == (groups, kept)
+    assert found[2] == (len(island_groups(spec, int(places.split("/")[1])))
+                        if spec != "host" else 1)
+    assert present_islands(2, 4, environ={}) == ([[0, 1], [2, 3]], [0, 1], 2)
+
+
+@pytest.mark.parametrize("value", ["0,1/4", "0,1,2", "", "a,b,c/4", "2,1,0/4", "0,0,1/4",
+                                   "0,1,4/4", "0,1,2/99999", " 0,1,2/4", "0,1,2/4\n",
+                                   "-1,0,1/4", "0,1," + "9" * 9 + "/4", "0,1,2/" + "9" * 5000,
+                                   "0,1,\x1b[2J/4"])
+def test_a_malformed_places_variable_is_refused_in_one_line_naming_it(value):
+    with pytest.raises(UnsupportedError) as raised:
+        present_islands(2, 3, environ={"TFDIST_ELASTIC_PLACES": value})
+    message = str(raised.value)
+    assert "TFDIST_ELASTIC_PLACES" in message and "\n" not in message, message
+    assert message.isprintable() and len(message) < 400, message
 
 
 @pytest.mark.parametrize("islands, message", [

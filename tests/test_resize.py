@@ -38,8 +38,18 @@ def test_shared_gives_every_replica_the_first_row_and_afresh_gives_none():
     assert resized_rows(ROWS, 3, "afresh") is None
 
 
+@pytest.mark.parametrize("replicas", [1, 3, 6])
+def test_mean_gives_every_replica_what_a_synchronisation_would(replicas):
+    """Replicas that train apart (local SGD, DiLoCo) restart from their average: the
+    model a synchronisation of the old replicas would have given, on every new one."""
+    got = resized_rows(ROWS, replicas, "mean")
+    assert got.shape == (replicas, 2, 3) and got.dtype == ROWS.dtype
+    for row in got:
+        np.testing.assert_allclose(row, np.mean(ROWS.astype(np.float64), axis=0), rtol=1e-6)
+
+
 @pytest.mark.parametrize("rows, replicas, rule, says", [
-    (ROWS, 3, "mean", "rule must be one of [sum, shared, afresh]"),
+    (ROWS, 3, "median", "rule must be one of [sum, shared, mean, afresh]"),
     (np.zeros((0, 2)), 3, "sum", "one row per replica"),
     (np.float32(1.0), 3, "sum", "one row per replica"),
     (ROWS, 0, "sum", "replicas at least 1")])
@@ -59,21 +69,27 @@ def test_each_compressor_state_has_its_rule_and_the_line_counts_them():
 
 
 def test_a_state_file_whose_arrays_disagree_on_the_replicas_is_another_layout(tmp_path):
-    from tfdist.keras.backup import _replicas_of
+    """Arrays of different replica counts, or another number of variables, are another
+    layout; an array of another shape alone (an exchange between islands, sharded by the
+    island's size) is marked as not fitting, the others still carried."""
+    from tfdist.keras.backup import _layout_of
 
     state = [types.SimpleNamespace(shape=(2, 3), dtype="float32"),
              types.SimpleNamespace(shape=(5,), dtype="float32")]
-    good, bad = tmp_path / "good.npz", tmp_path / "bad.npz"
+    good, bad, shard = tmp_path / "good.npz", tmp_path / "bad.npz", tmp_path / "shard.npz"
     np.savez(good, np.zeros((4, 2, 3)), np.zeros((4, 5)))
     np.savez(bad, np.zeros((4, 2, 3)), np.zeros((3, 5)))
-    assert _replicas_of(good, state) == 4
-    assert _replicas_of(bad, state) is None
-    assert _replicas_of(good, state[:1]) is None  # another number of variables
+    np.savez(shard, np.zeros((4, 2, 3)), np.zeros((4, 3)))
+    assert _layout_of(good, state) == (4, [True, True])
+    assert _layout_of(bad, state) == (None, None)
+    assert _layout_of(shard, state) == (4, [True, False])
+    assert _layout_of(shard, state[1:]) == (None, None)  # another number of variables
+    assert _layout_of(good, state[:1]) == (None, None)
     with zipfile.ZipFile(tmp_path / "scalar.npz", "w") as archive:
         archive.writestr("arr_0.npy", b"not an array")
         archive.writestr("arr_1.npy", b"")
     with pytest.raises(ValueError):
-        _replicas_of(tmp_path / "scalar.npz", state)
+        _layout_of(tmp_path / "scalar.npz", state)
 
 
 def run_job(*args):
@@ -87,11 +103,15 @@ def run_job(*args):
 
 
 @pytest.mark.parametrize("compression, before, after", [("topk", 4, 3), ("powersgd", 2, 3),
-                                                        ("topk", 3, 3)])
+                                                        ("topk", 3, 3), ("diloco", 4, 2)])
 def test_a_backup_of_one_number_of_replicas_restores_onto_another(tmp_path, compression,
                                                                    before, after):
     """Every replica's state gathered after the restore is the saved rows resized by their
-    rule, computed here in NumPy; the same layout restores bit for bit, silently."""
+    rule, computed here in NumPy; the same layout restores bit for bit, silently. DiLoCo
+    saved between two synchronisations: each replica's weights and momentum restart from
+    their mean, the anchors (the outer state, everyone's) are kept — not the zeros they
+    are built with, which would make the next outer step take the whole model for a
+    pseudo-gradient."""
     directory = str(tmp_path / "backup")
     saved, _ = run_job("save", "--replicas", str(before), "--dir", directory,
                        "--compression", compression)
@@ -100,6 +120,8 @@ def test_a_backup_of_one_number_of_replicas_restores_onto_another(tmp_path, comp
     assert saved["rules"] == restored["rules"] and "sum" in saved["rules"]
     if compression == "powersgd":
         assert "shared" in saved["rules"]
+    if compression == "diloco":
+        assert {"mean", "shared", "sum"} <= set(saved["rules"])
     for rule, old, new in zip(saved["rules"], saved["rows"], restored["rows"]):
         old, new = np.array(old, "float32"), np.array(new, "float32")
         assert old.shape[0] == before and new.shape[0] == after
@@ -114,7 +136,7 @@ def test_a_backup_of_one_number_of_replicas_restores_onto_another(tmp_path, comp
 def test_a_forged_header_claiming_many_replicas_is_not_read(tmp_path):
     """A replica_state.npz whose header declares 100,000 replicas but holds one row's bytes
     (or is deflated) is another layout: nothing is allocated for what it declares."""
-    from tfdist.keras.backup import _bound, _read_arrays, _replicas_of
+    from tfdist.keras.backup import _bound, _layout_of, _read_arrays
 
     state = [types.SimpleNamespace(shape=(2, 3), dtype="float32")]
     forged = tmp_path / "forged.npz"
@@ -122,7 +144,7 @@ def test_a_forged_header_claiming_many_replicas_is_not_read(tmp_path):
         np.lib.format.write_array_header_1_0(member, {"descr": "<f4", "fortran_order": False,
                                                       "shape": (100_000, 2, 3)})
         member.write(np.zeros((1, 2, 3), "float32").tobytes())
-    old = _replicas_of(forged, state)
+    old, _ = _layout_of(forged, state)
     assert old == 100_000
     assert _read_arrays(forged, [((old, 2, 3), np.dtype("float32"))], _bound(state, old)) is None
     deflated = tmp_path / "deflated.npz"

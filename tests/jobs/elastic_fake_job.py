@@ -1,6 +1,6 @@
 """A stand-in for a training script in tests of the elastic launcher (no TensorFlow): it
 "trains" `--steps` steps of 0.1 s and appends "<members> <index> <resize signal named in
-its environment>" to <out>/starts.log when it starts.
+its environment> <the places it names>" to <out>/starts.log when it starts.
 
     --kill INDEX:STEP   the task of that index SIGKILLs itself at STEP, once (<out>/killed
                         marks it)
@@ -38,7 +38,8 @@ def main():
     if args.on_resize != "default":
         signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
     with open(os.path.join(args.out, "starts.log"), "a") as f:
-        f.write(f"{members} {index} {os.environ.get('TFDIST_RESIZE_SIGNAL')}\n")
+        f.write(f"{members} {index} {os.environ.get('TFDIST_RESIZE_SIGNAL')} "
+                f"{os.environ.get('TFDIST_ELASTIC_PLACES')}\n")
     marker = os.path.join(args.out, "killed")
     kill = tuple(int(v) for v in args.kill.split(":")) if args.kill else None
     stop = tuple(int(v) for v in args.stop.split(":")) if args.stop else None

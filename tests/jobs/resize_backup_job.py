@@ -1,5 +1,7 @@
 """A backup written by one number of replicas, restored by another (issue 60): `--replicas
-N` logical CPUs under `mirrored`, an error-fed exchange (`--compression topk|powersgd`).
+N` logical CPUs under `mirrored`, an error-fed exchange (`--compression topk|powersgd`), or
+DiLoCo (`--compression diloco`: outer Nesterov, int8 + error feedback, SGD with momentum,
+saved between two synchronisations).
 `save` trains a few steps and writes a `ModelBackup`; `restore` builds the same model and
 restores it. Either prints one line `STATE {"rules": [...], "rows": [[...] per variable]}`:
 each replica-state variable gathered from every replica, flattened."""
@@ -11,6 +13,7 @@ import keras
 import numpy as np
 
 import tfdist
+from tfdist.core.optimizer import with_hook
 from tfdist.core.variables import gather_replica_values
 from tfdist.keras.backup import _replica_rules, _replica_state
 
@@ -18,15 +21,21 @@ parser = argparse.ArgumentParser()
 parser.add_argument("mode", choices=["save", "restore"])
 parser.add_argument("--replicas", type=int, required=True)
 parser.add_argument("--dir", required=True)
-parser.add_argument("--compression", default="topk")
+parser.add_argument("--compression", default="topk", choices=["topk", "powersgd", "diloco"])
 args = parser.parse_args()
 
 strategy = tfdist.get_strategy("mirrored", logical_cpus=args.replicas)
-options = {"topk": dict(ratio=0.1), "powersgd": dict(rank=1)}[args.compression]
 with strategy.scope():
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(1)])
-    optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.1), args.compression,
-                                                  error_feedback=True, min_size=0, **options)
+    if args.compression == "diloco":
+        averager = tfdist.local_sgd.DiLoCo(5, compression=dict(
+            name="int8", error_feedback=True, min_size=0))
+        optimizer = with_hook(keras.optimizers.SGD(0.05, momentum=0.9), averager, strategy)
+    else:
+        options = {"topk": dict(ratio=0.1), "powersgd": dict(rank=1)}[args.compression]
+        optimizer = tfdist.keras.DistributedOptimizer(
+            keras.optimizers.SGD(0.1), args.compression, error_feedback=True, min_size=0,
+            **options)
     model.compile(optimizer, "mse")
 backup = tfdist.keras.ModelBackup(args.dir, model, run="resize test")
 if args.mode == "save":

@@ -25,7 +25,7 @@ Each task writes `<out>/<type>-<index>.json` (history, steps, fixes applied...) 
                                      step)
     --policy NAME                    a Keras dtype policy (e.g. mixed_float16)
     --validate                       fit validates on 2 batches after each epoch
-    --preempt E,B,I                  worker:I SIGTERMs itself after step B of epoch E (B = -1:
+    --preempt E,B,I                  worker:I (or I+J...: each) SIGTERMs itself after step B of epoch E (B = -1:
                                      during epoch E's validation) (once,
                                      as an orchestrator would); every task appends each step
                                      it trains to <out>/steps-<task>.log ("epoch step
@@ -106,7 +106,8 @@ def parse():
     p.add_argument("--shard_bytes", type=int)
     p.add_argument("--log_dir")
     p.add_argument("--policy")
-    p.add_argument("--preempt", type=lambda text: tuple(int(v) for v in text.split(",")))
+    p.add_argument("--preempt", type=lambda text: (*map(int, text.split(",")[:2]), tuple(
+        int(i) for i in text.split(",")[2].split("+"))))
     p.add_argument("--validate", action="store_true", help="fit validates on 2 batches")
     p.add_argument("--preempt_signal", default="TERM", choices=["TERM", "KILL", "EXTERNAL"])
     return p.parse_args()
@@ -172,10 +173,12 @@ class PreemptOnce(keras.callbacks.Callback):
     that epoch's validation), the first time only; every task logs each step it trains
     (not the ones a resumed run skips)."""
 
-    def __init__(self, epoch, batch, task, out, kind="TERM", replicas=None):
-        self.at, self.task, self.out, self.epoch = (epoch, batch), task, out, None
+    def __init__(self, epoch, batch, tasks, out, kind="TERM", replicas=None):
+        self.at, self.tasks, self.out, self.epoch = (epoch, batch), tasks, out, None
         self.replicas = replicas
         self.marker = os.path.join(out, "preempted" if kind != "EXTERNAL" else "ready")
+        if len(tasks) > 1:  # one each
+            self.marker += f"-{tfdist.strategies.task_of()[1]}"
         self.signal = getattr(signal, f"SIG{kind}", None)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -199,7 +202,7 @@ class PreemptOnce(keras.callbacks.Callback):
             self._signal(tfdist.strategies.task_of())
 
     def _signal(self, task):
-        if task == ("worker", self.task) and not os.path.exists(self.marker):
+        if task[0] == "worker" and task[1] in self.tasks and not os.path.exists(self.marker):
             with open(self.marker, "w") as marker:
                 marker.write(f"{time.time():.3f}")  # when the signal is sent
             if self.signal is not None:

@@ -12,6 +12,10 @@ Without --exchange the optimizer is SGD through tfdist's exact exchange ("none")
 runs no tfdist strategy: TensorFlow's own MirroredStrategy on 4 logical CPUs with a plain
 Keras optimizer (the Trainer's reference is fit), writing `<out>/reference.npz` — what a
 family whose layers compute per replica (BatchNormalization) is compared with.
+
+    --backup DIR --kill EPOCH   fit backs up to DIR after each epoch (BackupAndRestore), and
+                                the last worker SIGKILLs itself after step 0 of epoch EPOCH,
+                                once (<out>/killed marks it): an elastic job's lost machine
 """
 
 import argparse
@@ -38,7 +42,30 @@ def parse():
     p.add_argument("--epochs", type=int, default=zoo.EPOCHS)
     p.add_argument("--policy")
     p.add_argument("--reference", type=int, help="TF's MirroredStrategy on this many CPUs")
+    p.add_argument("--backup")
+    p.add_argument("--kill", type=int)
     return p.parse_args()
+
+
+class KillLast(keras.callbacks.Callback):
+    """The last worker of the job it started in SIGKILLs itself after step 0 of `epoch`,
+    once (a lost machine)."""
+
+    def __init__(self, epoch, marker):
+        self.epoch, self.marker, self.at = epoch, marker, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.at = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        import signal
+
+        task, workers = tfdist.strategies.task_of(), json.loads(os.environ["TF_CONFIG"])
+        last = len(workers["cluster"]["worker"]) - 1
+        if (self.at, batch) == (self.epoch, 0) and task == ("worker", last) \
+                and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 _MIRRORED = {}  # one TF MirroredStrategy per process: a second one reuses collective keys
@@ -71,11 +98,15 @@ def main():
     config = config_from_dict({"cluster": {"worker": 1}, "strategy": "mirrored",
                                **args.exchange}, "--exchange")
     stats = tfdist.callbacks.CommStats()
+    callbacks = [stats] if args.loop.startswith("fit") else []
+    if args.backup:
+        callbacks += [tfdist.callbacks.BackupAndRestore(args.backup)]
+    if args.kill is not None:
+        callbacks += [KillLast(args.kill, os.path.join(args.out, "killed"))]
     weights, losses, model = zoo.train(
         args.family, args.loop.replace("_dataset", ""), strategy,
         wrap=lambda optimizer: tfdist.keras.optimizer_from_config(optimizer, config),
-        epochs=args.epochs, numpy=args.loop != "fit_dataset",
-        callbacks=[stats] if args.loop.startswith("fit") else [])
+        epochs=args.epochs, numpy=args.loop != "fit_dataset", callbacks=callbacks)
     task = "{}-{}".format(*tfdist.strategies.task_of())
     os.makedirs(args.out, exist_ok=True)
     np.savez(os.path.join(args.out, f"{task}.npz"), *weights)

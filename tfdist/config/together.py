@@ -3,6 +3,7 @@ strategy (what each strategy allows comes from `tfdist.capabilities`)."""
 
 from tfdist import limits
 from tfdist.capabilities import CAPABILITIES, capabilities, names_with
+from tfdist.config.sections.elastic import min_workers_problem
 
 
 def check_together(config, source):
@@ -46,24 +47,19 @@ def check_together(config, source):
 
 
 def _check_elastic_fits(config, name, source):
-    """elastic: resizes a multi_worker_mirrored job of workers (islands not yet)."""
+    """elastic: resizes a multi_worker_mirrored job of workers (and its islands)."""
     if name != "multi_worker_mirrored":
         raise source.error(("elastic",), "resizes the collective group of "
                            "strategy multi_worker_mirrored (parameter_server already goes on "
                            "without a lost worker and uses it again when it returns). "
                            f"Received: strategy={name}")
-    if config.local_sgd is not None and config.local_sgd.islands is not None:
-        raise source.error(("elastic",), "does not resize islands yet: a lost worker "
-                           "would leave islands of unequal size; leave out one of elastic: "
-                           "and local_sgd.islands")
     cluster = config.cluster
     if cluster is None or cluster.scheduler is not None:
         return
-    members = len(cluster.chief) + len(cluster.worker)
-    if config.elastic.min_workers > members:
-        raise source.error(("elastic", "min_workers"), "min_workers is more than the cluster "
-                           f"has ({members} chief and worker tasks, the most the job runs "
-                           f"with). Received: min_workers={config.elastic.min_workers}")
+    problem = min_workers_problem(config.elastic.min_workers,
+                                  len(cluster.chief) + len(cluster.worker))
+    if problem:
+        raise source.error(("elastic", "min_workers"), problem)
 
 
 def _check_islands_fit(config, source):

@@ -156,6 +156,15 @@ class TrainingHook:
     def restore_checkpoint_state(self, state):
         """Takes back a `checkpoint_state()` value, on every worker, before training."""
 
+    def restore_resized_checkpoint_state(self, state, old, new):
+        """Takes back a `checkpoint_state()` of a run on `old` replicas into this one on
+        `new`: as `restore_checkpoint_state`, except that a hook that
+        `measures_the_cluster` measures again, which it says in one line."""
+        if not self.measures_the_cluster:
+            return self.restore_checkpoint_state(state)
+        print(f"tfdist: {type(self).__name__}'s kept choice was measured on {old} replicas "
+              f"and this run has {new}: it measures again", flush=True)
+
 
 def all_reduce_sum(grads, bucket_bytes=None, sparse_dtype=None):
     """The exchange Keras 3 performs: a SUM all-reduce over the replicas in sync (which
@@ -301,19 +310,17 @@ class GradientPipeline:
     def restore_checkpoint_states(self, states, resized=None):
         """Gives each hook its state of `checkpoint_states()` back; False (nothing given)
         when the hooks are not those the states came from. `resized`: (the backup's
-        replicas, this run's) when they differ — a hook that `measures_the_cluster` then
-        measures again, which it says in one line."""
+        replicas, this run's) when they differ: each hook's
+        `restore_resized_checkpoint_state` then."""
         if not isinstance(states, list) or len(states) != len(self.hooks):
             return False
         for hook, state in zip(self.hooks, states):
             if state is None:
                 continue
-            if resized is not None and hook.measures_the_cluster:
-                print(f"tfdist: {type(hook).__name__}'s kept choice was measured on "
-                      f"{resized[0]} replicas and this run has {resized[1]}: it measures "
-                      "again", flush=True)
-                continue
-            hook.restore_checkpoint_state(state)
+            if resized is not None:
+                hook.restore_resized_checkpoint_state(state, *resized)
+            else:
+                hook.restore_checkpoint_state(state)
         return True
 
     def push_codec(self):

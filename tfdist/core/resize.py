@@ -6,14 +6,19 @@ variable.
   gradient no exchange has sent yet (Seide et al. 2014; Karimireddy et al. 2019), and
   DGC's momentum correction (Lin et al. 2018). The first replicas keep their rows; the
   rows of replicas gone are added evenly to them; replicas added start at zero.
-- ``shared``: every replica holds the same value (PowerSGD's Q, Vogels et al. 2019): every
-  replica gets the first row.
+- ``shared``: every replica holds the same value (PowerSGD's Q, Vogels et al. 2019;
+  DiLoCo's anchors and what an overlapped exchange received): every replica gets the
+  first row.
+- ``mean``: replicas that train apart between synchronisations (local SGD, Stich 2019;
+  DiLoCo, Douillard et al. 2023): every replica gets the rows' mean — the weights (and
+  slots) a synchronisation would give, so nothing a lost replica trained since the last
+  one is lost, and DiLoCo's next pseudo-gradient (anchors - mean) still holds it.
 - ``afresh``: nothing carries over (the variable keeps what the model's weights gave it).
 """
 
 import numpy as np
 
-RULES = ("sum", "shared", "afresh")
+RULES = ("sum", "shared", "mean", "afresh")
 
 
 def resized_rows(rows, replicas, rule):
@@ -34,6 +39,9 @@ def resized_rows(rows, replicas, rule):
         return None
     if rule == "shared":
         return np.repeat(rows[:1], replicas, axis=0)
+    if rule == "mean":
+        mean = rows.astype(np.float64).mean(axis=0).astype(rows.dtype)
+        return np.repeat(mean[None], replicas, axis=0)
     kept = min(replicas, rows.shape[0])
     out = np.zeros((replicas, *rows.shape[1:]), rows.dtype)
     gone = rows[kept:].astype(np.float64).sum(axis=0) / kept
@@ -55,8 +63,11 @@ def describe(rules, old, new):
     counts = {rule: rules.count(rule) for rule in RULES if rule in rules}
     said = {"sum": "{} folded into the survivors (their sum kept: error feedback's "
                    "residuals, DGC's momentum)",
-            "shared": "{} kept on every replica (PowerSGD's Q)",
-            "afresh": "{} started afresh (EF21's estimates, local SGD's own weights and slots)"}
+            "shared": "{} kept on every replica (PowerSGD's Q, DiLoCo's anchors)",
+            "mean": "{} set to their mean on every replica (local SGD's weights and slots, "
+                    "as a synchronisation would)",
+            "afresh": "{} started afresh (EF21's estimates, an exchange's state of another "
+                      "shape)"}
     parts = [said[rule].format(f"{n} variable{'s' if n > 1 else ''}")
              for rule, n in counts.items()]
     return (f"the exchange state of {old} replicas carried onto {new}: " + "; ".join(parts))

@@ -245,57 +245,69 @@ def _restore_replica_state(model, strategy, path):
         return
     group = _replica_group(model)
     replicas = (group or strategy).num_replicas_in_sync
-    old = _replicas_of(file, state)  # from the headers: who wrote it
+    old, fits = _layout_of(file, state)  # from the headers: who wrote it, in which shapes
+    kept = [v for v, fit in zip(state, fits or []) if fit]
     arrays = None if old is None else _read_arrays(
-        file, [((old, *map(int, v.shape)), _numpy_dtype(v)) for v in state], _bound(state, old))
+        file, [((old, *map(int, v.shape)), _numpy_dtype(v)) for v in kept], _bound(kept, old),
+        names=[f"arr_{i}.npy" for i, fit in enumerate(fits) if fit])
     if arrays is None:
         print(f"tfdist: the backup {path} holds the exchange state of another layout "
               f"(this run: {len(state)} variables over {replicas} replicas): it starts "
               "afresh", flush=True)
-    elif old == replicas:
+    elif old == replicas and all(fits):
         set_replica_values(strategy, state, arrays, group)
     else:
-        _restore_resized(model, strategy, path, state, arrays, replicas, group)
+        _restore_resized(model, strategy, path, state, dict(zip(
+            [i for i, fit in enumerate(fits) if fit], arrays)), old, replicas, group)
 
 
-def _restore_resized(model, strategy, path, state, arrays, replicas, group):
-    """The backup's exchange state (`arrays`, written by another number of replicas)
-    carried onto this run's by each variable's rule (`tfdist.core.resize`), in one line."""
-    rules = _replica_rules(model)
-    resized = [resized_rows(rows, replicas, rule) for rows, rule in zip(arrays, rules)]
+def _restore_resized(model, strategy, path, state, arrays, old, replicas, group):
+    """The backup's exchange state (`arrays`: by variable index, written by `old`
+    replicas) carried onto this run's `replicas` by each variable's rule
+    (`tfdist.core.resize`), in one line; a variable whose shape changed with the layout (an
+    exchange between islands, sharded by island size) starts afresh."""
+    rules = [rule if i in arrays else "afresh" for i, rule in enumerate(_replica_rules(model))]
+    resized = [None if rule == "afresh" else resized_rows(arrays[i], replicas, rule)
+               for i, rule in enumerate(rules)]
     carried = [(v, rows) for v, rows in zip(state, resized) if rows is not None]
     set_replica_values(strategy, [v for v, _ in carried], [rows for _, rows in carried], group)
-    print(f"tfdist: the backup {path} holds {describe(rules, len(arrays[0]), replicas)}",
-          flush=True)
+    print(f"tfdist: the backup {path} holds {describe(rules, old, replicas)}", flush=True)
 
 
-def _replicas_of(file, state):
-    """The number of replicas the backup's exchange state was written by (every array's
-    first dimension, the rest the variables' shapes), or None — from the headers only,
-    before any array is read (the arrays are then read within that many replicas' bytes)."""
+def _layout_of(file, state):
+    """(replicas, fits): the number of replicas the backup's exchange state was written by
+    (every array's first dimension), and for each of `state` whether its array holds that
+    variable's shape — or (None, None) — from the headers only, before any array is read
+    (the arrays are then read within that many replicas' bytes)."""
     limit = _bound(state, MAX_LOGICAL_CPUS * MAX_TASKS)
     with open_regular(file, limit) as f, zipfile.ZipFile(f) as archive:
         names = [f"arr_{i}.npy" for i in range(len(state))]
         if sorted(archive.namelist()) != sorted(names):
-            return None
-        firsts = set()
+            return None, None
+        firsts, fits = set(), []
         for name, variable in zip(names, state):
             with archive.open(name) as member:
                 version = np.lib.format.read_magic(member)
                 shape = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                          else np.lib.format.read_array_header_2_0)(member)[0]
-            if len(shape) < 1 or tuple(shape[1:]) != tuple(map(int, variable.shape)):
-                return None
+            if len(shape) < 1:
+                return None, None
+            fits.append(tuple(shape[1:]) == tuple(map(int, variable.shape)))
             firsts.add(shape[0])
-        return firsts.pop() if len(firsts) == 1 and min(firsts) >= 1 else None
+        if len(firsts) != 1 or min(firsts) < 1 or not any(fits):
+            return None, None
+        return firsts.pop(), fits
 
 
-def _read_arrays(file, expected, limit):
-    """The arrays of the `.npz` file, or None if their shapes and dtypes are not `expected`
-    — judged from each array's header, before any array is read (no pickles)."""
+def _read_arrays(file, expected, limit, names=None):
+    """The arrays `names` (default: all, in order) of the `.npz` file, or None if their
+    shapes and dtypes are not `expected` — judged from each array's header, before any
+    array is read (no pickles)."""
     with open_regular(file, limit) as f, zipfile.ZipFile(f) as archive:
-        names = [f"arr_{i}.npy" for i in range(len(expected))]
-        if sorted(archive.namelist()) != sorted(names):
+        every = names is None
+        names = [f"arr_{i}.npy" for i in range(len(expected))] if every else names
+        if not set(names) <= set(archive.namelist()) or (
+                every and sorted(archive.namelist()) != sorted(names)):
             return None
         arrays = []
         for name, (shape, dtype) in zip(names, expected):
@@ -364,13 +376,14 @@ def _replica_state(model):
 
 def _replica_rules(model):
     """How each of `_replica_state(model)` goes onto another number of replicas: the hooks'
-    rules; optimizer slots of replicas training apart start afresh."""
+    rules; optimizer slots of replicas training apart take their mean (as
+    `average_optimizer_state` does at a synchronisation)."""
     rules = []
     for optimizer in _built(model):
         pipeline = pipeline_of(optimizer)
         rules += pipeline.replica_state_rules()
         if any(hook.replicas_apart for hook in pipeline.hooks):
-            rules += ["afresh"] * len(optimizer_slots(
+            rules += ["mean"] * len(optimizer_slots(
                 optimizer, distributed=pipeline.replica_group is None))
     return rules
 

@@ -38,7 +38,7 @@ import dataclasses
 import os
 
 from tfdist.cluster.address import Address
-from tfdist.config.sections.elastic import MAX_REJOIN_SECONDS
+from tfdist.config.sections.elastic import MAX_REJOIN_SECONDS, min_workers_problem
 from tfdist.launch.errors import LaunchError
 from tfdist import resize_signal as resize_signal_contract
 
@@ -132,7 +132,7 @@ def check_elastic(config, min_workers, only_task):
     `tfdist.config.together`; these also hold for --min-workers given on the command line).
 
     Raises:
-        LaunchError: not multi_worker_mirrored, islands, one task only, a cluster given by
+        LaunchError: not multi_worker_mirrored, one task only, a cluster given by
             addresses, or more workers required than it has.
     """
     strategy = config.strategy.name if config.strategy else None
@@ -143,9 +143,6 @@ def check_elastic(config, min_workers, only_task):
                           "without a lost worker: --max-restarts). Received: strategy="
                           f"{strategy}" + ("" if cluster is None or not cluster.scheduler
                                            else f", cluster: {cluster.scheduler}"))
-    if config.local_sgd is not None and config.local_sgd.islands is not None:
-        raise LaunchError("--min-workers does not resize islands yet: a lost worker would "
-                          "leave islands of unequal size; leave out local_sgd.islands")
     if only_task is not None:
         raise LaunchError("--min-workers resizes a job whose every task this launcher runs; "
                           "--task runs one host of a fixed cluster")
@@ -154,10 +151,9 @@ def check_elastic(config, min_workers, only_task):
         raise LaunchError("--min-workers needs the chief and workers given by counts (e.g. "
                           "cluster: {worker: 4}): the launcher picks the ports of each size "
                           "it runs at")
-    members = members_of(cluster)
-    if not 1 <= min_workers <= members:
-        raise LaunchError(f"--min-workers must be between 1 and the cluster's {members} chief "
-                          f"and worker tasks. Received: {min_workers}")
+    problem = min_workers_problem(min_workers, members_of(cluster))
+    if problem:
+        raise LaunchError(f"--{problem.replace('_', '-')}")
 
 
 def members_of(cluster):
@@ -182,9 +178,12 @@ def stop_code(code):
     return code in (PREEMPTED, -resize_signal(), 128 + resize_signal())
 
 
-def task_env(env):
-    """A task's environment in an elastic job: it names the resize signal."""
-    return dict(env, **{resize_signal_contract.ENV: RESIZE_SIGNAL})
+def task_env(env, places):
+    """A task's environment in an elastic job: it names the resize signal, and the places
+    of `places` (`Places`) the tasks of this size hold."""
+    return dict(env, **{resize_signal_contract.ENV: RESIZE_SIGNAL,
+                        resize_signal_contract.PLACES_ENV: resize_signal_contract.places_text(
+                            places.active(), places.members)})
 
 
 DISCOVER_SECONDS = 5.0  # how often the discovery command is run

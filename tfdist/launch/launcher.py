@@ -307,7 +307,7 @@ class Launcher(Resizing):
         if self.places is not None:
             cluster = elastic.resized(cluster, self.places.size())
             selected = cluster.tasks()
-            base_env = elastic.task_env(base_env)
+            base_env = elastic.task_env(base_env, self.places)
         addresses = cluster_dict(cluster, pick_free_ports=self.only_task is None)
         tasks = []
         for job, index in selected:

@@ -186,6 +186,20 @@ class ModelAverager(TrainingHook):
                 *(v for s in syncs for v in s.sent), *(v for s in syncs for v in s.received),
                 *(v for hook in hooks for v in hook.replica_state())]
 
+    def replica_state_rules(self):
+        """How `replica_state()` goes onto another number of replicas (`tfdist.core.resize`):
+        the weights, and what an exchange sent, by their mean (a synchronisation's); the
+        anchors, and what an exchange received, kept (everyone's: DiLoCo's outer state);
+        the compressed exchanges' state by its own rules — afresh between islands, where it
+        is held by shard (`IslandReduce.shard`)."""
+        hooks = [h for h in [*self.exchanges, self.warmup.exchange] if h is not None]
+        syncs = self.rounds.synchronisers
+        return (["mean"] * len(self.weights) + ["shared"] * len(self.anchors or [])
+                + ["mean"] * sum(len(s.sent) for s in syncs)
+                + ["shared"] * sum(len(s.received) for s in syncs)
+                + [rule if self.across is None else "afresh" for hook in hooks
+                   for rule in hook.replica_state_rules()])
+
     def checkpoint_state(self):
         """Where the synchronisation schedule stands (the same on every worker)."""
         return {**self.schedule.state(), **self.agreement.state(), **self.warmup.state()}
@@ -199,6 +213,24 @@ class ModelAverager(TrainingHook):
                                   f"{self.schedule.count} fragment(s): {str(state)[:200]}")
         for part in parts:
             part.restore(state)
+
+    def restore_resized_checkpoint_state(self, state, old, new):
+        """A backup of `old` replicas into this run's `new`: the schedule (where the
+        synchronisations and the warm-up stand) is kept; heterogeneous islands' counts
+        start again from `island_steps` (measured again under "auto": the islands
+        changed), as does the warm-up exchange's `compression: auto` choice."""
+        pace = self.agreement.pacing
+        if isinstance(state, dict):  # this run's own, for what was measured on the old one
+            state = {**state, **({"pace": pace.pace.state()} if pace is not None else {}),
+                     **({"auto": None} if self.warmup.chooses else {})}
+        self.restore_checkpoint_state(state)
+        again = ([f"island_steps starts again from "
+                  f"{'a new measurement' if pace.pace.measured else 'its counts'}"]
+                 if pace is not None else []) + (
+            ["the warm-up's compression: auto measures again"] if self.warmup.chooses else [])
+        if again:
+            print(f"tfdist: local SGD was on {old} replicas and this run has {new}: "
+                  + "; ".join(again), flush=True)
 
     def prepare(self, step):
         self.warmup.prepare(step)
@@ -258,11 +290,14 @@ def _pacing(averager, strategy):
             "island_steps needs islands of workers (a multi-worker job): a machine's "
             "replicas share one loop and train at one pace. Received: "
             f"island_steps={averager.island_steps!r} on {type(strategy).__name__}")
-    if averager.island_steps != "auto" and len(islands) != len(averager.island_steps):
+    steps, kept = averager.island_steps, averager.island_reduce.kept
+    if steps != "auto" and averager.island_reduce.whole != len(steps):
         raise UnsupportedError(
             f"island_steps: one count per island; the job's islands are {islands}, "
-            f"island_steps lists {len(averager.island_steps)}: {list(averager.island_steps)}")
-    return Pacing(strategy, averager.island_steps, averager.period, averager.island_reduce)
+            f"island_steps lists {len(steps)}: {list(steps)}")
+    if steps != "auto":  # the counts of the islands here (an elastic job's: of those left)
+        steps = [steps[k] for k in kept]
+    return Pacing(strategy, steps, averager.period, averager.island_reduce)
 
 
 def DiLoCo(period, outer="nesterov", **options):  # noqa: N802 (a configuration, like a class)

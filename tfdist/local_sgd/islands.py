@@ -15,6 +15,12 @@ together); on one machine with several replicas they group the replicas. They ar
 as a count (that many equal groups of consecutive workers), ``"host"`` (the workers on
 one host) or explicit lists of worker indices (chief first, then the workers, as
 MultiWorkerMirroredStrategy numbers them).
+
+In an elastic job (`tfdist launch --min-workers`) they are given for the whole cluster;
+at each size the launcher names the places its tasks hold (`tfdist.resize_signal`), and
+`present_islands` finds them: an island that lost a worker goes on smaller, one that lost
+all is left out until its places come back, and the others train and synchronise among
+themselves.
 """
 
 import collections
@@ -24,6 +30,7 @@ import warnings
 
 import tensorflow as tf
 
+from tfdist import resize_signal
 from tfdist.core import wire
 from tfdist.errors import UnsupportedError
 from tfdist.strategies.input_pipelines import checks_partial_batches
@@ -70,6 +77,31 @@ def island_groups(spec, units, hosts=None):
     return groups
 
 
+def present_islands(spec, units, hosts=None, environ=None):
+    """(groups, kept, whole): `island_groups` of this job's `units` workers, for each its
+    index among the islands of the whole cluster, and how many the whole cluster has. In a job the elastic launcher resized
+    (`resize_signal.places`), the count or lists of `spec` are the whole cluster's: each
+    island holds the workers here whose places it lists, and one with none here is left
+    out; "host" groups the workers here by host as always.
+
+    Raises:
+        UnsupportedError: as `island_groups`, or the launcher's places not of this job.
+    """
+    try:
+        found = (None if spec is None or spec == "host"
+                 else resize_signal.places(units, environ))
+    except ValueError as error:
+        raise UnsupportedError(str(error)) from None
+    if found is None:
+        groups = island_groups(spec, units, hosts)
+        return groups, list(range(len(groups))), len(groups)
+    places, members = found
+    here = {place: unit for unit, place in enumerate(places)}
+    whole = [[here[p] for p in group if p in here] for group in island_groups(spec, members)]
+    return ([group for group in whole if group],
+            [index for index, group in enumerate(whole) if group], len(whole))
+
+
 #: Why islands wait for each other at every step, reading a finite dataset.
 COUPLED_INPUT = ("tfdist: islands between synchronisations read a finite dataset, so "
                  "TensorFlow checks every batch for a partial last one with a collective over "
@@ -97,7 +129,11 @@ class IslandReduce:
         replicas = strategy.num_replicas_in_sync
         local = max(replicas // workers, 1)
         units = workers if workers > 1 else replicas
-        self.groups = island_groups(spec, units, hosts if workers > 1 else None)
+        #: The islands (lists of units), each one's index among the whole cluster's, and
+        #: how many it has (`present_islands`: all, but in an elastic job resized smaller).
+        self.groups, self.kept, self.whole = (
+            present_islands(spec, units, hosts) if workers > 1
+            else present_islands(spec, units, environ={}))
         if len(self.groups) > MAX_ISLANDS:
             raise UnsupportedError(f"at most {MAX_ISLANDS} islands (one collective group "
                                    f"each). Received: {len(self.groups)} islands")

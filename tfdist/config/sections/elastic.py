@@ -31,6 +31,16 @@ def discover_command(source, path, value):
     return argv
 
 
+def min_workers_problem(min_workers, members):
+    """Why `min_workers` does not fit a cluster of `members` chief and worker tasks (the
+    most the job runs with), or None: the config's check and the launcher's (for
+    --min-workers) in one place."""
+    if min_workers > members:
+        return (f"min_workers is more than the cluster has ({members} chief and worker tasks, "
+                f"the most the job runs with). Received: min_workers={min_workers}")
+    return None
+
+
 ELASTIC_KEYS = {
     "min_workers": functools.partial(checks.integer, minimum=1),
     "rejoin_seconds": functools.partial(checks.number, minimum=0,
