@@ -491,15 +491,18 @@ def test_an_island_lost_the_other_goes_on_and_it_rejoins_from_the_anchors(reques
 ZOO_JOB = pathlib.Path(__file__).parent / "jobs" / "zoo_job.py"
 
 
+@pytest.mark.usefixtures("jobs_path")
 @pytest.mark.parametrize("family", ["transformer", "multi_io", "finetune"])
-def test_the_models_users_bring_go_on_with_three_where_one_device_ends(write_config,
+def test_the_models_users_bring_go_on_with_two_where_one_device_ends(write_config,
                                                                       tmp_path, family):
     """The model families of tests/jobs/zoo.py through tfdist's exact exchange (SGD with
-    momentum), 4 workers, the last one SIGKILLed for good after step 0 of epoch 1: the job
-    goes on with 3 from the backup of epoch 0 and each survivor ends with one device's
+    momentum), 4 workers, two of them SIGKILLed for good after step 0 of epoch 1: the job
+    goes on with 2 from the backup of epoch 0 and each survivor ends with one device's
     weights — an Embedding and a Dense over a sequence (keras-io's transformer), several
     inputs and outputs with loss weights, and keras-io's fine-tuning (a frozen base, then
-    unfrozen and compiled again)."""
+    unfrozen and compiled again). On 2, as on 4, the global batch of 16 (and the last one of
+    8) splits evenly; over 3 (6/6/4) Keras' fit, like TensorFlow's, averages each replica's
+    mean and the examples of the smaller share weigh more (docs/guides/elastic.md)."""
     from test_model_zoo import reference
 
     out = tmp_path / "out"
@@ -509,14 +512,15 @@ def test_the_models_users_bring_go_on_with_three_where_one_device_ends(write_con
         [sys.executable, "-m", "tfdist", "launch", config, "--grace-seconds", "5",
          "--min-workers", "2", "--rejoin-seconds", "86400", "--", sys.executable,
          str(ZOO_JOB), "--out", str(out), "--family", family, "--loop", "fit",
-         "--backup", str(tmp_path / "backup"), "--kill", "1"],
+         "--backup", str(tmp_path / "backup"), "--kill", "1:2+3"],
         capture_output=True, text=True, timeout=420,
         env=dict(os.environ, TMPDIR=str(tmp_path), TF_CPP_MIN_LOG_LEVEL="2"))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert "worker:3 exited with code 137; going on with 3 of 4 workers" in run.stderr
-    assert (out / "killed").exists() and not (out / "worker-3.npz").exists()
+    lost = [line for line in run.stderr.splitlines() if "going on with 2 of 4 workers" in line]
+    assert lost and "worker:2" in lost[0] and "worker:3" in lost[0], run.stderr[-2000:]
+    assert not (out / "worker-2.npz").exists() and not (out / "worker-3.npz").exists()
     expected, _ = reference(family, "fit")
-    for task in ("worker-0", "worker-1", "worker-2"):
+    for task in ("worker-0", "worker-1"):
         got = weights(out, task)
         assert len(got) == len(expected)
         for i, (a, b) in enumerate(zip(got, expected)):

@@ -494,3 +494,26 @@ def test_keras_loss_scale_optimizer_is_what_compile_wraps_and_it_is_taken_over()
     config = keras.saving.serialize_keras_object(wrapped)
     assert (config["module"], config["class_name"]) == (
         "keras.src.optimizers.loss_scale_optimizer", "LossScaleOptimizer")
+
+
+def test_keras_fit_still_starts_at_the_epoch_a_restore_left_and_never_resets_it():
+    """Keras' BackupAndRestore resumes by setting `model._initial_epoch`, which fit reads
+    and never resets: tfdist's BackupAndRestore resets it when training ends, or a second
+    fit of the same model (keras-io's fine-tuning) would skip the epochs the first one
+    resumed past. A seam moved here means that reset no longer does anything."""
+    import inspect
+
+    import keras
+    from keras.src.backend.tensorflow import trainer
+
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    assert model._initial_epoch is None
+    assert "initial_epoch = self._initial_epoch or initial_epoch" in inspect.getsource(
+        trainer.TensorFlowTrainer.fit)
+    model.compile("sgd", "mse")
+    model._initial_epoch = 1  # as a restore leaves it
+    history = model.fit(np.zeros((4, 1)), np.zeros((4, 1)), epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 1  # Keras' own: epoch 0 skipped
+    model._initial_epoch = None
+    history = model.fit(np.zeros((4, 1)), np.zeros((4, 1)), epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2

@@ -13,9 +13,9 @@ runs no tfdist strategy: TensorFlow's own MirroredStrategy on 4 logical CPUs wit
 Keras optimizer (the Trainer's reference is fit), writing `<out>/reference.npz` — what a
 family whose layers compute per replica (BatchNormalization) is compared with.
 
-    --backup DIR --kill EPOCH   fit backs up to DIR after each epoch (BackupAndRestore), and
-                                the last worker SIGKILLs itself after step 0 of epoch EPOCH,
-                                once (<out>/killed marks it): an elastic job's lost machine
+    --backup DIR --kill E:I+J   fit backs up to DIR after each epoch (BackupAndRestore), and
+                                workers I and J SIGKILL themselves after step 0 of epoch E,
+                                once (<out>/killed-I marks it): an elastic job's lost machines
 """
 
 import argparse
@@ -43,16 +43,16 @@ def parse():
     p.add_argument("--policy")
     p.add_argument("--reference", type=int, help="TF's MirroredStrategy on this many CPUs")
     p.add_argument("--backup")
-    p.add_argument("--kill", type=int)
+    p.add_argument("--kill", type=lambda text: (int(text.split(":")[0]), tuple(
+        int(i) for i in text.split(":")[1].split("+"))))
     return p.parse_args()
 
 
-class KillLast(keras.callbacks.Callback):
-    """The last worker of the job it started in SIGKILLs itself after step 0 of `epoch`,
-    once (a lost machine)."""
+class KillOnce(keras.callbacks.Callback):
+    """Workers `indices` SIGKILL themselves after step 0 of `epoch`, once (lost machines)."""
 
-    def __init__(self, epoch, marker):
-        self.epoch, self.marker, self.at = epoch, marker, None
+    def __init__(self, epoch, indices, out):
+        self.epoch, self.indices, self.out, self.at = epoch, indices, out, None
 
     def on_epoch_begin(self, epoch, logs=None):
         self.at = epoch
@@ -60,11 +60,12 @@ class KillLast(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         import signal
 
-        task, workers = tfdist.strategies.task_of(), json.loads(os.environ["TF_CONFIG"])
-        last = len(workers["cluster"]["worker"]) - 1
-        if (self.at, batch) == (self.epoch, 0) and task == ("worker", last) \
-                and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
+        kind, index = tfdist.strategies.task_of()
+        os.makedirs(self.out, exist_ok=True)
+        marker = os.path.join(self.out, f"killed-{index}")
+        if (self.at, batch) == (self.epoch, 0) and kind == "worker" \
+                and index in self.indices and not os.path.exists(marker):
+            open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -102,7 +103,7 @@ def main():
     if args.backup:
         callbacks += [tfdist.callbacks.BackupAndRestore(args.backup)]
     if args.kill is not None:
-        callbacks += [KillLast(args.kill, os.path.join(args.out, "killed"))]
+        callbacks += [KillOnce(*args.kill, args.out)]
     weights, losses, model = zoo.train(
         args.family, args.loop.replace("_dataset", ""), strategy,
         wrap=lambda optimizer: tfdist.keras.optimizer_from_config(optimizer, config),
