@@ -142,7 +142,8 @@ def capture(model, strategy):
 
 def restore(model, strategy, path, metadata):
     """Loads the backup at `path` into `model`: weights, optimizer, each replica's exchange
-    state (another layout: one line, afresh) and the hooks' kept state.
+    state (another number of replicas: by rule, `tfdist.core.resize`; another layout:
+    one line, afresh) and the hooks' kept state.
 
     Raises:
         CheckpointError: the backup does not fit the model.
