@@ -329,6 +329,9 @@ def test_the_example_with_backup_dir_in_a_project_directory_keeps_its_files_and_
         while not list(project.glob("checkpoint-*")) and time.monotonic() < deadline:
             assert first.poll() is None, first.communicate()[1][-3000:]
             time.sleep(0.5)
+        # held where it is (its lock too): on a loaded machine it would otherwise train its
+        # few steps to the end, and remove its backup, while the second run starts
+        first.send_signal(signal.SIGSTOP)
         second = subprocess.run(long, cwd=project, env=env, capture_output=True, text=True,
                                 timeout=300)
         said = [line for line in second.stderr.splitlines() if "train.py: " in line]
