@@ -542,6 +542,11 @@ def test_a_finite_dataset_that_couples_islands_is_named(strategies):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_if_input_couples(apart)
+        warn_if_input_couples(apart, paced=True)
+    # heterogeneous islands would run that collective out of step: refused in one line
+    with pytest.raises(UnsupportedError, match="island_steps: a slower island skips") as no:
+        warn_if_input_couples(coupled, paced=True)
+    assert "dataset.repeat()" in str(no.value) and "\n" not in str(no.value)
 
 
 @pytest.mark.usefixtures("two_cpus")

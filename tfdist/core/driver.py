@@ -94,6 +94,12 @@ class HookDriver:
         on this worker alone, so that no island waits for another at every step."""
         return all(pipeline.couples_workers() for pipeline in self.pipelines)
 
+    def paced(self):
+        """Whether a hook skips some step calls on this worker (heterogeneous islands:
+        `island_steps`)."""
+        return any(getattr(hook, "pace", None) is not None
+                   for pipeline in self.pipelines for hook in pipeline.hooks)
+
     def skips_next(self):
         """(after `function`) Whether the next step call trains nothing on this worker
         (`TrainingHook.trains_next`): the loop reads no batch (or drops the one it has)

@@ -109,10 +109,26 @@ COUPLED_INPUT = ("tfdist: islands between synchronisations read a finite dataset
                  "infinite one (dataset.repeat()) and steps_per_epoch.")
 
 
-def warn_if_input_couples(iterator):
+#: Why heterogeneous islands cannot read a finite dataset at all.
+PACED_COUPLED_INPUT = (
+    "island_steps: a slower island skips step calls that the others train, but a finite "
+    "dataset checks every batch for a partial last one with a collective over every "
+    "worker, which the islands would then run out of step (TensorFlow fails with "
+    "'Collective instance ... expected type'). Give the islands an infinite dataset "
+    "(dataset.repeat()) and steps_per_epoch")
+
+
+def warn_if_input_couples(iterator, paced=False):
     """Warns (once per place) if the distributed `iterator` runs a collective over every
-    worker at each step (`checks_partial_batches`), which islands cannot step apart with."""
+    worker at each step (`checks_partial_batches`), which islands cannot step apart with.
+
+    Raises:
+        UnsupportedError: such an iterator with heterogeneous islands (`paced`), which
+            would run that collective out of step.
+    """
     if checks_partial_batches(iterator):
+        if paced:
+            raise UnsupportedError(PACED_COUPLED_INPUT)
         warnings.warn(COUPLED_INPUT, stacklevel=3)
 
 

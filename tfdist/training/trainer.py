@@ -314,7 +314,8 @@ class Trainer:
             function = (self.driver.function(self._make_train_function) if training
                         else self._test_function)
             if training and self.coordinator is None and not self.driver.couples_workers():
-                warn_if_input_couples(iterator)  # islands apart: a finite dataset couples
+                # islands apart: a finite dataset couples (refused with island_steps)
+                warn_if_input_couples(iterator, self.driver.paced())
             if training and self.coordinator is None and self.driver.skips_next():
                 self.driver.skip()  # a slower island: this call trains (and reads) nothing
                 done += 1

@@ -81,7 +81,7 @@ class TrainingHooks(keras.callbacks.Callback):
         if self.driver.couples_workers():
             self.model.make_train_function(force=True)
             return self.model.train_function
-        return _train_function_apart(self.model)
+        return _train_function_apart(self.model, self.driver.paced())
 
     def _train_nothing(self, iterator):
         """fit's step for a call that trains nothing: no batch is read (the next trained
@@ -103,7 +103,7 @@ class HookPhases(TrainingHooks):
     """The former name of `TrainingHooks` (kept for existing scripts)."""
 
 
-def _train_function_apart(model):
+def _train_function_apart(model, paced=False):
     """fit's step for islands between synchronisations: Keras' own `train_step` on each
     replica, its logs this worker's first replica's — Keras' step would reduce them over
     every worker (`reduce_per_replica`), a collective across islands at every step. fit
@@ -122,7 +122,7 @@ def _train_function_apart(model):
                                      outputs)
 
     def train_function(iterator):
-        warn_if_input_couples(iterator)
+        warn_if_input_couples(iterator, paced)
         return step(iterator)
 
     return train_function
