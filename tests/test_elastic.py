@@ -631,14 +631,16 @@ def test_the_resize_signal_before_training_is_kept_for_the_first_step(monkeypatc
             signal.signal(number, handler)
 
 
-def test_a_discovery_answer_is_only_taken_while_it_is_fresh():
+def test_a_discovery_answer_is_only_taken_while_it_is_fresh(tmp_path):
     """The launcher acts on what the command said lately: an answer older than
     DISCOVER_FRESH, or from before a loss (`forget`), is no answer (a machine that was up
-    before a loss may be the one lost)."""
+    before a loss may be the one lost). The command answers at once the first time and
+    takes 20 s the next (else the next run's answer, fresh, could come between polls)."""
     from tfdist.launch import elastic
 
-    said = []
-    discovery = elastic.Discovery(["echo", "4"], said.append)
+    said, seen = [], tmp_path / "answered"
+    discovery = elastic.Discovery(["sh", "-c", f"[ -e {seen} ] && sleep 20; touch {seen}; "
+                                               "echo 4"], said.append)
     assert discovery.poll(0.0) is None  # started
     deadline = time.monotonic() + 30
     while discovery.poll(0.1) is None:
