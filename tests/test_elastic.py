@@ -395,23 +395,9 @@ def test_a_worker_back_is_taken_back_at_an_agreed_step_and_all_four_agree(reques
     goes on with 4 from that backup: every step trains once (none lost to the take-back),
     the 4 workers end identical, and the weights are those of a run of 4 never
     interrupted up to the seed noise."""
-    out, backup, avail = tmp_path / "out", tmp_path / "backup", tmp_path / "avail"
-    avail.write_text("3\n")
-    job = Background(write_config, out, FOUR, "--loop", "trainer", *PLAIN3, "--backup",
-                     str(backup), "--preempt", "1,1,3", "--preempt_signal", "KILL",
-                     "--pause_after", "1",
-                     launcher_args=("--min-workers", "2", "--rejoin-seconds", "0",
-                                    "--discover", f"cat {avail}"))
-    try:
-        job.wait_for_line("going on with 3 of 4 workers", timeout=240)
-        wait_for(out / "paused-1", timeout=240)
-        avail.write_text("4\n")
-        job.wait_for_line("asking every task to stop at an agreed step (SIGUSR1)")
-        (out / "resume-1").touch()
-        code, output = job.finish(timeout=300)
-    finally:
-        stop_tasks(job, out)
-    assert code == 0, output[-3000:]
+    out = tmp_path / "out"
+    output = lose_then_take_back(write_config, tmp_path, ("--loop", "trainer", *PLAIN3), "3",
+                                 left=3)
     saved = [line for line in output.splitlines() if "tfdist: preempted: saved" in line]
     # the same agreed step on every worker (how long after the signal each saved differs)
     steps = {re.search(r"after step \d+ of epoch \d+", line).group() for line in saved}
@@ -444,23 +430,9 @@ def test_an_island_lost_the_other_goes_on_and_it_rejoins_from_the_anchors(reques
     backup of 2 replicas carried onto 4: anchors kept, the weights their mean). Every step
     trains once, the 4 workers end identical, and the final loss is within the seed noise
     of the same job never interrupted."""
-    out, backup, avail = tmp_path / "out", tmp_path / "backup", tmp_path / "avail"
-    avail.write_text("2\n")
-    job = Background(write_config, out, FOUR, *DILOCO_ISLANDS, *PLAIN3, "--backup",
-                     str(backup), "--preempt", "1,1,2+3", "--preempt_signal", "KILL",
-                     "--pause_after", "1",
-                     launcher_args=("--min-workers", "2", "--rejoin-seconds", "0",
-                                    "--discover", f"cat {avail}"))
-    try:
-        job.wait_for_line("going on with 2 of 4 workers", timeout=240)
-        wait_for(out / "paused-1", timeout=240)
-        avail.write_text("4\n")
-        job.wait_for_line("asking every task to stop at an agreed step (SIGUSR1)")
-        (out / "resume-1").touch()
-        code, output = job.finish(timeout=300)
-    finally:
-        stop_tasks(job, out)
-    assert code == 0, output[-3000:]
+    out = tmp_path / "out"
+    output = lose_then_take_back(write_config, tmp_path, (*DILOCO_ISLANDS, *PLAIN3), "2+3",
+                                 left=2)
     lost = [line for line in output.splitlines() if "going on with 2 of 4 workers" in line]
     assert "worker:2" in lost[0] and "worker:3" in lost[0], lost
     assert "every task stopped at the agreed step; going on with 4 of 4 workers" in output
@@ -525,6 +497,31 @@ def test_the_models_users_bring_go_on_with_two_where_one_device_ends(write_confi
         assert len(got) == len(expected)
         for i, (a, b) in enumerate(zip(got, expected)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"{task}: {i}")
+
+
+def lose_then_take_back(write_config, tmp_path, training, lost, left):
+    """4 workers running `training`; workers `lost` SIGKILLed for good after step 1 of epoch
+    1, the job goes on with `left` (--discover says so); once they have trained epoch 1
+    (the chief holds at its end), --discover says 4 and the job takes the places back at
+    an agreed step. -> everything the launch printed (it succeeded)."""
+    out, backup, avail = tmp_path / "out", tmp_path / "backup", tmp_path / "avail"
+    avail.write_text(f"{left}\n")
+    job = Background(write_config, out, FOUR, *training, "--backup", str(backup),
+                     "--preempt", f"1,1,{lost}", "--preempt_signal", "KILL",
+                     "--pause_after", "1",
+                     launcher_args=("--min-workers", "2", "--rejoin-seconds", "0",
+                                    "--discover", f"cat {avail}"))
+    try:
+        job.wait_for_line(f"going on with {left} of 4 workers", timeout=240)
+        wait_for(out / "paused-1", timeout=240)
+        avail.write_text("4\n")
+        job.wait_for_line("asking every task to stop at an agreed step (SIGUSR1)")
+        (out / "resume-1").touch()
+        code, output = job.finish(timeout=300)
+    finally:
+        stop_tasks(job, out)
+    assert code == 0, output[-3000:]
+    return output
 
 
 def wait_for(path, timeout):
