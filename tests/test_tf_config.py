@@ -216,3 +216,35 @@ def test_get_strategy_names_a_malformed_tf_config_before_tensorflow_sees_it(monk
                                                                           "index": -1}}))
     with pytest.raises(StrategyError, match="index must be an integer >= 0"):
         tfdist.get_strategy(name)
+
+
+@pytest.mark.parametrize("cluster, places, size, task, accepted", [
+    ("{worker: 4}", "0,1,2/4", 3, ("worker", 2), True),     # worker:3 lost for good
+    ("{worker: 4}", "0,2,3/4", 3, ("worker", 0), True),     # a middle worker lost
+    ("{chief: 1, worker: 3}", "0,1/4", 2, ("worker", 0), True),  # the chief stays
+    ("{worker: 4}", "0,1,2/5", 3, ("worker", 1), "elastic launch of 5 chief and worker tasks"),
+    ("{worker: 4}", None, 3, ("worker", 1), r"its cluster has \{'worker': 3\} tasks"),
+    ("{worker: 4}", "0,1/4", 3, ("worker", 1), "must list 3 distinct places"),
+    ("{worker: 4}", "0,1,x/4", 3, ("worker", 1), "TFDIST_ELASTIC_PLACES must be the places"),
+])
+def test_a_resized_tf_config_of_an_elastic_launch_is_the_config_at_its_size(
+        write_config, monkeypatch, cluster, places, size, task, accepted):
+    """Under `tfdist launch --min-workers` the config's cluster is the most the job runs
+    with: get_strategy(config) accepts the resized TF_CONFIG the launcher wrote (the
+    places variable says so) and refuses one that no resize of that config gives."""
+    config = load_config(write_config(f"cluster: {cluster}\nstrategy: multi_worker_mirrored\n"))
+    resized = config.cluster.resized(size)
+    monkeypatch.setenv("TF_CONFIG", tf_config_json(cluster_dict(resized, pick_free_ports=True),
+                                                   *task))
+    if places is None:
+        monkeypatch.delenv("TFDIST_ELASTIC_PLACES", raising=False)
+    else:
+        monkeypatch.setenv("TFDIST_ELASTIC_PLACES", places)
+    from tfdist.strategies import StrategyError
+    from tfdist.strategies.factory import _check_tf_config
+
+    if accepted is True:
+        _check_tf_config(config, size)
+    else:
+        with pytest.raises(StrategyError, match=accepted):
+            _check_tf_config(config, size)

@@ -165,7 +165,7 @@ def tf_config_json(cluster, task_type, task_index):
     return json.dumps(tf_config(cluster, task_type, task_index), separators=(",", ":"))
 
 
-def check_matches(cluster, parsed, config_name="the config"):
+def check_matches(cluster, parsed, config_name="the config", places=None):
     """Raises `ClusterError` naming the task if a TF_CONFIG disagrees with `cluster`.
 
     Args:
@@ -174,6 +174,10 @@ def check_matches(cluster, parsed, config_name="the config"):
         parsed: the TF_CONFIG, as `read_tf_config` returns it (or its JSON text); None
             when unset, which only a one-task cluster accepts.
         config_name: how messages name the config (its path).
+        places: (places, members) that an elastic launch gave this task
+            (`tfdist.resize_signal.places`), or None: `cluster` is then the most the job
+            runs with, and TF_CONFIG holds ``len(places)`` of its `members`
+            (`ClusterConfig.resized`).
 
     Raises:
         ClusterError: missing, malformed, other jobs or task counts, another address for
@@ -196,6 +200,8 @@ def check_matches(cluster, parsed, config_name="the config"):
                            f"Received: TF_CONFIG={shown(json.dumps(parsed))}") from None
     if getattr(cluster, "scheduler", None):  # cluster: slurm: the step's workers are the rest
         cluster = cluster.with_workers(len(actual.get("worker", ())))
+    elif places is not None:
+        cluster = _elastic_size(cluster, places, name, config_name)
     expected = cluster.jobs()
     counts = lambda jobs: {job: len(addresses) for job, addresses in jobs.items() if addresses}
     if counts(actual) != counts(expected):
@@ -212,6 +218,16 @@ def check_matches(cluster, parsed, config_name="the config"):
             if got.key() != address.key():
                 raise ClusterError(f"TF_CONFIG of task {name} puts {job}:{index} at {got}, but "
                                    f"{config_name} says {address}")
+
+
+def _elastic_size(cluster, places, name, config_name):
+    """`cluster` at the size an elastic launch runs it now."""
+    found, members = places
+    if members != cluster.num_training_tasks:
+        raise ClusterError(f"task {name} was started by an elastic launch of {members} chief and "
+                           f"worker tasks, but {config_name} has {cluster.num_training_tasks}: "
+                           "launch the job with the config the training script reads")
+    return cluster.resized(len(found))
 
 
 def _address(text, where):

@@ -38,6 +38,14 @@ class ClusterConfig:
         """Chief plus workers: the tasks MultiWorkerMirroredStrategy counts."""
         return len(self.chief) + len(self.worker)
 
+    def resized(self, size):
+        """This cluster at `size` of its `num_training_tasks`, as an elastic launch runs
+        it (`tfdist.launch.elastic`): the chief (if it has one) and size - 1 workers, by
+        count (``port=None``)."""
+        chief = self.chief[:1] if size else ()
+        return dataclasses.replace(self, chief=chief, worker=(Address("localhost"),)
+                                   * (size - len(chief)))
+
     @property
     def has_free_ports(self):
         """True when some job was given as a count (ports picked at launch)."""

@@ -34,10 +34,8 @@ num_replicas_in_sync`) changes its global batch instead and must scale its learn
 itself.
 """
 
-import dataclasses
 import os
 
-from tfdist.cluster.address import Address
 from tfdist.config.sections.elastic import MAX_REJOIN_SECONDS, min_workers_problem
 from tfdist.launch.errors import LaunchError
 from tfdist import resize_signal as resize_signal_contract
@@ -157,15 +155,12 @@ def check_elastic(config, min_workers, only_task):
 
 
 def members_of(cluster):
-    return len(cluster.chief) + len(cluster.worker)
+    return cluster.num_training_tasks
 
 
 def resized(cluster, size):
-    """`cluster` with `size` members: the chief (if it has one) and size - 1 workers."""
-    chief = cluster.chief[:1] if size else ()
-    return dataclasses.replace(cluster, chief=chief,
-                               worker=tuple(Address("localhost")
-                                            for _ in range(size - len(chief))))
+    """`cluster` with `size` members (`ClusterConfig.resized`)."""
+    return cluster.resized(size)
 
 
 def resize_signal():

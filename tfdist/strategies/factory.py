@@ -58,7 +58,7 @@ def get_strategy(name_or_config="default", **options):
         tasks = sum(len(v) for k, v in (_tf_config().get("cluster") or {}).items()
                     if k in ("chief", "worker"))
         if isinstance(name_or_config, Config):
-            _check_tf_config(name_or_config)
+            _check_tf_config(name_or_config, tasks)
     strategy = _BUILDERS[spec.name](dict(spec.options))
     # a SIGTERM from here on is honoured (TensorFlow's own would swallow it); in an elastic
     # launch the resize signal is taken note of, even by the job's last worker
@@ -67,15 +67,17 @@ def get_strategy(name_or_config="default", **options):
     return strategy
 
 
-def _check_tf_config(config):
-    """The cluster this process joins (TF_CONFIG) must be the one in the config file."""
+def _check_tf_config(config, tasks):
+    """The cluster this process joins (TF_CONFIG) must be the one in the config file, or,
+    under an elastic launch, that cluster at the size the launcher runs it now."""
     if config.cluster is None:
         return
     try:
-        check_matches(config.cluster, read_tf_config(), config.path or "the config")
+        check_matches(config.cluster, read_tf_config(), config.path or "the config",
+                      places=resize_signal.places(tasks))
         if getattr(config.cluster, "scheduler", None) is None:  # a scheduler's hosts are its own
             check_resolvable(config.cluster)
-    except ClusterError as e:
+    except (ClusterError, ValueError) as e:  # ValueError: a malformed places variable
         raise StrategyError(str(e)) from None
 
 
