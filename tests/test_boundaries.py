@@ -170,6 +170,9 @@ def _zeros(*shape):
 NAN, HUGE = float("nan"), 2**80
 #: "module.name" -> [(a call with hostile values, what the message must name)]
 PY_CASES = {
+    "tfdist.strategies.barrier": [
+        (lambda: tfdist.strategies.barrier(None, timeout_seconds=v), "timeout_seconds")
+        for v in (NAN, 0, -1, float("inf"), 10 ** 400, "60", True, None)],
     "tfdist.load_config": [(lambda: tfdist.load_config("a\0b"), "NUL"),
                            (lambda: tfdist.load_config(5), "path")],
     "tfdist.config.load_config": [(lambda: tfdist.config.load_config("/dev/zero"), "regular")],
@@ -316,7 +319,7 @@ NO_USER_VALUES = {
         "OneDeviceStrategy", "ParameterServerStrategy")},
     **{f"{m}.{n}": "takes a strategy, a model, an optimizer, tensors or variables" for m, n in
        [("tfdist", "is_chief"), ("tfdist.strategies", "is_chief"),
-        ("tfdist.strategies", "barrier"), ("tfdist.strategies", "capabilities_of"),
+        ("tfdist.strategies", "capabilities_of"),
         ("tfdist.strategies", "strategy_name"), ("tfdist.strategies", "task_of"),
         ("tfdist.strategies", "sync_replica_state"), ("tfdist.core", "sync_replica_state"),
         ("tfdist.core", "HookDriver"), ("tfdist.core", "before_read"), ("tfdist.core", "decide"),

@@ -1,8 +1,15 @@
 """Which task this process is: chief or not, from the strategy or TF_CONFIG."""
 
+import collections
+import functools
+
 import tensorflow as tf
+from tensorflow.python.eager import context  # the coordination-service barrier
 
 from tfdist.cluster.tf_config import read_tf_config
+from tfdist.config import checks
+from tfdist.config.checks import check_arguments
+from tfdist.strategies.errors import BarrierTimeoutError
 
 
 def _resolver(strategy):
@@ -39,13 +46,54 @@ def is_chief(strategy=None):
     return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
 
 
-def barrier(strategy):
-    """Waits until every worker of a MultiWorkerMirroredStrategy job reaches this call.
+#: How long `barrier` waits for every worker by default: the chief's last writes of a
+#: large model to slow storage included. A lost worker is the launcher's business (it
+#: stops the job); this bound only keeps a worker from waiting for ever.
+BARRIER_SECONDS = 1800
+_BARRIERS = collections.Counter()  # barriers passed per strategy (their ids, alike everywhere)
 
-    Useful at the end of a script: workers that exit while the chief still writes its
-    outputs make the chief's collective runtime report them as crashed. A no-op for
-    other strategies (under ParameterServerStrategy only the coordinator runs scripts).
+
+def barrier(strategy, timeout_seconds=BARRIER_SECONDS):
+    """Waits until every worker of a MultiWorkerMirroredStrategy job reaches this call, at
+    most `timeout_seconds`.
+
+    Used where the chief writes what every worker may read next (the end of `fit` with
+    tfdist's ModelCheckpoint and BackupAndRestore) and at the end of a script: workers
+    that exit while the chief still writes make its collective runtime report them as
+    crashed. It is TensorFlow's coordination-service barrier (one id per call, counted
+    alike on every worker, which runs the same script), else an all-reduce. A no-op for
+    other strategies and for one worker (under ParameterServerStrategy only the
+    coordinator runs scripts).
+
+    Args:
+        strategy: the strategy of the job.
+        timeout_seconds: how long to wait for the slowest worker (> 0).
+
+    Raises:
+        tfdist.ConfigError: `timeout_seconds` is not a positive finite number.
+        BarrierTimeoutError: a worker did not arrive within `timeout_seconds`.
     """
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and _resolver(strategy):
+    timeout_seconds = check_arguments("tfdist.strategies.barrier", {
+        "timeout_seconds": functools.partial(checks.number, minimum=0, open_minimum=True)},
+        timeout_seconds=timeout_seconds)["timeout_seconds"]
+    resolver = _resolver(strategy)
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or resolver is None \
+            or resolver.task_type not in ("chief", "worker") \
+            or sum(len(resolver.cluster_spec().as_dict().get(job, ()))
+                   for job in ("chief", "worker")) < 2:
+        return
+    if context.context().coordination_service is None:
         tf.function(lambda: strategy.reduce(
             "SUM", strategy.run(lambda: tf.constant(1.0)), axis=None))()
+        return
+    key = getattr(strategy, "_collective_key_base", id(strategy))
+    _BARRIERS[key] += 1
+    barrier_id = f"tfdist/barrier/{key}/{_BARRIERS[key]}"
+    try:
+        context.context().wait_at_barrier(barrier_id, int(timeout_seconds * 1000))
+    except tf.errors.DeadlineExceededError:
+        raise BarrierTimeoutError(
+            f"{resolver.task_type}:{resolver.task_id} waited {timeout_seconds:g} s at a "
+            "barrier for a worker that did not arrive (lost, or hung): check the other "
+            "tasks' output; `tfdist launch` stops a job whose task died. Received: "
+            f"timeout_seconds={timeout_seconds:g}") from None

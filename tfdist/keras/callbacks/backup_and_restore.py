@@ -115,6 +115,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             self._store.remove()  # its own files only
         self._store.release()
         self._scratch.cleanup()
+        # fit returns on no worker before the chief's final write (or removal) is done: a
+        # worker's next fit reads the directory the chief owns
+        barrier(strategy_of(self.model))
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch

@@ -4,6 +4,7 @@ import keras
 
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
 from tfdist.core.driver import before_read
+from tfdist.strategies.task import barrier
 
 
 class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
@@ -12,7 +13,10 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     Other workers still save (every worker takes part, as distributed variables may
     need it) but into a temporary directory removed at the end of training, so workers
     never race on the same file. Under local SGD the replicas are averaged before
-    each save, so a checkpoint holds one model. Arguments as in Keras.
+    each save, so a checkpoint holds one model. `fit` returns on no worker before the
+    chief's last write is complete (`tfdist.strategies.barrier`), so every worker may read
+    the checkpoint right after it (TensorFlow's tutorial: `load_weights`, `evaluate`).
+    Arguments as in Keras.
     """
 
     def __init__(self, filepath, **kwargs):
@@ -29,6 +33,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         super().on_train_end(logs)
         self._scratch.cleanup()
         self.filepath = self._chief_filepath
+        barrier(strategy_of(self.model))  # the chief's last write is complete everywhere
 
     def _save_model(self, epoch, batch, logs):
         before_read(self.model)
