@@ -517,3 +517,26 @@ def test_keras_fit_still_starts_at_the_epoch_a_restore_left_and_never_resets_it(
     model._initial_epoch = None
     history = model.fit(np.zeros((4, 1)), np.zeros((4, 1)), epochs=2, verbose=0)
     assert len(history.history["loss"]) == 2
+
+
+def test_keras_trainer_hands_the_model_train_step_to_strategy_run(strategies):
+    """tfdist weighs each replica's gradient by its rows in the step Keras' trainer runs
+    (tfdist/strategies/batch_rows.py), which it knows by `model.train_step` being the
+    function given to `strategy.run` (Keras 3.10-3.15): inside it, on every replica, the
+    weight is known. If Keras wraps it, this fails, and an uneven split is mis-weighted."""
+    from tfdist.strategies import batch_rows
+
+    seen = []
+
+    class Seen(keras.Sequential):
+        def train_step(self, data):
+            seen.append(batch_rows.weight() is not None)
+            return super().train_step(data)
+
+    strategy = strategies("mirrored")
+    with strategy.scope():
+        model = Seen([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    model.fit(np.zeros((6, 2), "float32"), np.zeros((6, 1), "float32"), batch_size=6,
+              epochs=1, verbose=0)
+    assert seen and all(seen), seen

@@ -37,6 +37,7 @@ from tfdist.core.abilities import (CouplesWorkers, FreezesVariance, PreparesBack
                                    SkipsCalls, found)
 from tfdist.core.buckets import DEFAULT_BUCKET_BYTES, all_reduce_in_buckets, checked_bucket_bytes
 from tfdist.core.step_clock import StepClock
+from tfdist.strategies import batch_rows
 
 
 class TrainingHook:
@@ -179,6 +180,19 @@ def all_reduce_sum(grads, bucket_bytes=None, sparse_dtype=None):
         else [], sparse_dtype=sparse_dtype)
 
 
+def weighed_by_rows(grads, owner=None):
+    """(replica context) `grads`, each times this replica's share of the step's rows
+    (`tfdist.strategies.batch_rows.weight`: rows x replicas / all rows), so that their sum
+    over the replicas averages the global batch however it was split (16 over 3: 6/6/4);
+    as they are where no share is known (your own loop, one replica) or where `owner`
+    steps each replica on its own gradient (a local step of local SGD: `synchronous`
+    False)."""
+    weight = batch_rows.weight() if getattr(owner, "synchronous", True) else None
+    if weight is None:
+        return grads
+    return [gradients.scaled(g, weight) for g in grads]
+
+
 def exchange_rows_apart(grads, exchange_dense, sparse_dtype=None, context=None):
     """`exchange_dense(the dense gradients)`, the `IndexedSlices` among `grads` all-gathered
     as rows (in `sparse_dtype` if given) over `context`'s replicas (None: the replica
@@ -253,6 +267,7 @@ class GradientPipeline:
         for hook in self.hooks:
             grads = hook.before_exchange(grads, variables, step)
         owner = self.exchange_owner
+        grads = weighed_by_rows(grads, owner)
         grads = (owner.exchange(grads, variables, step) if owner
                  else all_reduce_sum(grads, self.bucket_bytes))
         for hook in self.hooks:

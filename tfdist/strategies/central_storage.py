@@ -3,12 +3,14 @@
 import tensorflow as tf
 from tensorflow.python.distribute import ps_values  # the variable type this class fixes
 
+from tfdist.strategies.batch_rows import WeighsTrainSteps
 from tfdist.strategies.input_pipelines import StallFreeInput
 from tfdist.strategies.keras_step_options import SupportedStepOptions
 from tfdist.strategies.keras_state import AggregatedKerasState
 
 
-class CentralStorageStrategy(SupportedStepOptions, StallFreeInput, AggregatedKerasState,
+class CentralStorageStrategy(SupportedStepOptions, WeighsTrainSteps, StallFreeInput,
+                             AggregatedKerasState,
                              tf.distribute.experimental.CentralStorageStrategy):
     """`CentralStorageStrategy` fixed for the two ways Keras 3 updates its state.
 

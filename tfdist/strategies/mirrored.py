@@ -3,12 +3,14 @@
 import tensorflow as tf
 
 from tfdist.strategies.collective_keys import next_key_base
+from tfdist.strategies.batch_rows import WeighsTrainSteps
 from tfdist.strategies.input_pipelines import StallFreeInput
 from tfdist.strategies.keras_step_options import SupportedStepOptions
 from tfdist.strategies.keras_build_batch import LocalBuildBatch
+from tfdist.strategies.raw_errors import RawErrors
 
 
-class MirroredStrategy(SupportedStepOptions, LocalBuildBatch, StallFreeInput,
+class MirroredStrategy(RawErrors, SupportedStepOptions, WeighsTrainSteps, LocalBuildBatch, StallFreeInput,
                        tf.distribute.MirroredStrategy):
     """`tf.distribute.MirroredStrategy` whose collectives never reuse an earlier one's keys.
 
@@ -29,6 +31,6 @@ class MirroredStrategy(SupportedStepOptions, LocalBuildBatch, StallFreeInput,
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
 
 
-class OneDeviceStrategy(StallFreeInput, tf.distribute.OneDeviceStrategy):
+class OneDeviceStrategy(RawErrors, StallFreeInput, tf.distribute.OneDeviceStrategy):
     """`tf.distribute.OneDeviceStrategy` whose datasets' iterators end without a pause
     (`StallFreeInput`)."""

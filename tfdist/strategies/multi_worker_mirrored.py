@@ -5,9 +5,11 @@ from tensorflow.python.eager import context  # the coordination-service barrier
 
 from tfdist.strategies.collective_keys import next_key_base
 from tfdist.strategies.initial_values import skip_broadcast_of_identical
+from tfdist.strategies.batch_rows import WeighsTrainSteps
 from tfdist.strategies.input_pipelines import StallFreeInput
 from tfdist.strategies.keras_step_options import SupportedStepOptions
 from tfdist.strategies.keras_build_batch import LocalBuildBatch
+from tfdist.strategies.raw_errors import RawErrors
 
 BARRIER_SECONDS = 3600
 
@@ -27,7 +29,8 @@ class NestedAndScalarReduce:
         return super().reduce(reduce_op, value, axis)
 
 
-class MultiWorkerMirroredStrategy(SupportedStepOptions, LocalBuildBatch, NestedAndScalarReduce,
+class MultiWorkerMirroredStrategy(RawErrors, SupportedStepOptions, WeighsTrainSteps, LocalBuildBatch,
+                                  NestedAndScalarReduce,
                                   StallFreeInput, tf.distribute.MultiWorkerMirroredStrategy):
     """`tf.distribute.MultiWorkerMirroredStrategy` on which Keras 3 trains.
 

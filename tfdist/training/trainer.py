@@ -16,6 +16,7 @@ from tfdist.core.preemption import skipping, take_advance, warn_if_unrestorable,
 from tfdist.core.variables import trained_variables, underlying
 from tfdist.local_sgd.islands import warn_if_input_couples
 from tfdist.keras.callbacks.training_hooks import TrainingHooks
+from tfdist.strategies import batch_rows
 from tfdist.strategies.kind import capabilities_of
 from tfdist.strategies.task import is_chief
 from tfdist.training.data import distribute, steps_per_epoch_of
@@ -122,6 +123,12 @@ class Trainer:
     def _make_train_function(self):
         strategy, model = self.strategy, self.model
 
+        def weighed_step(data):  # each replica's gradient weighs its rows: batch_rows
+            if self.coordinator is not None:  # parameter servers: each worker steps alone
+                return replica_step(data)
+            with batch_rows.weighing(data):
+                return replica_step(data)
+
         def replica_step(data):
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
             state = [underlying(v) for v in model.non_trainable_variables]
@@ -149,7 +156,7 @@ class Trainer:
             return self._replica_results(training=True)
 
         def step_fn(data):
-            return self._step_results(strategy.run(replica_step, args=(data,)))
+            return self._step_results(strategy.run(weighed_step, args=(data,)))
 
         return self._compile(step_fn)
 
