@@ -10,8 +10,8 @@ from tfdist.strategies.keras_build_batch import LocalBuildBatch
 from tfdist.strategies.raw_errors import RawErrors
 
 
-class MirroredStrategy(RawErrors, SupportedStepOptions, WeighsTrainSteps, LocalBuildBatch, StallFreeInput,
-                       tf.distribute.MirroredStrategy):
+class MirroredStrategy(RawErrors, SupportedStepOptions, WeighsTrainSteps, LocalBuildBatch,
+                       StallFreeInput, tf.distribute.MirroredStrategy):
     """`tf.distribute.MirroredStrategy` whose collectives never reuse an earlier one's keys.
 
     Every TF `MirroredStrategy` numbers its collectives from the same start (group key

@@ -29,8 +29,8 @@ class NestedAndScalarReduce:
         return super().reduce(reduce_op, value, axis)
 
 
-class MultiWorkerMirroredStrategy(RawErrors, SupportedStepOptions, WeighsTrainSteps, LocalBuildBatch,
-                                  NestedAndScalarReduce,
+class MultiWorkerMirroredStrategy(RawErrors, SupportedStepOptions, WeighsTrainSteps,
+                                  LocalBuildBatch, NestedAndScalarReduce,
                                   StallFreeInput, tf.distribute.MultiWorkerMirroredStrategy):
     """`tf.distribute.MultiWorkerMirroredStrategy` on which Keras 3 trains.
 

@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from tfdist.strategies.errors import UnsupportedByKerasError
 from tfdist.strategies.keras_build_batch import called_from_keras_trainer
+from tfdist.strategies.raw_errors import RawErrors
 
 KERAS_MESSAGE = (
     "Keras 3 `model.fit`, `evaluate` and `predict` do not support ParameterServerStrategy "
@@ -12,7 +13,7 @@ KERAS_MESSAGE = (
     "ClusterCoordinator.")
 
 
-class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
+class ParameterServerStrategy(RawErrors, tf.distribute.ParameterServerStrategy):
     """`tf.distribute.ParameterServerStrategy` that says "use tfdist.Trainer" to Keras 3.
 
     Keras 3's trainer distributes its dataset with `experimental_distribute_dataset` and
