@@ -540,3 +540,72 @@ def test_keras_trainer_hands_the_model_train_step_to_strategy_run(strategies):
     model.fit(np.zeros((6, 2), "float32"), np.zeros((6, 1), "float32"), batch_size=6,
               epochs=1, verbose=0)
     assert seen and all(seen), seen
+
+
+RAW_ERRORS = "tfdist/strategies/raw_errors.py"
+
+
+def test_tensorflows_mixed_strategies_error_is_the_one_raw_errors_tells():
+    """TF's own MirroredStrategy with a Keras optimizer made outside its scope raises the
+    RuntimeError `raw_errors.MIXING` matches, from a frame of Keras' optimizer, and
+    `mixed_strategies` tells it."""
+    from tfdist.strategies import raw_errors
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    optimizer = keras.optimizers.Adam()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer, "mse")
+        with pytest.raises(RuntimeError) as raised:
+            optimizer.build(model.trainable_variables)
+    found = raw_errors.MIXING.search(str(raised.value))
+    assert found and found.group(1) == repr(strategy), (
+        f"{RAW_ERRORS}: {KERAS}/TF {tf.__version__} no longer says {raw_errors.MIXING.pattern!r}: "
+        f"{raised.value}")
+    told = raw_errors.mixed_strategies(raised.value, raised.value.__traceback__, strategy)
+    assert told is not None and "Received: optimizer=Adam(" in str(told), (
+        f"{RAW_ERRORS}: no frame of {raw_errors.KERAS_OPTIMIZERS} raised it any more")
+
+
+def test_tensorflows_startup_error_is_the_one_raw_errors_tells():
+    """TF's own MultiWorkerMirroredStrategy of 2 workers made after a dataset raises the
+    RuntimeError whose text `raw_errors.STARTUP` is (a fresh process: TF_CONFIG)."""
+    import json
+    import subprocess
+    import sys
+
+    from tfdist.strategies import raw_errors
+
+    tf_config = {"cluster": {"worker": ["localhost:1", "localhost:2"]},
+                 "task": {"type": "worker", "index": 0}}
+    script = ("import tensorflow as tf\ntf.data.Dataset.range(2)\ntry:\n"
+              "    tf.distribute.MultiWorkerMirroredStrategy()\n"
+              "except RuntimeError as e:\n    print('raised:', e)\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, TF_CONFIG=json.dumps(tf_config)))
+    assert f"raised: {raw_errors.STARTUP}" in run.stdout, (
+        f"{RAW_ERRORS}: TF {tf.__version__} no longer raises {raw_errors.STARTUP!r} for a "
+        f"strategy made after TensorFlow started: {run.stdout[-500:]} {run.stderr[-1500:]}")
+
+
+def test_keras_entry_points_are_found_from_distribute_dataset():
+    """tfdist/strategies/parameter_server.py tells fit, evaluate and predict apart by the
+    Keras trainer method among `experimental_distribute_dataset`'s callers."""
+    from tfdist.strategies.keras_build_batch import keras_entry_point
+
+    seen = []
+
+    class Recording(MirroredStrategy):
+        def experimental_distribute_dataset(self, dataset, options=None):
+            seen.append(keras_entry_point())
+            return super().experimental_distribute_dataset(dataset, options)
+
+    strategy = Recording(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    x = np.ones((16, 4), "float32")
+    model.fit(x, x[:, 0], batch_size=8, epochs=1, verbose=0)
+    model.evaluate(x, x[:, 0], batch_size=8, verbose=0)
+    model.predict(x, batch_size=8, verbose=0)
+    assert seen == ["fit", "evaluate", "predict"], f"{PS}: {KERAS}'s callers are {seen}"

@@ -57,3 +57,22 @@ def called_from_keras_trainer(function=None, depth=4):
             return True
         frame = frame.f_back
     return False
+
+
+#: Keras' entry points that distribute a dataset.
+KERAS_ENTRY_POINTS = ("fit", "evaluate", "predict")
+
+
+def keras_entry_point(depth=8):
+    """The Keras 3 trainer method (`fit`, `evaluate` or `predict`) among the `depth`
+    callers of the strategy method calling this one, or None (tests/test_keras_seams.py
+    checks that each is still found)."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        if (frame.f_globals.get("__name__", "").startswith(KERAS_TRAINER)
+                and frame.f_code.co_name in KERAS_ENTRY_POINTS):
+            return frame.f_code.co_name
+        frame = frame.f_back
+    return None
