@@ -167,6 +167,12 @@ def _zeros(*shape):
     return tf.zeros(shape)
 
 
+def _input_context(pipelines, pipeline, replicas):
+    import tensorflow as tf
+
+    return tf.distribute.InputContext(pipelines, pipeline, replicas)
+
+
 NAN, HUGE = float("nan"), 2**80
 #: "module.name" -> [(a call with hostile values, what the message must name)]
 PY_CASES = {
@@ -187,6 +193,16 @@ PY_CASES = {
     "tfdist.strategies.get_strategy": [
         (lambda: tfdist.strategies.get_strategy("central_storage", logical_cpus=2.5),
          "logical_cpus")],
+    "tfdist.strategies.replica_batch_size": [
+        (lambda: tfdist.strategies.replica_batch_size(None, 16), "InputContext"),
+        (lambda: tfdist.strategies.replica_batch_size(_input_context(3, 0, 3), 1.5),
+         "whole number"),
+        (lambda: tfdist.strategies.replica_batch_size(_input_context(3, 0, 3), 2),
+         "without any"),
+        (lambda: tfdist.strategies.replica_batch_size(_input_context(1, 0, 4), 6),
+         "multiple of 4"),
+        (lambda: tfdist.strategies.replica_batch_size(_input_context(3, 0, 3),
+                                                      10 ** 30 + 0.5), "whole number")],
     "tfdist.strategies.ensure_logical_cpus": [
         (lambda: tfdist.strategies.ensure_logical_cpus(9223372036854775807), "logical_cpus"),
         (lambda: tfdist.strategies.ensure_logical_cpus("8"), "logical_cpus")],

@@ -24,6 +24,7 @@ _LAZY = {
     "ensure_logical_cpus": "tfdist.strategies.devices",
     "get_strategy": "tfdist.strategies.factory",
     "is_chief": "tfdist.strategies.task",
+    "replica_batch_size": "tfdist.strategies.batch_rows",
     "strategy_name": "tfdist.strategies.kind",
     "sync_replica_state": "tfdist.core.replica_state",
     "task_of": "tfdist.strategies.task",

@@ -87,6 +87,7 @@ def replica_batch_size(context, global_batch_size):
         An int.
 
     Raises:
+        TypeError: `context` is not an input context.
         ValueError: `global_batch_size` is not a positive integer, is smaller than the
             number of replicas, or is not divided by the replicas of one pipeline (several
             replicas of one pipeline take batches of one size).
@@ -94,7 +95,12 @@ def replica_batch_size(context, global_batch_size):
     if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, numbers.Integral):
         raise ValueError("replica_batch_size needs the global batch as a whole number of "
                          f"rows. Received: global_batch_size={global_batch_size!r}")
-    replicas, pipelines = context.num_replicas_in_sync, context.num_input_pipelines
+    try:
+        replicas, pipelines = context.num_replicas_in_sync, context.num_input_pipelines
+        pipeline = context.input_pipeline_id
+    except AttributeError:
+        raise TypeError("replica_batch_size needs the tf.distribute.InputContext a dataset "
+                        f"function receives. Received: context={context!r:.80}") from None
     if global_batch_size < replicas:
         raise ValueError(f"a global batch of {global_batch_size} rows leaves a replica of "
                          f"{replicas} without any: use at least {replicas}. Received: "
@@ -107,7 +113,7 @@ def replica_batch_size(context, global_batch_size):
                          "take batches of one size, so the global batch must be a multiple of "
                          f"{replicas}. Received: global_batch_size={global_batch_size}")
     share, more = divmod(int(global_batch_size), pipelines)
-    return share + (context.input_pipeline_id < more)
+    return share + (pipeline < more)
 
 
 def _stack():
