@@ -15,6 +15,7 @@ from tfdist.core.optimizer import pipeline_of, with_gradient_pipeline
 from tfdist.core.preemption import skipping, take_advance, warn_if_unrestorable, watch_input
 from tfdist.core.variables import trained_variables, underlying
 from tfdist.local_sgd.islands import warn_if_input_couples
+from tfdist.keras.callbacks.loss_scale_log import LossScaleLog
 from tfdist.keras.callbacks.training_hooks import TrainingHooks
 from tfdist.strategies import batch_rows
 from tfdist.strategies.kind import capabilities_of
@@ -269,16 +270,19 @@ class Trainer:
         """One epoch's steps, validation and callbacks; returns its logs."""
         self._reset_metrics()
         callbacks.on_epoch_begin(epoch)
+        loss_scale = LossScaleLog()  # mixed precision's figures, in the History
+        loss_scale.begin(self.model)
         steps, exhausted = self._run_steps(True, self._iterator, steps_per_epoch,
                                            callbacks.on_train_batch_begin,
                                            callbacks.on_train_batch_end, epoch)
+        loss_scale.trained(steps)
         if exhausted:
             if steps == 0:
                 raise ValueError("the training dataset yielded no batch; check that it is "
                                  "not empty and that each worker's shard has a full batch")
             self._iterator, self._reads = iter(train_data), 0
         self.completed_steps += steps
-        logs = self._logs()
+        logs = {**self._logs(), **loss_scale.figures(self.model)}
         if val_data is not None:
             val_logs = self._evaluate(val_data, validation_steps, callbacks, verbose=0)
             logs.update({f"val_{k}": v for k, v in val_logs.items()})

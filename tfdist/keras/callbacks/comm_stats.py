@@ -7,6 +7,7 @@ from tfdist.config import checks
 from tfdist.config.checks import check_arguments
 from tfdist.core.owned import named_optimizers
 from tfdist.core.optimizer import pipeline_of
+from tfdist.keras.callbacks.loss_scale_log import LossScaleLog
 
 
 class CommStats(keras.callbacks.Callback):
@@ -31,6 +32,8 @@ class CommStats(keras.callbacks.Callback):
     attributes), each one's are logged too, prefixed by its name
     (``d_optimizer/compression_ratio``); the unprefixed values are their sum.
 
+    Under mixed precision: ``loss_scale`` and ``skipped_steps`` too (`LossScaleLog`).
+
     Args:
         log_dir: also write them as TensorBoard scalars there (optional).
     """
@@ -41,6 +44,7 @@ class CommStats(keras.callbacks.Callback):
             "CommStats", {"log_dir": checks.path}, log_dir=log_dir)["log_dir"]
         self._writer = None
         self._named, self._start, self._steps = [], {}, 0
+        self._epoch, self._loss_scale = 0, LossScaleLog()
 
     def on_train_begin(self, logs=None):
         self._named = named_optimizers(self.model)
@@ -49,11 +53,16 @@ class CommStats(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start, self._steps = self._totals(), 0
+        self._epoch = epoch
+        self._loss_scale.begin(self.model)
 
     def on_train_batch_end(self, batch, logs=None):
         self._steps += 1
+        self._loss_scale.step(self.model, self._epoch, batch)
 
     def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs.update(self._loss_scale.figures(self.model))
         if logs is None or not self._named or not self._steps:
             return
         stats = self.stats(self._start, self._totals(), self._steps)

@@ -7,6 +7,7 @@ from tfdist.core.driver import HookDriver
 from tfdist.core.owned import optimizers_of
 from tfdist.core.preemption import skipping
 from tfdist.errors import UnsupportedError
+from tfdist.keras.callbacks.loss_scale_log import LossScaleLog
 from tfdist.local_sgd.islands import warn_if_input_couples
 
 
@@ -28,12 +29,16 @@ class TrainingHooks(keras.callbacks.Callback):
     its own step. Put it before callbacks that save or evaluate the model. It does nothing
     for a model without a tfdist optimizer; `tfdist.Trainer` ignores it (it drives the
     hooks itself), so one callback list serves both loops.
+
+    Under mixed precision each epoch's logs (fit's History) get ``loss_scale`` and
+    ``skipped_steps`` (`LossScaleLog`), with a tfdist optimizer or Keras' own.
     """
 
     def __init__(self):
         super().__init__()
         self.driver, self.epoch, self._planned = None, 0, False
         self._logs = {}  # the last trained step's logs (a call that trains nothing gives them)
+        self._loss_scale = LossScaleLog()
 
     def on_train_begin(self, logs=None):
         optimizers = optimizers_of(self.model)
@@ -46,6 +51,7 @@ class TrainingHooks(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
+        self._loss_scale.begin(self.model)
 
     def on_train_batch_begin(self, batch, logs=None):
         # fit reads `train_function` at every step; a step that trained before a
@@ -61,6 +67,7 @@ class TrainingHooks(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self._logs = logs if logs else self._logs
+        self._loss_scale.step(self.model, self.epoch, batch)
         if self.driver is not None and not skipping(self.model, self.epoch, batch):
             self.driver.end_step()
 
@@ -69,6 +76,8 @@ class TrainingHooks(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._before_read()
+        if logs is not None:
+            logs.update(self._loss_scale.figures(self.model))
 
     def on_train_end(self, logs=None):
         self._before_read()
