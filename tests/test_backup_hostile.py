@@ -162,6 +162,8 @@ def planted(directory, edit):
     ("hooks", {"a": 1}, "not a list"),
     ("seeds", [[1, 2]], "not the random state of this model's 0 seed generators"),
     ("seeds", "12", "not the random state"),
+    ("replica_state", "abc", "not a list of digests"),
+    ("replica_state", [1], "not a list of digests"),
 ])
 def test_every_field_of_a_backups_metadata_is_checked(strategies, tmp_path, field, value,
                                                       fragment):
@@ -277,3 +279,99 @@ def test_model_backup_refuses_another_runs_directory_in_one_line(strategies, tmp
         other.restore()
     again = tfdist.keras.ModelBackup(str(tmp_path / "backup"), compiled(strategy), run="a")
     assert again.restore()["step"] == 1
+
+
+def topk_model(strategy):
+    """A model whose exchange keeps per-replica state (error feedback's residuals)."""
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
+                                  keras.layers.Dense(1)])
+        model.compile(tfdist.keras.DistributedOptimizer(
+            keras.optimizers.SGD(0.01), "topk", ratio=0.5, error_feedback=True,
+            min_size=0), "mse")
+    return model
+
+
+def residuals_backup(strategy, directory):
+    """A topk run preempted after step 1 of epoch 1; returns its newest checkpoint and the
+    residuals it saved."""
+    with pytest.raises(Preempted):
+        fit(topk_model(strategy), tfdist.callbacks.BackupAndRestore(str(directory)),
+            SignalAt(1, 1))
+    newest = directory / (directory / "latest").read_text().strip()
+    with np.load(newest / "replica_state.npz") as saved:
+        return newest, [saved[f"arr_{i}"] for i in range(len(saved.files))]
+
+
+def rewrite_npz(path, arrays, edit=lambda name, raw: raw):
+    """Writes `arrays` as np.savez does, each member's bytes passed through `edit`."""
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        for i, array in enumerate(arrays):
+            buffer = io.BytesIO()
+            np.lib.format.write_array(buffer, array, allow_pickle=True)
+            archive.writestr(f"arr_{i}.npy", edit(f"arr_{i}.npy", buffer.getvalue()))
+
+
+def test_replica_state_whose_header_says_another_dtype_is_refused_naming_the_file(
+        strategies, tmp_path):
+    strategy, directory = strategies("mirrored"), tmp_path / "backup"
+    newest, arrays = residuals_backup(strategy, directory)
+    assert arrays[0].dtype == np.float32
+    # the header says int32, the float32 bytes are untouched (same size)
+    rewrite_npz(newest / "replica_state.npz", arrays,
+                lambda name, raw: raw.replace(b"'<f4'", b"'<i4'", 1))
+    with np.load(newest / "replica_state.npz") as planted:
+        assert planted["arr_0"].dtype == np.int32  # what a loader without the check takes
+    with pytest.raises(CheckpointError) as refused:
+        fit(topk_model(strategy), tfdist.callbacks.BackupAndRestore(str(directory)))
+    message = str(refused.value)
+    assert "\n" not in message and str(newest / "replica_state.npz") in message
+    assert "int32" in message and "float32" in message
+
+
+def test_pickle_bait_replica_state_is_refused_naming_the_file_and_never_unpickled(
+        strategies, tmp_path):
+    strategy, directory = strategies("mirrored"), tmp_path / "backup"
+    newest, arrays = residuals_backup(strategy, directory)
+    marker = tmp_path / "unpickled"
+
+    class Bait:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    bait = [np.array([Bait() for _ in range(int(np.prod(a.shape)))], dtype=object).reshape(
+        a.shape) for a in arrays]
+    rewrite_npz(newest / "replica_state.npz", bait)
+    with pytest.raises(CheckpointError) as refused:
+        fit(topk_model(strategy), tfdist.callbacks.BackupAndRestore(str(directory)))
+    message = str(refused.value)
+    assert "\n" not in message and str(newest / "replica_state.npz") in message
+    assert "object" in message and not marker.exists()
+
+
+def test_another_runs_exchange_state_planted_in_a_backup_is_refused(strategies, tmp_path):
+    strategy = strategies("mirrored")
+    newest, _ = residuals_backup(strategy, tmp_path / "backup")
+    _, theirs = residuals_backup(strategy, tmp_path / "other")
+    theirs = [a + 1.0 for a in theirs]  # another run's residuals: same layout, other values
+    rewrite_npz(newest / "replica_state.npz", theirs)
+    with pytest.raises(CheckpointError) as refused:
+        fit(topk_model(strategy), tfdist.callbacks.BackupAndRestore(str(tmp_path / "backup")))
+    message = str(refused.value)
+    assert "\n" not in message and str(newest / "replica_state.npz") in message
+    assert "not the one this backup wrote" in message
+
+
+def test_a_tampered_batch_is_called_changed_not_another_run(strategies, tmp_path):
+    strategy, directory = strategies("mirrored"), tmp_path / "backup"
+    preempted_run(strategy, directory)
+    planted(directory, lambda metadata: {**metadata, "batch": STEPS + 1})
+    with pytest.raises(CheckpointError) as refused:
+        fit(compiled(strategy), tfdist.callbacks.BackupAndRestore(str(directory)))
+    message = str(refused.value)
+    assert "\n" not in message and "another run" not in message
+    assert "changed" in message and "metadata.json" in message

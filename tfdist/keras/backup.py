@@ -40,7 +40,7 @@ WEIGHTS = "backup.weights.h5"
 #: Each replica's own state of the exchange, stacked over all replicas.
 REPLICA_STATE = "replica_state.npz"
 #: The metadata keys tfdist writes itself (BackupAndRestore adds epoch, batch, epochs).
-RESERVED = ("steps", "hooks", "policy", "seeds", "checkpoint", "replicas")
+RESERVED = ("steps", "hooks", "policy", "seeds", "checkpoint", "replicas", "replica_state")
 #: A step count no run reaches (an int64 optimizer counter, with room).
 MAX_STEPS = 2**62
 #: What a file of a backup may hold beyond its variables' bytes (HDF5's or NumPy's own).
@@ -74,7 +74,8 @@ def policy_of(model):
 
 def check_metadata(path, metadata, model):
     """Raises CheckpointError unless tfdist's part of a backup's metadata is what a backup
-    of `model` can hold: a step count, the hooks' list, the precision policy it trains in."""
+    of `model` can hold: a step count, the hooks' list, the precision policy it trains in,
+    the digests of its exchange state."""
     steps, hooks, policy, seeds = (metadata.get(k) for k in ("steps", "hooks", "policy",
                                                              "seeds"))
     if steps is not None and not (type(steps) is int and 0 <= steps < MAX_STEPS):
@@ -89,6 +90,11 @@ def check_metadata(path, metadata, model):
             f"trains under {policy_of(model)!r}, whose optimizer state (step, slots, loss "
             f"scale) it does not fit. Run it under {policy!r} again, or give another "
             "backup directory")
+    digests = metadata.get("replica_state")
+    if digests is not None and not (isinstance(digests, list)
+                                    and all(isinstance(d, str) for d in digests)):
+        raise CheckpointError(f"the backup {path} holds replica_state={repr(digests)[:60]}, "
+                              "not a list of digests: it is not a backup tfdist wrote")
     if seeds is not None and _seed_values(model, seeds) is None:
         raise CheckpointError(
             f"the backup {path} holds seeds={repr(seeds)[:80]}, not the random state of this "
@@ -131,6 +137,8 @@ def capture(model, strategy):
                 "hooks": [pipeline_of(o).checkpoint_states() for o in _built(model)],
                 "seeds": [np.asarray(v.numpy()).ravel().tolist() for v in seed_states(model)]}
     values = gather_replica_values(strategy, _replica_state(model), _replica_group(model))
+    if values:  # ties the file to this backup: another run's (or a changed one) is refused
+        metadata["replica_state"] = [_digest(np.asarray(v)) for v in values]
 
     def write(path):
         model.save_weights(os.path.join(path, WEIGHTS))
@@ -159,7 +167,7 @@ def restore(model, strategy, path, metadata):
     except ValueError as error:
         raise CheckpointError(f"the backup {path} does not fit this model: "
                               f"{' '.join(str(error).split())[:300]}") from None
-    _restore_replica_state(model, strategy, path)
+    _restore_replica_state(model, strategy, path, metadata.get("replica_state"))
     for state, value in zip(seed_states(model), _seed_values(model, metadata.get("seeds"))
                             or []):
         state.assign(value)
@@ -237,7 +245,7 @@ class ModelBackup:
             self._store.release()
 
 
-def _restore_replica_state(model, strategy, path):
+def _restore_replica_state(model, strategy, path, digests=None):
     state, file = _replica_state(model), os.path.join(path, REPLICA_STATE)
     if not state or not os.path.lexists(file):
         if state:
@@ -251,6 +259,8 @@ def _restore_replica_state(model, strategy, path):
     arrays = None if old is None else _read_arrays(
         file, [((old, *map(int, v.shape)), _numpy_dtype(v)) for v in kept], _bound(kept, old),
         names=[f"arr_{i}.npy" for i, fit in enumerate(fits) if fit])
+    if arrays is not None and digests is not None:
+        _check_digests(file, digests, [i for i, fit in enumerate(fits) if fit], arrays)
     if arrays is None:
         print(f"tfdist: the backup {path} holds the exchange state of another layout "
               f"(this run: {len(state)} variables over {replicas} replicas): it starts "
@@ -273,6 +283,26 @@ def _restore_resized(model, strategy, path, state, arrays, old, replicas, group)
     carried = [(v, rows) for v, rows in zip(state, resized) if rows is not None]
     set_replica_values(strategy, [v for v, _ in carried], [rows for _, rows in carried], group)
     print(f"tfdist: the backup {path} holds {describe(rules, old, replicas)}", flush=True)
+
+
+def _digest(array):
+    """A short digest of an array's dtype, shape and bytes."""
+    array = np.ascontiguousarray(array)
+    head = f"{array.dtype.str}{array.shape}".encode()
+    return hashlib.sha256(head + array.tobytes()).hexdigest()[:32]
+
+
+def _check_digests(file, digests, indices, arrays):
+    """Raises CheckpointError unless `arrays` (the file's `indices`) are the ones the
+    backup's metadata recorded (`digests`): a file copied from another run, or changed."""
+    changed = [f"arr_{i}" for i, array in zip(indices, arrays)
+               if i >= len(digests) or digests[i] != _digest(array)]
+    if changed:
+        raise CheckpointError(
+            f"{file} is not the one this backup wrote ({', '.join(changed[:4])} differ from "
+            f"the digests in its {os.path.basename(os.path.dirname(file))}/metadata.json: "
+            "another run's exchange state, or a changed file); remove "
+            f"{os.path.dirname(file)} to resume from the backup before it")
 
 
 def _layout_of(file, state):
@@ -321,11 +351,28 @@ def _read_arrays(file, expected, limit, names=None):
                 version = np.lib.format.read_magic(member)
                 header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                           else np.lib.format.read_array_header_2_0)(member)
-                if header[0] != shape or header[2].itemsize != dtype.itemsize:
-                    return None
+            _check_dtype(file, name, header[2], dtype)
+            if header[0] != shape:
+                return None
             with archive.open(name) as member:
-                arrays.append(np.lib.format.read_array(member, allow_pickle=False))
+                arrays.append(np.lib.format.read_array(member, allow_pickle=False).view(dtype))
         return arrays
+
+
+def _check_dtype(file, name, declared, dtype):
+    """Raises CheckpointError unless the array `name` of `file` is declared as `dtype` (the
+    variable's; NumPy writes a dtype of its own, e.g. bfloat16, as bytes: 'V2')."""
+    if declared.hasobject:
+        raise CheckpointError(
+            f"{file} declares {name} as Python objects (read only by unpickling, which tfdist "
+            f"never does): it is not a backup tfdist wrote; remove {os.path.dirname(file)} "
+            f"to resume from the backup before it. Received: dtype={declared}")
+    if declared != dtype and not (declared.kind == dtype.kind == "V" and not declared.fields
+                                  and declared.itemsize == dtype.itemsize):
+        raise CheckpointError(
+            f"{file} declares {name} as {declared}, but the variable it restores is {dtype}: "
+            f"it is not the exchange state this backup wrote; remove {os.path.dirname(file)} "
+            f"to resume from the backup before it. Received: dtype={declared}")
 
 
 def _bound(variables, copies=1):

@@ -227,13 +227,15 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 epochs is not None and epoch > epochs):
             raise CheckpointError(
                 f"the backup {path} is of epoch {repr(epoch)[:60]}, but this training runs "
-                f"{epochs} epochs: it belongs to another run. Remove its backups from "
-                f"{self._chief_dir} or give another backup_dir")
+                f"{epochs} epochs: its metadata.json was changed, or this run's epochs were "
+                f"since it was written. Remove its backups from {self._chief_dir} or give "
+                "another backup_dir")
         if not (type(batch) is int and 0 <= batch < MAX_STEPS) or (
                 steps is not None and batch > steps) or (epoch == epochs and batch):
             raise CheckpointError(
                 f"the backup {path} is after step {repr(batch)[:60]} of epoch {epoch}, but "
-                f"this training's epochs have {steps} steps: it belongs to another run. "
+                f"this training's epochs have {steps} steps: its metadata.json was changed, "
+                "or this run's data was since it was written. "
                 f"Remove its backups from {self._chief_dir} or give another backup_dir")
         reads = metadata.get("reads")
         if reads is not None and not (type(reads) is int and batch <= reads < MAX_STEPS):
