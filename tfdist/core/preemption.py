@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from tfdist import resize_signal
 from tfdist.strategies import sigterm_guard
+from tfdist.strategies.shuffles import unseeded_shuffles  # noqa: F401 (its home before)
 from tfdist.errors import TfdistError
 
 #: The exit code of a task that saved at an agreed step after a preemption signal (128 +
@@ -230,29 +231,6 @@ UNSEEDED_SHUFFLE = (
     "keras.utils.set_random_seed or tf.random.set_seed before the dataset was made): a run "
     "resumed from a backup reads as many batches as the interrupted one had, but not the "
     "same ones. Give shuffle a seed, or set one with keras.utils.set_random_seed first.")
-
-
-def unseeded_shuffles(dataset):
-    """The shuffle datasets of `dataset`'s pipeline that got no seed at all (TensorFlow
-    draws theirs at random each run, so no backup can say which batches come next).
-    Walks tf.data's own links (`_inputs()`, a shuffle's `_seed` and `_seed2`: a seam of
-    TensorFlow's, watched by tests/test_input_position.py), never the graph (a pipeline
-    over a large array would be copied); a pipeline it cannot walk is not judged."""
-    found, pending, seen = [], [dataset], set()
-    while pending:
-        node = pending.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        try:
-            seeds = [getattr(node, name, None) for name in ("_seed", "_seed2")]
-            if type(node).__name__ == "_ShuffleDataset" and all(
-                    seed is not None and int(seed) == 0 for seed in seeds):
-                found.append(node)
-            pending.extend(node._inputs())
-        except Exception:  # a dataset of one's own, a symbolic seed: not judged
-            continue
-    return found
 
 
 def warn_if_unrestorable(dataset):

@@ -6,6 +6,7 @@ from tensorflow.python.eager import context  # the coordination-service barrier
 from tfdist.strategies.collective_keys import next_key_base
 from tfdist.strategies.initial_values import skip_broadcast_of_identical
 from tfdist.strategies.batch_rows import WeighsTrainSteps
+from tfdist.strategies.input_order import AgreedInputOrder
 from tfdist.strategies.input_pipelines import StallFreeInput
 from tfdist.strategies.keras_step_options import SupportedStepOptions
 from tfdist.strategies.keras_build_batch import LocalBuildBatch
@@ -31,7 +32,8 @@ class NestedAndScalarReduce:
 
 class MultiWorkerMirroredStrategy(RawErrors, SupportedStepOptions, WeighsTrainSteps,
                                   LocalBuildBatch, NestedAndScalarReduce,
-                                  StallFreeInput, tf.distribute.MultiWorkerMirroredStrategy):
+                                  AgreedInputOrder, StallFreeInput,
+                                  tf.distribute.MultiWorkerMirroredStrategy):
     """`tf.distribute.MultiWorkerMirroredStrategy` on which Keras 3 trains.
 
     Keras 3 (keras #20585, tensorflow #72388) fails before the first step with two or
@@ -63,8 +65,11 @@ class MultiWorkerMirroredStrategy(RawErrors, SupportedStepOptions, WeighsTrainSt
       service once each has built the strategy (then 26 of 26 jobs passed, 10 of them
       with TF's keys: the barrier alone fixes this case).
 
-    Its datasets' iterators end without a pause (`StallFreeInput`), and variables created
-    in `identical_initial_values()` (optimizer slots, tfdist's state) are not broadcast.
+    Its datasets are read in one order by every worker, so the workers' shares partition
+    each epoch (`AgreedInputOrder`: fit's NumPy arrays and PyDataset; one line where an
+    order cannot be agreed). Their iterators end without a pause (`StallFreeInput`), and
+    variables created in `identical_initial_values()` (optimizer slots, tfdist's state)
+    are not broadcast.
     """
 
     def __init__(self, *args, **kwargs):
