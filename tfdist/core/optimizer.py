@@ -4,12 +4,13 @@ pipeline, as one transaction. The one module that touches Keras optimizer privat
 Keras 3's TensorFlow optimizer applies gradients in `apply` → `_backend_apply_gradients`
 (clipping, weight decay, gradient accumulation, EMA) → `_backend_update_step`, which
 all-reduces the gradients in replica context (the loss already scaled by 1/replicas) and
-updates each variable through `merge_call` and `strategy.extended.update`. tfdist builds a
-subclass of the optimizer's own class — no global patch, no change to the object it is
-given (as Horovod's `DistributedOptimizer`) — that overrides `OVERRIDDEN` and calls
-`CALLED`; `tests/test_keras_seams.py` checks their behaviour on every Keras version in
-`tfdist.versions.KERAS_CHECKED`, and `routed_class` refuses a Keras that lost one or whose
-behaviour tfdist relies on changed (`check_seam`, run once per class on the real one):
+updates each variable through `merge_call` and `strategy.extended.update`. tfdist gives
+the optimizer it is given a subclass of its own class — no global patch; the object kept
+as it is (its schedule, its subclass's attributes, its variables), not rebuilt from its
+config — that overrides `OVERRIDDEN` and calls `CALLED`; `tests/test_keras_seams.py`
+checks their behaviour on every Keras version in `tfdist.versions.KERAS_CHECKED`, and
+`routed_class` refuses a Keras that lost one or whose behaviour tfdist relies on changed
+(`check_seam`, run once per class on the real one):
 
 - the exchange is a `GradientPipeline` (compression, local SGD, your hooks), and the
   hooks' `on_step_end` runs after the update, in every loop;
@@ -29,6 +30,10 @@ the canary in `tests/test_keras_seams.py` that fails if Keras moves under it:
     a subclass of the optimizer's     `routed_class`        test_optimizer_seams_are_where_
     own class overriding `OVERRIDDEN`  (+ `check_seam` at    fit_applies_and_exchanges_
     and calling `CALLED`              run time)             gradients
+    the optimizer's `__class__` set   `with_gradient_       test_keras_optimizer_made_in_
+    to it, in place, if its           pipeline`             the_scope_keeps_the_strategy_
+    `_distribution_strategy` is the                         and_variables_it_was_made_with
+    strategy in scope
     the instance's `iterations.       `_count_atomically`   test_keras_apply_still_counts_
     assign_add` replaced: one atomic                        the_step_after_applying_the_
     add, 0 in a refused step                                gradients
@@ -63,7 +68,7 @@ from tfdist.core.frozen_variance import (check_update_rule, frozen_variance_adam
                                          frozen_variance_update)
 from tfdist.core.replica_state import SyncReplicaState
 from tfdist.core.routed import (SAVED_KEY, SAVED_NAME, get_config,  # noqa: F401 (saving)
-                                keras_base, register)
+                                keras_base, register, saving_check)
 from tfdist.core.seam_check import check_seam, refuse
 from tfdist.core.variables import underlying
 from tfdist.errors import UnsupportedError
@@ -132,12 +137,17 @@ def with_gradient_pipeline(optimizer, pipeline):
         pipeline: a `GradientPipeline`.
 
     Returns:
-        A new optimizer of a subclass of `type(optimizer)` (same name and options).
-        Create it under the strategy scope; building it (Keras does, before training)
-        also builds the pipeline's hooks.
+        `optimizer` itself, its class now a subclass of its own class (`routed_class`):
+        its learning rate (any schedule or callable), its subclass's attributes and its
+        variables as they are, nothing rebuilt from its config. An optimizer created
+        outside the strategy's scope (its variables belong to another strategy) is
+        re-made under it from its config instead. Building it (Keras does, before
+        training) also builds the pipeline's hooks.
 
     Raises:
-        ValueError: the optimizer is already built or already routed through a pipeline.
+        ValueError: the optimizer is already built or already routed through a pipeline,
+            or was created outside the strategy's scope and cannot be re-made from its
+            config.
     """
     optimizer = keras.optimizers.get(keras3_only(optimizer))
     if loss_scale.is_loss_scale(optimizer) and not optimizer.built:
@@ -151,7 +161,11 @@ def with_gradient_pipeline(optimizer, pipeline):
     if optimizer.built:
         raise ValueError("the optimizer already has variables; pass a fresh optimizer so "
                          f"its state is created under the strategy scope. Received: {optimizer}")
-    return _routed_copy(optimizer, pipeline)
+    if optimizer._distribution_strategy is not tf.distribute.get_strategy():
+        return _routed_copy(optimizer, pipeline, outside_scope=True)
+    check_seam(type(optimizer))
+    object.__setattr__(optimizer, "__class__", routed_class(type(optimizer)))
+    return _attach(optimizer, pipeline)
 
 
 def with_hook(optimizer, hook, strategy):
@@ -201,11 +215,36 @@ def routed_class(base):
         _ROUTED[base] = type(base.__name__, (base,), {
             "apply": _apply, "build": _build, "_backend_apply_gradients": _apply_gradients,
             "_backend_update_step": _update_step, "_tfdist_update_variables": _update_variables,
-            "get_config": get_config, "_tfdist_routed": True, "_tfdist_pipeline": None,
+            "get_config": _get_config, "_tfdist_routed": True, "_tfdist_pipeline": None,
             "__setattr__": _setattr,
             "__module__": base.__module__, "__qualname__": base.__qualname__})
         register(_ROUTED[base])
     return _ROUTED[base]
+
+
+def _get_config(self):
+    """The saved config (`tfdist.core.routed.get_config`), refused in one line where its
+    learning rate cannot be loaded back; warns where the model saving it will not be
+    compiled from it by `keras.models.load_model` (`saving_check`).
+
+    Raises:
+        ValueError: the learning rate cannot be serialised and deserialised again.
+    """
+    rate = self._learning_rate
+    if not isinstance(rate, keras.Variable):
+        try:
+            keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(rate))
+        except Exception as error:  # noqa: BLE001 (Keras raises several kinds; one line)
+            raise ValueError(
+                f"this optimizer's learning rate ({type(rate).__name__}) cannot be saved and "
+                f"loaded again ({first_line(error)}); give the schedule a get_config() of "
+                "plain Python values (e.g. decay_steps=int(ds.cardinality()) * epochs, not "
+                "a tensor) and register it with keras.saving.register_keras_serializable, or "
+                f"save the weights only (model.save_weights). Received: learning_rate={rate!r}"
+            ) from None
+    config = get_config(self)
+    saving_check(self)
+    return config
 
 
 def _setattr(self, name, value):
@@ -249,13 +288,40 @@ def _check_driven(optimizer):
             f"optimizer={optimizer.name!r}")
 
 
-def _routed_copy(optimizer, pipeline):
-    config = optimizer.get_config()
-    check_seam(type(optimizer), config)
-    wrapped = routed_class(type(optimizer)).from_config(config)
+def _routed_copy(optimizer, pipeline, outside_scope=False):
+    """A routed copy of `optimizer` made from its config: for an optimizer built already
+    (`with_hook`), or created under another strategy (`outside_scope`: its variables are
+    that strategy's), as Keras clones one.
+
+    Raises:
+        ValueError: `outside_scope`, and its config cannot make it again (a learning rate
+            schedule that cannot be serialised, a constructor argument it leaves out).
+    """
+    try:
+        config = optimizer.get_config()
+        check_seam(type(optimizer), config)
+        wrapped = routed_class(type(optimizer)).from_config(config)
+    except (TypeError, ValueError, NotImplementedError) as error:
+        if not outside_scope:
+            raise
+        raise ValueError(
+            f"this {type(optimizer).__name__} was created outside the strategy's scope, so "
+            "tfdist would re-make it there from its config, which cannot make it again "
+            f"({first_line(error)}); create the optimizer inside `with strategy.scope():`, "
+            f"where tfdist wraps it as it is. Received: optimizer={optimizer.name!r}") from None
     for name in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
         if hasattr(optimizer, name):  # set by exclude_from_weight_decay(), not in the config
             setattr(wrapped, name, getattr(optimizer, name))
+    return _attach(wrapped, pipeline)
+
+
+def first_line(error):
+    """The first line of `error`'s message (Keras' run on over several)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _attach(wrapped, pipeline):
+    """`wrapped` (of a routed class, not built) exchanging through `pipeline`."""
     wrapped._tfdist_pipeline = pipeline
     _count_atomically(wrapped._iterations)
     if not any(isinstance(h, SyncReplicaState) for h in pipeline.hooks):

@@ -20,11 +20,12 @@ def refuse(finding):
         f"{KERAS_FIX}")
 
 
-def check_seam(base, config):
-    """Checks, on optimizer class `base` built from `config`, the Keras behaviour the routed
-    class relies on: every layer variable is a `keras.Variable` wrapping a `tf.Variable`
-    (`underlying`), and `apply` itself counts the step once, after
-    `_backend_apply_gradients` (Keras ≤ 3.9 counted it inside that method, which the
+def check_seam(base, config=None):
+    """Checks, on optimizer class `base` built from `config` (None: by Keras' base class
+    alone, which needs neither a user's schedule nor their constructor's arguments), the
+    Keras behaviour the routed class relies on: every layer variable is a `keras.Variable`
+    wrapping a `tf.Variable` (`underlying`), and `apply` itself counts the step once,
+    after `_backend_apply_gradients` (Keras ≤ 3.9 counted it inside that method, which the
     routed class replaces: `iterations` would never advance). Runs once per class, eagerly,
     in a thread of its own (no strategy there), on a one-element variable.
 
@@ -60,7 +61,12 @@ def _seam_finding(base, config):
         return (f"a layer's variable is a {type(layer.kernel).__name__}, not a keras.Variable "
                 "wrapping a tf.Variable")
     counted = type(base.__name__, (base,), {"_backend_apply_gradients": lambda *_: None})
-    optimizer = counted.from_config(dict(config, gradient_accumulation_steps=None))
+    if config is None:  # Keras' base __init__ and build: `apply` is the class's own
+        counted.build = keras.optimizers.Optimizer.build
+        optimizer = counted.__new__(counted)
+        keras.optimizers.Optimizer.__init__(optimizer, learning_rate=0.01)
+    else:
+        optimizer = counted.from_config(dict(config, gradient_accumulation_steps=None))
     variable = keras.Variable(np.zeros(1, np.float32))
     optimizer.build([variable])
     before = int(optimizer.iterations.numpy())

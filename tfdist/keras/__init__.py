@@ -3,7 +3,8 @@
 from tfdist.core.optimizer import with_gradient_pipeline
 from tfdist.keras.backup import ModelBackup
 from tfdist.keras import saving  # noqa: F401  (registers the loader of saved routed optimizers)
+from tfdist.keras.saving import load_model
 from tfdist.keras.distributed_optimizer import DistributedOptimizer, optimizer_from_config
 
-__all__ = ["DistributedOptimizer", "ModelBackup", "optimizer_from_config",
+__all__ = ["DistributedOptimizer", "ModelBackup", "load_model", "optimizer_from_config",
            "with_gradient_pipeline"]

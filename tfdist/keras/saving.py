@@ -16,19 +16,27 @@ rebuilds the `DistributedOptimizer`. Without tfdist the name is unknown, Keras i
 a warning ("Argument `decay` is no longer supported"): the model loads and trains with
 Keras' own all-reduce. `tests/test_keras_seams.py` checks both Keras behaviours.
 Error-feedback residuals and PowerSGD's Qs are not saved: they restart from zero / Q0.
+A model whose class overrides `compile` (KerasHub's `CausalLM`) is not compiled from the
+file by `keras.models.load_model` (Keras skips `compile_from_config` for it), so saving it
+warns in one line (`tfdist.core.routed.saving_check`) and `load_model` here compiles it
+back: the saved exchange and the optimizer's state.
 An `hvd.DistributedOptimizer`'s exchange is saved the same way, under the name
 ``horovod`` (`tfdist.horovod.optimizer.HorovodExchange`).
 """
 
 import importlib
+import inspect
+import json
 import warnings
+import zipfile
 
 import keras
 import tensorflow as tf
 
 from tfdist.compression.factory import build
 from tfdist.core.hooks import GradientPipeline
-from tfdist.core.optimizer import SAVED_KEY, SAVED_NAME, with_gradient_pipeline
+from tfdist.core.optimizer import SAVED_KEY, SAVED_NAME, is_routed, with_gradient_pipeline
+from tfdist.core.routed import compile_is_custom
 from tfdist.keras.distributed_optimizer import DistributedOptimizer, check_strategy
 
 KERAS_PACKAGES = ("keras", "keras_hub", "keras_cv", "keras_nlp")  # as Keras' own lookup
@@ -91,6 +99,66 @@ def _route(optimizer, compression):
                       f"strategy's scope to restore the compression ({error})", stacklevel=2)
         return optimizer
     return DistributedOptimizer(optimizer, hook)
+
+
+#: Keras' warnings while loading a model that `load_model` then compiles back.
+SUPERSEDED = ("`compile()` was not called as part of model loading",
+              "Skipping variable loading for optimizer")
+
+
+def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):  # noqa: A002
+    """`keras.models.load_model`, and a model whose class overrides `compile` (KerasHub's
+    `CausalLM`), which Keras does not compile from the file, compiled back as saved: its
+    saved compile arguments through its own `compile`, tfdist's exchange and the
+    optimizer's state (step, slots). Call it under the strategy's scope.
+
+    Args: those of `keras.models.load_model`.
+
+    Returns:
+        The model.
+
+    Raises:
+        ValueError: `filepath` is not a `.keras` file Keras can load (Keras' errors).
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = keras.models.load_model(filepath, custom_objects=custom_objects,
+                                        compile=compile, safe_mode=safe_mode)
+    config = _saved_compile_config(filepath) if compile else None
+    back = config is not None and compile_is_custom(type(model)) and not is_routed(
+        getattr(model, "optimizer", None))
+    for warning in caught:
+        if not (back and str(warning.message).startswith(SUPERSEDED)):
+            warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                   warning.lineno)
+    if back:
+        _compile_back(model, config, filepath, custom_objects, safe_mode)
+    return model
+
+
+def _saved_compile_config(filepath):
+    """The compile config a `.keras` file holds, if its optimizer is tfdist's; else None."""
+    if not str(filepath).endswith(".keras") or not zipfile.is_zipfile(filepath):
+        return None
+    with zipfile.ZipFile(filepath) as archive:
+        config = json.loads(archive.read("config.json")).get("compile_config")
+    optimizer = (config or {}).get("optimizer")
+    return config if isinstance(optimizer, dict) and optimizer.get(
+        "registered_name") == SAVED_NAME else None
+
+
+def _compile_back(model, config, filepath, custom_objects, safe_mode):
+    """Compiles `model` through its own `compile` with the saved arguments it takes, then
+    loads the optimizer's saved state (`load_weights` of the same file)."""
+    arguments = keras.saving.deserialize_keras_object(config, custom_objects=custom_objects,
+                                                      safe_mode=safe_mode)
+    accepted = inspect.signature(model.compile).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        arguments = {k: v for k, v in arguments.items() if k in accepted}
+    model.compile(**arguments)
+    if model.built:
+        model.optimizer.build(model.trainable_variables)
+        model.load_weights(filepath)
 
 
 keras.saving.get_custom_objects()[SAVED_NAME] = Loader
