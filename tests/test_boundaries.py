@@ -290,6 +290,12 @@ PY_CASES = {
         (lambda: tfdist.keras.DistributedOptimizer(0.1), "float is not a keras.optimizers")],
     "tfdist.keras.ModelBackup": [(lambda: tfdist.keras.ModelBackup("a\0b", _model()), "NUL"),
                                  (lambda: tfdist.keras.ModelBackup("/tmp/x", "model"), "model")],
+    "tfdist.keras.load_model": [
+        (lambda: tfdist.keras.load_model("a\0b.keras"), "filepath"),
+        (lambda: tfdist.keras.load_model(5), "filepath"),
+        (lambda: tfdist.keras.load_model("/nonexistent/m.keras"), "filepath"),
+        (lambda: tfdist.keras.load_model("/"), "filepath"),
+        (lambda: tfdist.keras.load_model(__file__), "filepath")],
     "tfdist.keras.optimizer_from_config": [
         (lambda: tfdist.keras.optimizer_from_config(
             _optimizer(), config_from_dict({"local_sgd": {"period": 4}}), period=0), "period")],

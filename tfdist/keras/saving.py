@@ -26,7 +26,9 @@ An `hvd.DistributedOptimizer`'s exchange is saved the same way, under the name
 
 import importlib
 import inspect
+import io
 import json
+import os
 import warnings
 import zipfile
 
@@ -120,6 +122,9 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):  # 
     Raises:
         ValueError: `filepath` is not a `.keras` file Keras can load (Keras' errors).
     """
+    if not isinstance(filepath, (str, os.PathLike, io.IOBase)) or "\0" in str(filepath):
+        raise ValueError("filepath must be the path of a saved model (.keras), without NUL "
+                         f"characters. Received: filepath={filepath!r:.200}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = keras.models.load_model(filepath, custom_objects=custom_objects,
