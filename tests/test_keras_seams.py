@@ -609,3 +609,55 @@ def test_keras_entry_points_are_found_from_distribute_dataset():
     model.evaluate(x, x[:, 0], batch_size=8, verbose=0)
     model.predict(x, batch_size=8, verbose=0)
     assert seen == ["fit", "evaluate", "predict"], f"{PS}: {KERAS}'s callers are {seen}"
+
+
+def test_keras_adapters_tfdist_reorders_are_found_and_read_as_it_reads_them():
+    """tfdist/strategies/input_order.py finds fit's data adapter from
+    `experimental_distribute_dataset` (the `TFEpochIterator` being built) and
+    tfdist/strategies/keras_inputs.py rebuilds NumPy and PyDataset input from the
+    adapters' private attributes; the seed and fingerprints use TF's coordination-service
+    key-value store and global seed, the worker count `extended._num_workers`."""
+    from tensorflow.python.distribute import collective_all_reduce_strategy as collective
+    from tensorflow.python.eager import context
+
+    from tfdist.strategies import keras_inputs
+    from tfdist.strategies.input_order import keras_data_adapter
+
+    seen = []
+
+    class Recording(MirroredStrategy):
+        def experimental_distribute_dataset(self, dataset, options=None):
+            seen.append((keras_data_adapter(), dataset))
+            return super().experimental_distribute_dataset(dataset, options)
+
+    class Rows(keras.utils.PyDataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, index):
+            return np.full((8, 4), index, "float32"), np.zeros((8,), "float32")
+
+    strategy = Recording(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    x = np.ones((16, 4), "float32")
+    model.fit(x, x[:, 0], batch_size=8, epochs=1, verbose=0, shuffle=True)
+    model.fit(Rows(), epochs=1, verbose=0, shuffle=True)
+    names = [type(adapter).__name__ for adapter, _ in seen]
+    where = "tfdist/strategies/input_order.py, keras_inputs.py"
+    assert names == [keras_inputs.ARRAYS, keras_inputs.PY_DATASET], (
+        f"{where}: {KERAS}'s fit distributed {names} (adapters found from the caller's "
+        "frame): the TFEpochIterator moved, and fit's input is read per worker again")
+    (arrays, keras_arrays), (rows, keras_rows) = seen
+    assert (arrays._shuffle, arrays._num_samples, arrays._batch_size) == (True, 16, 8)
+    assert keras_inputs.arrays_in_order(arrays, 3).element_spec == keras_arrays.element_spec, (
+        f"{where}: {KERAS}'s ArrayDataAdapter._inputs no longer rebuild its dataset")
+    assert (rows.shuffle, rows.enqueuer) == (True, None)
+    assert rows._output_signature == keras_rows.element_spec
+    assert len(rows._standardize_batch(rows.py_dataset[0])) == 2
+    for name in ("set_config_key_value", "get_config_key_value"):
+        assert callable(getattr(context.context(), name, None)), f"{where}: TF has no {name}"
+    assert context.global_seed() is None or isinstance(context.global_seed(), int)
+    assert "self._num_workers" in inspect.getsource(
+        collective.CollectiveAllReduceExtended), f"{where}: TF counts workers elsewhere"

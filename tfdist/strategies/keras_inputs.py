@@ -60,16 +60,17 @@ def arrays_in_order(adapter, seed):
     if arrays is None:
         return None
     count, size = adapter._num_samples, adapter._batch_size
+    whole = count % size == 0  # then every batch has a static size, as Keras' have
     draws = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
     if adapter._shuffle == "batch":  # Keras' batch order, rows shuffled inside each batch
-        batches = tf.data.Dataset.range(count).batch(size)
+        batches = tf.data.Dataset.range(count).batch(size, drop_remainder=whole)
         indices = tf.data.Dataset.zip((batches, draws)).map(
             lambda rows, draw: _permuted(rows, draw, seed))
     else:
         order = draws.take(1).map(
             lambda draw: _permuted(tf.range(count, dtype=tf.int64), draw, seed))
         indices = order.flat_map(lambda rows: tf.data.Dataset.from_tensor_slices(rows)
-                                 .batch(size))
+                                 .batch(size, drop_remainder=whole))
     dataset = indices.map(lambda rows: tf.nest.map_structure(
         lambda a: None if a is None else tf.gather(a, rows), arrays),
         num_parallel_calls=tf.data.AUTOTUNE)

@@ -3,13 +3,14 @@
 | strategy | dataset given as | what each replica reads |
 |---|---|---|
 | mirrored, central_storage, one_device | `tf.data.Dataset` batched to the *global* batch | an equal slice of each global batch |
-| multi_worker_mirrored | `tf.data.Dataset` (global batch) | auto-sharded per worker (`AutoShardPolicy.AUTO`: by file, else by element), then split per replica |
+| multi_worker_mirrored | `tf.data.Dataset` (global batch) | auto-sharded per worker (`AutoShardPolicy.AUTO`: by file, else by element), then split per replica; by element, every worker's pass must have the same order: a shuffle without a seed is reported in one line (`check_tf_data_order`) |
 | any of the above | `fn(InputContext) -> Dataset` | what `fn` returns: shard with `context.input_pipeline_id` / `num_input_pipelines`, batch with `context.get_per_replica_batch_size(global)` |
 | parameter_server | `fn(InputContext)` or a repeated `Dataset` | a per-worker copy created on each worker by `ClusterCoordinator.create_per_worker_dataset` (shuffle with different seeds per worker; no sharding) |
 """
 
 import tensorflow as tf
 
+from tfdist.strategies.input_order import AgreedInputOrder, check_tf_data_order
 from tfdist.strategies.input_pipelines import plain_iterators, without_model_thread
 
 
@@ -37,6 +38,8 @@ def distribute(strategy, dataset_or_fn, coordinator=None):
             distributed = strategy.distribute_datasets_from_function(
                 lambda context: without_model_thread(dataset_or_fn(context)))
         else:
+            if not isinstance(strategy, AgreedInputOrder):  # TF's MWMS: one line here
+                check_tf_data_order(strategy, dataset_or_fn)
             distributed = strategy.experimental_distribute_dataset(
                 without_model_thread(dataset_or_fn))
         return plain_iterators(strategy, distributed, None)
