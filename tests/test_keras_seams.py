@@ -661,3 +661,67 @@ def test_keras_adapters_tfdist_reorders_are_found_and_read_as_it_reads_them():
     assert context.global_seed() is None or isinstance(context.global_seed(), int)
     assert "self._num_workers" in inspect.getsource(
         collective.CollectiveAllReduceExtended), f"{where}: TF counts workers elsewhere"
+
+
+def test_keras_optimizer_made_in_the_scope_keeps_the_strategy_and_variables_it_was_made_with(
+        strategies):
+    """tfdist.core.optimizer.with_gradient_pipeline routes the optimizer in place when its
+    `_distribution_strategy` (set by Keras' TF optimizer at __init__) is the strategy in
+    scope: the object keeps its `_learning_rate` schedule and its variables, whose
+    `iterations` Keras made mirrored there."""
+    strategy = strategies("mirrored")
+    schedule = keras.optimizers.schedules.PolynomialDecay(
+        5e-5, decay_steps=tf.constant(6, tf.int64), end_learning_rate=0.0)
+    outside = keras.optimizers.Adam(schedule)
+    with strategy.scope():
+        optimizer = keras.optimizers.Adam(schedule)
+        variables = optimizer.variables
+        routed = tfdist.keras.DistributedOptimizer(optimizer)
+    where = "tfdist/core/optimizer.py (with_gradient_pipeline)"
+    assert outside._distribution_strategy is not strategy, f"{where}: {KERAS} moved it"
+    assert routed is optimizer and optimizer._distribution_strategy is strategy, where
+    assert optimizer._learning_rate is schedule and routed.variables == variables, where
+    assert isinstance(optimizer._iterations.value, tf.distribute.DistributedValues), where
+
+
+def test_keras_skips_compile_from_config_for_a_model_with_its_own_compile(strategies,
+                                                                         tmp_path):
+    """tfdist.core.routed.compile_is_custom is Keras' own test (Trainer.compile overridden)
+    and saving_check finds the model in Keras' `get_compile_config` frame; load_model
+    drops the Keras warnings it supersedes (tfdist.keras.saving.SUPERSEDED)."""
+    import warnings
+
+    from keras.src.trainers.trainer import Trainer
+
+    from tfdist.core.routed import compile_is_custom
+    from tfdist.keras.saving import SUPERSEDED
+
+    class OwnCompile(keras.Model):  # as KerasHub's Task: compiled by its constructor
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.compile()
+
+        def compile(self, optimizer="auto", **kwargs):
+            super().compile(optimizer=keras.optimizers.Adam(2e-5) if optimizer == "auto"
+                            else optimizer, loss="mse", **kwargs)
+
+    keras.saving.register_keras_serializable("tfdist_seams")(OwnCompile)
+    assert compile_is_custom(OwnCompile) and not compile_is_custom(keras.Model)
+    assert Trainer.compile_from_config is keras.Model.compile_from_config
+    strategy = strategies("mirrored")
+    with strategy.scope():
+        inputs = keras.Input((2,))
+        model = OwnCompile(inputs, keras.layers.Dense(1)(inputs))
+        model.compile(tfdist.keras.DistributedOptimizer(keras.optimizers.Adam(0.1)))
+        model.optimizer.build(model.trainable_variables)  # slots: more variables than Adam()
+    path = str(tmp_path / "own.keras")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.save(path)
+        with strategy.scope():
+            keras.models.load_model(path)
+    messages = [str(w.message) for w in caught]
+    where = "tfdist/core/routed.py (saving_check), tfdist/keras/saving.py (SUPERSEDED)"
+    assert any(m.startswith("OwnCompile overrides compile()") for m in messages), where
+    for prefix in SUPERSEDED:
+        assert any(m.startswith(prefix) for m in messages), f"{where}: {KERAS}: {messages}"
