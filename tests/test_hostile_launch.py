@@ -590,3 +590,98 @@ def test_a_command_too_big_to_start_is_one_line_naming_the_task(tmp_path, write_
                                          lines[0]), lines
     assert_quiet(result.stderr)
     assert_nothing_left(launch_env, token)
+
+
+# --- 5. an elastic job under hostile timing ---------------------------------------------------
+
+THREE_WORKERS = "cluster: {worker: 3}\nstrategy: multi_worker_mirrored\n"
+#: A stand-in elastic task: logs "<members> <name>" at each start; worker:2 is lost (SIGKILL)
+#: once; at the size of 2 each task answers the resize signal by `ANSWER` (a name -> what
+#: it does); a task started after one "finished" marks that it trained again.
+ELASTIC_TASK = """
+    import signal
+    members = len(tf_config["cluster"]["worker"])
+    with open(out / "starts", "a") as f:
+        f.write(f"{members} {name}\\n")
+    if (out / "worker:0.finished").exists():
+        report("retrained", "1")
+        sys.exit(0)
+    asked = []
+    signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
+    if members == 3 and name == "worker:2" and not (out / "worker:2.lost").exists():
+        report("lost", "1")
+        os.kill(os.getpid(), signal.SIGKILL)
+    report("pid", str(os.getpid()))
+    while not asked or members == 3:
+        time.sleep(0.05)
+        print("step", flush=True)
+    ANSWER
+"""
+
+
+def elastic_task(answer, tmp_path):
+    return task(ELASTIC_TASK.replace("ANSWER", textwrap.dedent(answer).strip().replace(
+        "\n", "\n    ")), tmp_path)
+
+
+def generations(tmp_path):
+    """The sizes the tasks were started at, one entry per start."""
+    return [int(line.split()[0]) for line in (tmp_path / "starts").read_text().splitlines()]
+
+
+def test_a_place_back_as_the_survivors_finish_ends_the_job_without_training_again(
+        tmp_path, write_config, launch_env, token):
+    """The lost place's time comes as the two survivors end: worker:0 finishes training
+    (exits 0: its fit is over, the backup gone with it) while worker:1 answers the resize
+    signal (143). Every step was trained: the job is done, no third generation starts
+    from step 0."""
+    config = write_config(THREE_WORKERS)
+    run = subprocess.run(cli(config, "--min-workers", "2", "--rejoin-seconds", "0.5",
+                             "--grace-seconds", "2", command=elastic_task("""
+        if name == "worker:0":
+            report("finished", "1")
+            sys.exit(0)
+        time.sleep(0.3)  # the finished one is seen first
+        sys.exit(143)
+    """, tmp_path)), env=launch_env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr
+    assert generations(tmp_path) == [3, 3, 3, 2, 2], run.stderr
+    assert not any(p.name.endswith(".retrained") for p in tmp_path.iterdir())
+    assert "the job is done" in run.stderr and "job succeeded" in run.stderr
+    assert_quiet(run.stderr)
+    assert_nothing_left(launch_env, token)
+
+
+def test_a_sigterm_during_the_agreed_stop_wins_within_the_grace(tmp_path, write_config,
+                                                                launch_env, token):
+    """worker:0 answers the resize signal, worker:1 ignores it (and SIGTERM): while the
+    launcher waits for it (a minute), a SIGTERM to the launcher stops the job within its
+    grace (2 s) plus a little, and no next generation starts."""
+    config = write_config(THREE_WORKERS)
+    proc = subprocess.Popen(cli(config, "--min-workers", "2", "--rejoin-seconds", "0.5",
+                                "--grace-seconds", "2", command=elastic_task("""
+        if name == "worker:0":
+            report("answered", "1")
+            sys.exit(143)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(0.05)
+    """, tmp_path)), env=launch_env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_pids(tmp_path, ["worker:0.answered"], proc, timeout=TIMEOUT)
+        time.sleep(0.5)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        returncode = wait_exit(proc, 30)
+        elapsed = time.monotonic() - sent
+        err = proc.stderr.read()
+    finally:
+        proc.stderr.close()
+    assert returncode == 143, err
+    assert elapsed < 2 + 4, elapsed
+    assert generations(tmp_path) == [3, 3, 3, 2, 2], err
+    assert "received SIGTERM" in err and "going on with 3" not in err.split("asking")[-1]
+    assert_quiet(err)
+    assert_nothing_left(launch_env, token)

@@ -20,7 +20,7 @@ from tfdist.config.sections.elastic import ELASTIC_KEYS
 from tfdist.launch import elastic, os_limits, reaper
 from tfdist.launch.errors import LaunchError
 from tfdist.launch.output import Sink
-from tfdist.launch.resizing import Resizing
+from tfdist.launch.resizing import DONE, Resizing
 from tfdist.launch.summary import summary
 from tfdist.launch.task_process import TaskProcess, exit_code
 
@@ -358,7 +358,11 @@ class Launcher(Resizing):
                           f"exited with code {exit_code(code)}" if code else
                           "exited while the job was still running")
                 task.wait_output()
-                if self.places is not None and self._resize(task, code, reason):
+                resized = self.places is not None and self._resize(task, code, reason)
+                if resized == DONE:  # the others finished as it stopped: the job is done
+                    finished.update(t.name for t in self.tasks if not t.is_server)
+                    break
+                if resized:
                     finished.clear()
                     break
                 self._release_reports(keep=True)

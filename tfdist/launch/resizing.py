@@ -8,6 +8,8 @@ from tfdist.launch import elastic, reaper
 from tfdist.launch.task_process import exit_code
 
 _POLL_SECONDS = 0.05
+#: `Resizing._resize`'s answer when the job is done: every member task counts as finished.
+DONE = "done"
 
 
 class Resizing:
@@ -35,12 +37,15 @@ class Resizing:
 
     def _resize(self, task, code, reason):
         """An elastic job's answer to `task`'s exit: True if the job was restarted at a new
-        size (a loss, or the agreed stop of a take-back), False to handle it as any job."""
+        size (a loss, or the agreed stop of a take-back), `DONE` if a task finished
+        training meanwhile (`_finished_meanwhile`), False to handle it as any job."""
         if (self._taking_back and elastic.stop_code(code)) or code == elastic.PREEMPTED:
             if not self._taking_back:  # preempted from outside: all save at an agreed step
                 self.log(f"{task.name} {reason} (preempted: every task saves at an agreed "
                          "step); restarting the job, not counted against --max-restarts")
             self._wait_for_stop()
+            if self._finished_meanwhile(task):
+                return DONE
             return self._restart_resized(taking_back=True)
         if self._taking_back and code == 0:
             return False  # the job's end: as always
@@ -91,12 +96,30 @@ class Resizing:
             if task.proc is not None and task.name.split(":")[0] in ("chief", "worker"):
                 task.proc.send_signal(elastic.resize_signal())
 
+    def _finished_meanwhile(self, stopped):
+        """Whether a task exited 0 while the others stopped at the agreed step: it finished
+        `fit`, so every step was trained (the last one a collective with all), and the
+        backup the others would restart from is gone with its end. The job is done (a
+        restart would train it again from step 0); `stopped` counts as finished."""
+        done = [t.name for t in self.tasks if not t.is_server and t.poll() == 0]
+        if not done:
+            return False
+        self.log(f"{', '.join(done)} finished training as the others stopped at the agreed "
+                 f"step: the job is done ({stopped.name} stopped after its last step); no "
+                 "place is taken back")
+        self._taking_back = None
+        return True
+
     def _wait_for_stop(self):
         """After one task answered the resize signal: the others get as long as saving
-        may take (`grace_seconds`, at least a minute) to answer too, then are killed."""
+        may take (`grace_seconds`, at least a minute) to answer too, then are killed. A
+        stop signal to the launcher ends the wait at once (it stops the job)."""
         deadline = time.monotonic() + max(self.grace_seconds, 60.0)
-        while time.monotonic() < deadline and any(t.poll() is None for t in self.tasks if t.proc):
+        while time.monotonic() < deadline and self._signal is None and any(
+                t.poll() is None for t in self.tasks if t.proc):
             time.sleep(_POLL_SECONDS)
+        if self._signal is not None:
+            return
         late = [t.name for t in self.tasks if t.proc and t.poll() is None]
         if late:
             self.log(f"{', '.join(late)} did not stop at the agreed step; killing "
@@ -104,8 +127,12 @@ class Resizing:
 
     def _restart_resized(self, taking_back):
         """Kills what is left, takes back the places that are due (`taking_back`) and
-        starts the job at its new size, from the last backup."""
+        starts the job at its new size, from the last backup; after a stop signal to the
+        launcher, starts nothing (the caller's loop then stops the job)."""
         self._kill_all()
+        if self._signal is not None:
+            self._taking_back = None
+            return True
         asked, self._taking_back = self._taking_back, None
         if taking_back:  # or preempted: places due come back too
             now = time.monotonic()
