@@ -27,10 +27,13 @@ def DistributedOptimizer(optimizer, compression="none", strategy=None, hooks=(),
     start, local SGD's averages, one model before validation; the first step says so if
     a phased hook needs it and it is missing); `tfdist.callbacks.CommStats()` logs the bytes.
     `model.save("m.keras")` keeps the compression: `keras.models.load_model` under the
-    strategy's scope restores it (`tfdist.keras.saving`).
+    strategy's scope restores it (`tfdist.keras.saving`; a model whose class overrides
+    `compile`, as KerasHub's `CausalLM`: `tfdist.keras.load_model`).
 
     Args:
-        optimizer: a Keras 3 optimizer (instance or name), not yet built.
+        optimizer: a Keras 3 optimizer (instance or name), not yet built, created under
+            the strategy's scope: it is wrapped as it is (the same object, any schedule
+            or subclass), not rebuilt from its config.
         compression: a compressor name, a `CompressionConfig`, a `compression:` section
             (dict), or a `GradientCompression` hook.
         strategy: the strategy in scope by default.
