@@ -3,6 +3,8 @@
 import numpy as np
 import tensorflow as tf
 
+import tfdist
+
 import corpus
 
 
@@ -27,7 +29,7 @@ def dataset_fn(lm, split):
     def fn(context):
         shard = chunks[context.input_pipeline_id::context.num_input_pipelines]
         data = tf.data.Dataset.from_tensor_slices((shard[:, :-1], shard[:, 1:]))
-        batch = context.get_per_replica_batch_size(lm.batch_size)
+        batch = tfdist.strategies.replica_batch_size(context, lm.batch_size)  # any split
         return data.repeat().batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
     return fn

@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import tfdist  # noqa: E402
 import corpus  # noqa: E402
 import data  # noqa: E402
-from common.progress import Progress, bytes_exchanged, json_ready  # noqa: E402
+from common.progress import Progress, bytes_exchanged, json_ready, weights_checksum  # noqa: E402
 from lm_config import lm_config  # noqa: E402
 from model import decoder  # noqa: E402
 
@@ -84,6 +84,7 @@ def main(argv):
     trained = model.optimizer if lm.loop == "fit" else trainer.optimizer
     if chief:
         write_metrics(config, lm, strategy, history.history, progress, trained, wall)
+    print(f"final weights checksum {weights_checksum(model):.6f}", flush=True)  # every worker
     tfdist.strategies.barrier(strategy)  # workers leave together, after the chief's writes
 
 

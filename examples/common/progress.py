@@ -4,6 +4,7 @@ bytes, and the config as JSON — for metrics.json and the benchmarks."""
 import time
 
 import keras
+import numpy as np
 
 
 def network_bytes():
@@ -16,6 +17,12 @@ def network_bytes():
     except OSError:
         return None
     return sum(int(counters.split()[0]) for _, counters in rows) if rows else None
+
+
+def weights_checksum(model):
+    """The sum of every weight's absolute values, in float64: the same on every worker
+    that holds one model (each prints it: a test compares them)."""
+    return float(sum(np.sum(np.abs(np.asarray(v.numpy(), "float64"))) for v in model.weights))
 
 
 class Progress(keras.callbacks.Callback):

@@ -31,6 +31,8 @@ from problem import make_model, synthetic_dataset  # noqa: E402
 flags.DEFINE_string("config", "configs/quickstart.yaml", "tfdist config file")
 flags.DEFINE_string("output_dir", None, "where the chief writes metrics.json (optional)")
 flags.DEFINE_integer("epochs", None, "override train.epochs")
+flags.DEFINE_string("backup_dir", None, "override train.backup_dir: back up every epoch there "
+                    "(shared by every worker); a preempted or resized run resumes from it")
 FLAGS = flags.FLAGS
 
 def main(argv):
@@ -41,11 +43,12 @@ def main(argv):
     epochs = FLAGS.epochs or train.get("epochs", 5)
     steps, batch = train.get("steps_per_epoch", 40), train.get("global_batch_size", 64)
     seed = train.get("seed", 0)
+    backup_dir = FLAGS.backup_dir or train.get("backup_dir")
 
     strategy = tfdist.get_strategy(config)  # MultiWorkerMirroredStrategy from TF_CONFIG
 
     def dataset_fn(context):
-        per_replica = context.get_per_replica_batch_size(batch)
+        per_replica = tfdist.strategies.replica_batch_size(context, batch)  # any split
         data = synthetic_dataset(seed).shard(context.num_input_pipelines,
                                              context.input_pipeline_id)
         return data.shuffle(4096, seed=seed).repeat().batch(per_replica, drop_remainder=True)
@@ -57,7 +60,8 @@ def main(argv):
         keras.losses.SparseCategoricalCrossentropy(from_logits=True), strategy=strategy,
         metrics=["sparse_categorical_accuracy"])
     start = time.time()
-    history = trainer.fit(dataset_fn, epochs=epochs, steps_per_epoch=steps,
+    callbacks = [tfdist.callbacks.BackupAndRestore(backup_dir)] if backup_dir else []
+    history = trainer.fit(dataset_fn, epochs=epochs, steps_per_epoch=steps, callbacks=callbacks,
                           verbose=2 if tfdist.is_chief(strategy) else 0).history["loss"]
 
     x, y = next(iter(synthetic_dataset(seed, "test", 2048).batch(2048)))
@@ -72,7 +76,10 @@ def main(argv):
             os.makedirs(FLAGS.output_dir, exist_ok=True)
             with open(os.path.join(FLAGS.output_dir, "metrics.json"), "w") as f:
                 json.dump({"loss": history, "accuracy": accuracy, "checksum": checksum,
-                           "replicas": strategy.num_replicas_in_sync}, f, indent=2)
+                           "replicas": strategy.num_replicas_in_sync,
+                           # epochs x steps when each step trained once (across a resize too)
+                           "optimizer_steps": int(trainer.optimizer.iterations.numpy())},
+                          f, indent=2)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import os
 
 import tensorflow as tf
 
+import tfdist
+
 import shapes
 
 PET_CLASSES = ("pet", "background", "outline")
@@ -45,7 +47,7 @@ def dataset_fn(train, split):
         data = examples(train, split, (context.num_input_pipelines, context.input_pipeline_id))
         if split == "train":
             data = data.shuffle(1024, seed=train.seed + context.input_pipeline_id)
-        batch = context.get_per_replica_batch_size(train.batch_size)
+        batch = tfdist.strategies.replica_batch_size(context, train.batch_size)  # any split
         return data.repeat().batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
     return fn

@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 
 import tfdist  # noqa: E402
 import data  # noqa: E402
-from common.progress import Progress, bytes_exchanged, json_ready  # noqa: E402
+from common.progress import Progress, bytes_exchanged, json_ready, weights_checksum  # noqa: E402
 import metrics  # noqa: E402
 import report  # noqa: E402
 from model import unet  # noqa: E402
@@ -120,6 +120,7 @@ def main(argv):
               f"{final['val_pixel_accuracy'][-1]:.3f} after {wall:.0f}s", flush=True)
         for name, path in paths.items():
             print(f"wrote {name}: {os.path.abspath(path)}", flush=True)
+    print(f"final weights checksum {weights_checksum(model):.6f}", flush=True)  # every worker
     tfdist.strategies.barrier(strategy)  # workers leave together, after the chief's writes
 
 
