@@ -122,15 +122,17 @@ def test_a_global_batch_the_replicas_split_unevenly_trains_as_tf_weighs_it(
     """Global batches of 31 rows on 2 replicas (16 + 15; the last one 2 + 2). Keras 3's fit
     alone fails before the first step under MirroredStrategy (upstream canary:
     test_keras_seams.py); tfdist answers Keras' look at the first batch locally
-    (tfdist/strategies/keras_build_batch.py). Each replica's loss is the mean over its own
-    rows: the independent computation is one device with each row weighted by what it
-    weighs there (`models.replica_share_weights`)."""
+    (tfdist/strategies/keras_build_batch.py). With Keras' own optimizer each replica's loss
+    is the mean over its own rows: the independent computation is one device with each row
+    weighted by what it weighs there (`models.replica_share_weights`). The Trainer's
+    exchange weighs each replica by its rows (tfdist/strategies/batch_rows.py): one device
+    with every row alike."""
     import keras
 
     keras.mixed_precision.set_global_policy(policy or "float32")
     try:
         reference, _ = fit_weights(tf.distribute.get_strategy(), loop, batch=31,
-                                   weigh_as_replicas=2)
+                                   weigh_as_replicas=None if loop == "trainer" else 2)
         strategy = strategies(name)
         weights, history = fit_weights(strategy, loop, batch=31)
     finally:
