@@ -19,7 +19,7 @@ SLOWEST_FIRST = ("test_transaction.py", "test_multiworker_training.py",
                  "test_unet_training.py", "test_islands.py", "test_preemption.py",
                  "test_mixed_precision.py", "test_model_zoo_exchanges.py",
                  "test_model_zoo_workers.py", "test_model_zoo.py", "test_elastic.py",
-                 "test_fault_grid.py",
+                 "test_fault_grid.py", "test_elastic_examples.py",
                  "test_input_position.py", "test_sigterm_moments.py", "test_char_lm.py",
                  "test_backup_hostile.py", "test_slurm.py", "test_auto_compression.py",
                  "test_strategies.py", "test_resume.py", "test_strategy_lifetimes.py")
