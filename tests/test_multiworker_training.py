@@ -88,6 +88,13 @@ AUTO_WARMUP = {"diloco": (*_AUTO_PLAIN, "--diloco", "2,1"), "plain": _AUTO_PLAIN
 #: The 4-worker runs never interrupted that the SIGTERM tests compare with, run by one
 #: launch (`four_worker_runs`).
 FOUR_WORKERS = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
+THREE_WORKERS = "cluster: {worker: 3}\nstrategy: multi_worker_mirrored\n"
+#: The 3-worker jobs, run by one launch (`three_worker_runs`).
+THREE_WORKER_RUNS = {
+    "test_sixteen_over_three_workers_trains_as_one_device":
+        lambda loop, compression: ("--loop", loop, *PLAIN, "--batch", "16",
+                                   "--compression", compression),
+}
 FOUR_WORKER_CLEAN = {
     "test_sigterm_to_one_of_four_workers_loses_no_step":
         lambda loop, training: ("--loop", loop, "--model", "plain", "--epochs", "3", *training),
@@ -146,6 +153,12 @@ def two_worker_runs(request, tmp_path_factory):
 def four_worker_runs(request, tmp_path_factory):
     """FOUR_WORKER_CLEAN's runs, on 4 workers (`batched_runs`)."""
     return batched_runs(request, tmp_path_factory, FOUR_WORKERS, FOUR_WORKER_CLEAN)
+
+
+@pytest.fixture(scope="module")
+def three_worker_runs(request, tmp_path_factory):
+    """THREE_WORKER_RUNS' runs, on 3 workers (`batched_runs`)."""
+    return batched_runs(request, tmp_path_factory, THREE_WORKERS, THREE_WORKER_RUNS)
 
 
 def one_launch(request, fixture="two_worker_runs", registry=ONE_LAUNCH, run=0):
@@ -211,6 +224,25 @@ def test_a_global_batch_four_workers_split_unevenly_trains_as_tf_weighs_it(reque
         assert results[task]["keras_fixes"].get("local_build_batch", 0) > 0
         for w, r in zip(weights(out, task), reference):
             np.testing.assert_allclose(w, r, atol=2e-6)
+
+
+@pytest.mark.parametrize("loop", ["fit", "trainer"])
+@pytest.mark.parametrize("compression, tolerance", [("none", 1e-5), ("fp16", 3e-4)])  # fp16: its rounding
+def test_sixteen_over_three_workers_trains_as_one_device(request, loop, compression, tolerance):
+    """Global batches of 16 rows on 3 workers, which TensorFlow splits 6/6/4: tfdist's
+    exchange weighs each worker's gradient by its rows (tfdist/strategies/batch_rows.py),
+    so every worker ends with one device's weights, every row weighing alike (before, the
+    rows of the share of 4 weighed 1.5x)."""
+    import tensorflow as tf
+    from test_strategies import fit_weights
+
+    results, out, _ = one_launch(request, "three_worker_runs", THREE_WORKER_RUNS)
+    reference, _ = fit_weights(tf.distribute.get_strategy(), loop, batch=16)
+    assert set(results) == {f"worker-{i}" for i in range(3)}
+    for task in results:
+        assert results[task]["replicas"] == 3
+        for w, r in zip(weights(out, task), reference):
+            np.testing.assert_allclose(w, r, atol=tolerance)
 
 
 @pytest.mark.parametrize("compression,tolerance", [("topk", 2e-6), ("powersgd", 1e-4)])
