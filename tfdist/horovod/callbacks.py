@@ -12,7 +12,7 @@ from tfdist.config.checks import check_arguments
 from tfdist.core.optimizer import learning_rate_schedule, pipeline_of
 from tfdist.core.report import say
 from tfdist.horovod import basics
-from tfdist.horovod.ops import allreduce, broadcast_variables
+from tfdist.horovod.ops import allreduce, broadcast_variables, check_root
 from tfdist.keras.callbacks.training_hooks import TrainingHooks
 
 def _optional(check):
@@ -49,7 +49,7 @@ class BroadcastGlobalVariablesCallback(TrainingHooks):
 
     def __init__(self, root_rank, device=""):
         super().__init__()
-        self.root_rank, self.done = root_rank, False
+        self.root_rank, self.done = check_root(root_rank), False
 
     def on_train_batch_begin(self, batch, logs=None):
         optimizer = self.model.optimizer

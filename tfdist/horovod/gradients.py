@@ -10,7 +10,7 @@ of the workers' batches together.
 import tensorflow as tf
 
 from tfdist.horovod import basics
-from tfdist.horovod.ops import allreduce, reduce_op
+from tfdist.horovod.ops import grouped_allreduce, reduce_op
 
 
 class _NoneCompressor:
@@ -67,20 +67,26 @@ def check_options(compression, num_groups=0, groups=None, process_set=None,
 def reduce_gradients(grads, op="Average", compression=Compression.none, sparse_as_dense=False):
     """Each gradient reduced over the workers with `op`; None stays None, an
     `IndexedSlices` is gathered (or, `sparse_as_dense`, made dense first). In a job of
-    one, the gradients as they are (Horovod's `_allreduce_cond`: no compression either)."""
+    one, the gradients as they are (Horovod's `_allreduce_cond`: no compression either).
+    The workers agree on the whole list once, as it crosses (`grouped_allreduce`)."""
     op = reduce_op(op=op)
     if basics.group() is None:
         return list(grads)
-    reduced = []
+    wire, contexts = [], []
     for grad in grads:
         if grad is not None and sparse_as_dense:
             grad = tf.convert_to_tensor(grad)
         if grad is None or isinstance(grad, tf.IndexedSlices):
-            reduced.append(grad if grad is None else allreduce(grad, op=op))
+            wire.append(grad)
+            contexts.append(None)
             continue
         compressed, ctx = compression.compress(tf.convert_to_tensor(grad))
-        reduced.append(compression.decompress(allreduce(compressed, op=op), ctx))
-    return reduced
+        wire.append(compressed)
+        contexts.append(ctx)
+    present = [g for g in wire if g is not None]
+    reduced = iter(grouped_allreduce(present, op=op))
+    return [None if g is None else compression.decompress(next(reduced), ctx)
+            for g, ctx in zip(wire, contexts)]
 
 
 class DistributedGradientTape:

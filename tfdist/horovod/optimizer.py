@@ -17,6 +17,7 @@ imported, and `load_model` (Horovod's `hvd.load_model`) puts any loaded optimize
 """
 
 import functools
+import numbers
 
 import keras
 import tensorflow as tf
@@ -28,6 +29,7 @@ from tfdist.config.checks import check_arguments
 from tfdist.config.yaml_source import Source
 from tfdist.core.hooks import GradientPipeline, TrainingHook
 from tfdist.core.optimizer import with_gradient_pipeline
+from tfdist.errors import shown
 from tfdist.horovod import averaging, basics
 from tfdist.horovod.averaging import is_model_averaging
 from tfdist.horovod.gradients import Compression, check_options, reduce_gradients
@@ -37,6 +39,8 @@ from tfdist.keras import saving
 
 __all__ = ["Compression", "DistributedOptimizer", "HorovodExchange"]
 
+#: The most batches one update accumulates: far beyond use, within a 32-bit count.
+MAX_PASSES = 2**31 - 1
 SAVED = "horovod"  # the saved exchange's name (`tfdist.keras.saving` rebuilds it)
 COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16}
 
@@ -208,9 +212,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     basics.size()  # Horovod's error before init
     check_options(None, num_groups, groups, process_set, gradient_predivide_factor)
     passes = backward_passes_per_step
-    if type(passes) is not int or passes < 1:
-        raise ValueError("backward_passes_per_step must be a whole number of batches, 1 or "
-                         f"more. Received: backward_passes_per_step={passes!r}")
+    if isinstance(passes, bool) or not isinstance(passes, numbers.Integral) \
+            or not 1 <= passes <= MAX_PASSES:
+        raise ValueError("backward_passes_per_step must be a whole number of batches, 1 to "
+                         f"{MAX_PASSES:,}. Received: backward_passes_per_step={shown(passes)}")
+    passes = int(passes)
     optimizer = keras.optimizers.get(optimizer)
     scale = 1.0
     if passes > 1:
