@@ -19,24 +19,16 @@ runs the 2 workers with `tfdist launch` (one core each) and writes
 `benchmarks/results/guard_cost.{json,md,png}`.
 """
 
-import argparse
 import json
-import os
-import pathlib
-import subprocess
-import sys
-import tempfile
-import time
 import types
 
-HERE = pathlib.Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+import alternating_blocks
+from alternating_blocks import RESULTS, launch_workers, plot_blocks, timed_blocks
 
 
 def worker(args):
     """One worker's part (under TF_CONFIG): alternating blocks; the first writes the json."""
     import keras
-    import numpy as np
     import tensorflow as tf
 
     import plain_tf_distribute as plain  # puts the UNet example on sys.path
@@ -70,26 +62,15 @@ def worker(args):
     def dispatch():  # what calling a compiled replica function costs by itself
         return strategy.run(lambda: tf.constant(0.0))
 
-    def block(name):
-        seconds = []
-        for _ in range(args.block):
-            began = time.perf_counter()
-            if name in ("decision alone", "empty function"):
-                function = decide if name == "decision alone" else dispatch
-                float(strategy.experimental_local_results(function())[0])
-            else:
-                step, iterator = steps[name]
-                float(step(next(iterator)))
-            seconds.append(time.perf_counter() - began)
-        return float(np.median(seconds))
+    def train(step, iterator):
+        return lambda: float(step(next(iterator)))
 
-    names = [*steps, "decision alone", "empty function"]
-    for name in names:
-        block(name)  # traced: not measured
-    blocks = {name: [] for name in names}
-    for _ in range(args.pairs):
-        for name in names:
-            blocks[name].append(block(name))
+    def call(function):
+        return lambda: float(strategy.experimental_local_results(function())[0])
+
+    blocks = timed_blocks({**{name: train(*steps[name]) for name in steps},
+                           "decision alone": call(decide), "empty function": call(dispatch)},
+                          args.pairs, args.block)
     if strategy.cluster_resolver.task_id == 0:
         with open(args.out, "w") as f:
             json.dump({"block_steps": args.block, "block_median_seconds": blocks}, f)
@@ -97,16 +78,7 @@ def worker(args):
 
 def drive(args):
     """Launches the 2 workers, then writes the results and the plot."""
-    with tempfile.TemporaryDirectory() as tmp:
-        config, out = pathlib.Path(tmp, "job.yaml"), pathlib.Path(tmp, "guard.json")
-        config.write_text("cluster: {worker: 2}\nstrategy: multi_worker_mirrored\n")
-        one_core = ["env", "TF_NUM_INTRAOP_THREADS=1", "TF_NUM_INTEROP_THREADS=2"]
-        subprocess.run([sys.executable, "-m", "tfdist", "launch", str(config), "--",
-                        *one_core, sys.executable, __file__, "--worker", "--out", str(out),
-                        "--pairs", str(args.pairs), "--block", str(args.block)],
-                       check=True, cwd=HERE)
-        raw = json.loads(out.read_text())
-    report(raw)
+    report(launch_workers(__file__, 2, "--pairs", args.pairs, "--block", args.block))
 
 
 def report(raw):
@@ -141,42 +113,10 @@ def report(raw):
               f"{median['empty function'] * 1e3:.1f} ms of calling an empty compiled replica "
               "function)."]
     (RESULTS / "guard_cost.md").write_text("\n".join(lines) + "\n")
-    plot(blocks)
+    plot_blocks(blocks, "UNet step, 2 workers: with and without the transactional step",
+                "guard_cost")
     print("\n".join(lines))
 
 
-def plot(blocks):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    for name, values in blocks.items():
-        ax.plot(range(1, len(values) + 1), [v * 1e3 for v in values], "o-", label=name)
-    ax.set_xlabel("block pair")
-    ax.set_ylabel("median step time (ms)")
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
-    ax.set_title("UNet step, 2 workers: with and without the transactional step", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(RESULTS / "guard_cost.png", dpi=120)
-
-
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pairs", type=int, default=6, help="measured blocks per variant")
-    parser.add_argument("--block", type=int, default=8, help="steps per block")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        sys.path.insert(0, str(HERE))
-        worker(args)
-    else:
-        drive(args)
-
-
 if __name__ == "__main__":
-    main()
+    alternating_blocks.main(__doc__, worker, drive)
