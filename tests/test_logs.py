@@ -485,3 +485,89 @@ def test_a_profile_range_beyond_the_run_is_a_warning_that_no_trace_was_written(
     assert warned == ([] if traced else [
         "tfdist.callbacks.TensorBoard: no profiler trace was written: profile_batch=(9, 10) "
         "was not reached, the run had 8 train batches (counted from 1 across epochs)"])
+
+
+# --- a resumed run's logs: every epoch once, one header ------------------------------------
+
+def preempted_at(epoch, batch):
+    """A callback that SIGTERMs this process after step `batch` of `epoch` (once)."""
+    import signal
+
+    import keras
+
+    from tfdist.core.preemption import skipping
+
+    class SignalAt(keras.callbacks.Callback):
+        def on_epoch_begin(self, e, logs=None):
+            self.epoch = e
+
+        def on_train_batch_end(self, b, logs=None):
+            if not skipping(self.model, self.epoch, b) and (self.epoch, b) == (epoch, batch):
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return SignalAt()
+
+
+def backed_up_fit(strategy, callbacks, metrics=(), epochs=3):
+    """A fit of 4 steps an epoch under `strategy`; its History."""
+    import keras
+
+    import tfdist
+
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        net.compile(tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.01), "none"),
+                    "mse", metrics=list(metrics))
+    x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
+    return net.fit(x, x[:, :1], batch_size=4, epochs=epochs, verbose=0, shuffle=False,
+                   callbacks=callbacks)
+
+
+def test_a_stop_agreed_at_an_epochs_last_step_keeps_its_row_and_scalars(tmp_path, strategies):
+    """BackupAndRestore before the logs in the list, a stop agreed at epoch 1's last step:
+    the CSV row and the event files' scalars of epoch 1 are written before the run exits
+    (the resumed run starts at epoch 2: they would never be)."""
+    import tfdist
+    from tfdist.core.preemption import Preempted
+
+    strategy = strategies("mirrored")
+
+    def callbacks(*extra):
+        return [tfdist.callbacks.BackupAndRestore(str(tmp_path / "backup")),
+                tfdist.callbacks.CSVLogger(str(tmp_path / "log.csv"), append=True),
+                tfdist.callbacks.TensorBoard(str(tmp_path / "board")), *extra]
+
+    with pytest.raises(Preempted):
+        backed_up_fit(strategy, callbacks(preempted_at(1, 3)))
+    with open(tmp_path / "log.csv") as f:
+        assert [row["epoch"] for row in csv.DictReader(f)] == ["0", "1"]
+    history = backed_up_fit(strategy, callbacks())
+    assert list(history.epoch) == [2]
+    with open(tmp_path / "log.csv") as f:
+        assert [row["epoch"] for row in csv.DictReader(f)] == ["0", "1", "2"]
+    assert [step for step, _ in scalars(tmp_path / "board" / "train")["epoch_loss"]] == [0, 1, 2]
+
+
+def test_appending_rows_of_other_figures_keeps_one_header_for_every_row(tmp_path, strategies):
+    """A run appended to a CSV file whose header has fewer columns (a resumed run with more
+    figures: another number of workers) rewrites the header with them, the earlier rows
+    "NA" there; a later run with fewer figures writes "NA" where it has none. Every row has
+    the header's number of fields, each value under its own name."""
+    import tfdist
+
+    strategy, path = strategies("mirrored"), tmp_path / "log.csv"
+    first = backed_up_fit(strategy, [tfdist.callbacks.CSVLogger(str(path), append=True)],
+                          epochs=1)
+    second = backed_up_fit(strategy, [tfdist.callbacks.CSVLogger(str(path), append=True)],
+                           metrics=["mae"], epochs=1)
+    backed_up_fit(strategy, [tfdist.callbacks.CSVLogger(str(path), append=True)], epochs=1)
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["epoch", "loss", "val_loss", "mae", "val_mae"]
+    assert {len(row) for row in rows} == {5}, rows
+    table = [dict(zip(rows[0], row)) for row in rows[1:]]
+    assert float(table[0]["loss"]) == pytest.approx(first.history["loss"][0])
+    assert table[0]["mae"] == "NA" and table[2]["mae"] == "NA"
+    assert float(table[1]["mae"]) == pytest.approx(second.history["mae"][0])
+    assert float(table[1]["loss"]) == pytest.approx(second.history["loss"][0])

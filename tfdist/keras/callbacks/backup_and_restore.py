@@ -85,6 +85,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         watch_input(self.model, None if epoch_iterator is None
                     else functools.partial(keras_input_position, epoch_iterator))
         self._epoch_iterator, self._at_epoch_end = epoch_iterator, False
+        self._stop_after_epoch = None  # a stop agreed at an epoch's end: where
         if epoch_iterator is not None:
             warn_if_unrestorable(keras_input_dataset(epoch_iterator))
         self._store = CheckpointStore(self._chief_dir,
@@ -104,6 +105,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             inner_of(getattr(self.model, "optimizer", None)))
 
     def on_train_end(self, logs=None):
+        self._exit_if_stopped_after_epoch()
         preemption().unwatch()
         preemption().uninstall()
         resume_at(self.model, 0, 0)
@@ -120,6 +122,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         barrier(strategy_of(self.model))
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._exit_if_stopped_after_epoch()
         self._epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -176,9 +179,14 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             preemption().before_step()
             preemption().agree_now()  # every worker, at the same point
         if self._watching and preemption().agreed():
-            self._current_epoch = epoch + 1
-            self._exit_preempted(f"at the end of epoch {epoch}",
-                                 saved=self.save_freq == "epoch")  # Keras' own just saved
+            # saved and exited once every callback ended the epoch (the logs after this
+            # one in the list write its row), before the next epoch or at the training's end
+            self._current_epoch, self._stop_after_epoch = epoch + 1, f"at the end of epoch {epoch}"
+
+    def _exit_if_stopped_after_epoch(self):
+        where, self._stop_after_epoch = getattr(self, "_stop_after_epoch", None), None
+        if where is not None:
+            self._exit_preempted(where)
 
     def _exit_preempted(self, where, saved=False):
         """Every worker saves the backup (the chief's is the one kept) and exits with 143."""

@@ -8,6 +8,7 @@ directory (`WorkerScratch`) removed at the end, and the profiler keeps every wor
 trace (here on request: see `TensorBoard`).
 """
 
+import csv
 import functools
 import importlib.util
 import os
@@ -288,6 +289,14 @@ def training_figures(model, epoch):
     return figures, texts
 
 
+def _keras_csv_keys(logs):
+    """The columns after "epoch" Keras' `CSVLogger` writes for `logs` (its `keys`)."""
+    keys = sorted(logs)
+    if keys and not any(key.startswith("val_") for key in keys):
+        keys += [f"val_{key}" for key in keys]
+    return keys
+
+
 def keep_tree(source, target):
     """Copies the files under `source` (local) to `target` (any `tf.io.gfile` path: a
     shared log directory may be gs://), keeping their relative paths."""
@@ -334,7 +343,34 @@ class CSVLogger(keras.callbacks.CSVLogger):
 
     def on_epoch_end(self, epoch, logs=None):
         with ending_on_error(self, CALLER_CSV, self.filename):
+            if self.keys is None and self.append and not self.append_header:
+                self._keep_columns(logs or {})
             super().on_epoch_end(epoch, logs)
+
+    def _keep_columns(self, logs):
+        """Appending to a file written before (a resumed run, whose logs may hold more or
+        fewer figures: another number of workers after a resize), every row keeps to one
+        header: the file's columns, then this run's new ones (the file rewritten with
+        them, its earlier rows "NA" there); a column this run lacks is "NA"."""
+        if "://" in self.filename:  # gs:// and such: appended as Keras does
+            return
+        self.csv_file.flush()
+        with open(self.filename, newline="") as f:
+            rows = list(csv.reader(f, delimiter=self.sep))
+        header = rows[0] if rows else []
+        keys = _keras_csv_keys(logs)
+        columns = header + [k for k in ["epoch", *keys] if k not in header]
+        self.keys = [k for k in columns if k != "epoch"]
+        if columns == header or not header:
+            return
+        self.csv_file.close()
+        temporary = f"{self.filename}.tfdist-tmp"
+        with open(temporary, "w", newline="") as f:
+            writer = csv.writer(f, delimiter=self.sep)
+            writer.writerow(columns)
+            writer.writerows(row + ["NA"] * (len(columns) - len(row)) for row in rows[1:])
+        os.replace(temporary, self.filename)
+        self.csv_file = open(self.filename, "a")
 
     def on_train_end(self, logs=None):
         try:
