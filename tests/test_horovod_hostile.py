@@ -259,3 +259,20 @@ def test_a_signature_row_reads_back_as_the_call_it_describes():
     differ, other = agreement.mismatch(rows)
     assert bool(differ) and int(other) == 2
     assert not bool(agreement.mismatch(rows[:2])[0])
+
+
+@pytest.mark.parametrize("shape", [[0, 3], [2, 3, 4], [1] * 8 + [5, 6], [7]])
+def test_a_row_of_known_shape_equals_the_row_traced_with_the_shape_unknown(shape):
+    """An eager worker (its shape known) and a traced one (its shape not) send the same
+    row for the same call, so they agree."""
+    import tensorflow as tf
+
+    from tfdist.horovod import agreement
+
+    tensor = tf.ones(shape)
+    for kind, options in (("allreduce", {"param": 1, "name": "g"}),
+                          ("allgather", {"any_rows": True})):
+        traced = tf.function(lambda t: agreement.signature(kind, t, **options),
+                             input_signature=[tf.TensorSpec(None, tf.float32)])
+        np.testing.assert_array_equal(agreement.signature(kind, tensor, **options).numpy(),
+                                      traced(tensor).numpy(), err_msg=f"{kind} {shape}")

@@ -37,6 +37,12 @@ def signature(kind, tensor, param=0, name=None, any_rows=False):
         name: the name given to the call (None: none).
         any_rows: whether the first dimension may differ between ranks (allgather).
     """
+    if tensor.shape.is_fully_defined():  # eagerly always: plain Python, no ops
+        dims = [-1] * any_rows + tensor.shape.as_list()[any_rows:]
+        kept = (dims[:DIMS - 1] + [0] * DIMS)[:DIMS - 1]
+        return tf.constant([KINDS.index(kind), param, tensor.dtype.as_datatype_enum,
+                            len(dims), *kept, _static_hash(dims[DIMS - 1:]),
+                            *_name_words(name)], tf.int64)
     shape = tf.shape(tensor, out_type=tf.int64)
     if any_rows:
         shape = tf.concat([[-1], shape[1:]], 0)
@@ -74,15 +80,25 @@ def _hash(values):
     return tf.reduce_sum(values * powers)
 
 
+def _static_hash(values):
+    """`_hash` of a list of ints, in Python (the same int64 wrap-around)."""
+    total = sum(v * pow(_PRIME, i, 2**64) for i, v in enumerate(values)) % 2**64
+    return total - 2**64 if total >= 2**63 else total
+
+
 def _name(name):
+    """The name's hash and its first `NAME_BYTES` bytes, as an int64 tensor."""
+    return tf.constant(_name_words(name), tf.int64)
+
+
+def _name_words(name):
     """The name's hash and its first `NAME_BYTES` bytes, as int64 (zeros: no name)."""
     data = (name or "").encode("utf-8", "replace")
     if not data:
-        return tf.zeros([1 + NAME_BYTES // 8], tf.int64)
+        return [0] * (1 + NAME_BYTES // 8)
     head = data[:NAME_BYTES].ljust(NAME_BYTES, b"\0")
-    words = [int.from_bytes(head[i:i + 8], "little", signed=True)
-             for i in range(0, NAME_BYTES, 8)]
-    return tf.constant([zlib.crc32(data) or 1] + words, tf.int64)
+    return [zlib.crc32(data) or 1] + [int.from_bytes(head[i:i + 8], "little", signed=True)
+                                      for i in range(0, NAME_BYTES, 8)]
 
 
 def mismatch(rows):

@@ -58,11 +58,13 @@ class WorkerGroup:
         """
         with tf.device(self.device):
             rows = tf.reshape(self._gather(row), [self.size, agreement.WIDTH])
-            differ, other = agreement.mismatch(rows)
             if tf.executing_eagerly():
-                if bool(differ):
+                values = rows.numpy()
+                if (values != values[:1]).any():
+                    other = int((values != values[:1]).any(axis=1).argmax())
                     raise MismatchError(agreement.message(rows, other).numpy().decode())
                 return []
+            differ, other = agreement.mismatch(rows)
             text = tf.cond(differ, lambda: agreement.message(rows, other),
                            lambda: tf.constant(""))
             return [tf.debugging.Assert(tf.logical_not(differ), [text])]
