@@ -291,6 +291,15 @@ ARGUMENTS = [
     ("launch-neither-config-nor-n", ["launch", "--", "p"], [r"needs a config file or -n N"]),
     ("launch-n-without-command", ["launch", "-n", "2"], [r"no command"]),
     ("manifest-without-command", ["manifest", "{cfg}", "--image", "i"], [r"no command"]),
+    # a command without '--': its words are taken for the launcher's; said how to write it
+    ("launch-n-script-without-dashes", ["launch", "-n", "2", "train.py"],
+     [r"write the command after --", r"tfdist launch -n 2 -- python train\.py"]),
+    ("launch-n-command-without-dashes", ["launch", "-n", "2", "python", "train.py"],
+     [r"unrecognized arguments: train\.py", r"write the command after --"]),
+    ("launch-config-command-without-dashes", ["launch", "{cfg}", "python", "train.py"],
+     [r"unrecognized arguments: python train\.py", r"after --"]),
+    ("manifest-command-without-dashes", ["manifest", "{cfg}", "--image", "i", "python", "t.py"],
+     [r"unrecognized arguments", r"tfdist manifest CONFIG --image IMAGE -- python"]),
 ]
 
 

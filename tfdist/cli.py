@@ -40,7 +40,11 @@ def main(argv=None):
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     argv, command = _split_command(argv)
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}"
+                     + _command_hint(args, command))
     try:
         code = args.run(args, command)
         if sys.stdout is not None:  # None: started with stdout closed (print drops it)
@@ -81,6 +85,15 @@ def _split_command(argv):
         i = argv.index("--")
         return argv[:i], argv[i + 1:]
     return argv, []
+
+
+def _command_hint(args, command):
+    """Where a subcommand that runs a command was given one without '--': how to write it."""
+    if command or getattr(args, "command_name", None) not in ("launch", "manifest"):
+        return ""
+    return (f"; write the command after --, e.g. `tfdist {args.command_name} "
+            + ("-n 2" if args.command_name == "launch" else "CONFIG --image IMAGE")
+            + " -- python train.py`")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -261,6 +274,10 @@ def _tf_config(args, command):
 
 
 def _launch(args, command):
+    if args.config is not None and args.num_workers is not None and not command:
+        raise UsageError(f"{args.config} would be a config file beside -n N, and no command "
+                         "is given: write the command after --, e.g. `tfdist launch -n 2 -- "
+                         f"python train.py`. Received: {args.config}")
     config = _launch_config(args.config, args.num_workers)
     only_task = None
     if args.task:
