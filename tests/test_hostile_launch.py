@@ -685,3 +685,29 @@ def test_a_sigterm_during_the_agreed_stop_wins_within_the_grace(tmp_path, write_
     assert "received SIGTERM" in err and "going on with 3" not in err.split("asking")[-1]
     assert_quiet(err)
     assert_nothing_left(launch_env, token)
+
+
+def test_a_hung_discover_command_dies_with_a_sigkilled_launcher(tmp_path, write_config,
+                                                                 launch_env, token):
+    """--discover runs a command that never answers (its run is due once a place is lost
+    and its time to come back has come); the launcher is SIGKILLed meanwhile: the command
+    dies with it (PR_SET_PDEATHSIG), as the tasks do."""
+    config = write_config(THREE_WORKERS)
+    hung = tmp_path / "discover.pid"
+    discover = (f"{PY} -c \"import os, time; open('{hung}.tmp', 'w').write(str(os.getpid())); "
+                f"os.replace('{hung}.tmp', '{hung}'); time.sleep(600)\"")
+    proc = subprocess.Popen(cli(config, "--min-workers", "2", "--rejoin-seconds", "0.5",
+                                "--discover", discover,
+                                command=elastic_task("sys.exit(143)", tmp_path)),
+                            env=launch_env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    pids = wait_for_pids(tmp_path, ["discover.pid", "worker:0.pid", "worker:1.pid"], proc,
+                         timeout=TIMEOUT)
+    try:
+        assert alive(pids["discover.pid"])
+        proc.kill()
+        proc.wait()
+        assert_gone(pids.values())
+    finally:  # it carries no token: the `env` fixture would not find it
+        if alive(pids["discover.pid"]):
+            os.kill(pids["discover.pid"], signal.SIGKILL)

@@ -34,10 +34,13 @@ num_replicas_in_sync`) changes its global batch instead and must scale its learn
 itself.
 """
 
+import functools
 import os
+import signal
 
 from tfdist.config.sections.elastic import MAX_REJOIN_SECONDS, min_workers_problem
 from tfdist.launch.errors import LaunchError
+from tfdist.launch.task_process import _child_setup
 from tfdist import resize_signal as resize_signal_contract
 
 RESIZE_SIGNAL = resize_signal_contract.NAME  # why not SIGTERM: tfdist.resize_signal
@@ -237,8 +240,11 @@ class Discovery:
 
         self._next, self._started, self._output = now + DISCOVER_SECONDS, now, b""
         try:
+            # dies with the launcher, even SIGKILLed (PR_SET_PDEATHSIG), as the tasks do
             self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          preexec_fn=functools.partial(_child_setup,
+                                                                       os.getpid()))
         except OSError as e:
             self._refuse(f"could not be run ({e.strerror or e})")
             return
@@ -269,8 +275,7 @@ class Discovery:
         self._answered = self._started
 
     def _kill(self, why):
-        self._proc.kill()
-        self._proc.wait()
+        _kill_group(self._proc)
         self._close()
         self._refuse(why)
 
@@ -286,6 +291,14 @@ class Discovery:
 
     def stop(self):
         if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
+            _kill_group(self._proc)
             self._close()
+
+
+def _kill_group(proc):
+    """SIGKILL to a discovery run's process group (its own: `_child_setup`), then reaps it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        proc.kill()
+    proc.wait()
