@@ -299,6 +299,11 @@ PY_CASES = {
     "tfdist.keras.optimizer_from_config": [
         (lambda: tfdist.keras.optimizer_from_config(
             _optimizer(), config_from_dict({"local_sgd": {"period": 4}}), period=0), "period")],
+    "tfdist.keras.per_replica_seeds": [
+        (lambda v=v: tfdist.keras.per_replica_seeds(v()), "Received: model of type")
+        for v in (lambda: None, lambda: "model", lambda: type(_model()), lambda: [_model()],
+                  lambda: __import__("keras").random.SeedGenerator(1),
+                  lambda: __import__("tensorflow").Module())],
     "tfdist.local_sgd.DiLoCo": [
         (lambda: tfdist.local_sgd.DiLoCo(8, outer={"name": "nesterov", "learning_rate": NAN}),
          "learning_rate"),
