@@ -725,3 +725,43 @@ def test_keras_skips_compile_from_config_for_a_model_with_its_own_compile(strate
     assert any(m.startswith("OwnCompile overrides compile()") for m in messages), where
     for prefix in SUPERSEDED:
         assert any(m.startswith(prefix) for m in messages), f"{where}: {KERAS}: {messages}"
+
+
+def test_keras_random_layers_draw_through_the_generators_per_replica_seeds_finds(strategies):
+    """tfdist/keras/replica_seeds.py finds a model's SeedGenerators in the `_seed_generators`
+    of `_flatten_layers()`, swaps their class and overrides `next(ordered)`, whose `(2,)`
+    int64 seed Keras' random layers draw from; and plain Keras still draws alike on every
+    replica (if that last check fails, Keras fixed it: revisit docs/guides/fit.md)."""
+    where = "tfdist/keras/replica_seeds.py"
+    calls = []
+
+    class Counting(keras.random.SeedGenerator):
+        def next(self, ordered=True):
+            calls.append(self)
+            return super().next(ordered=ordered)
+
+    random_layers = [keras.layers.RandomFlip(seed=1), keras.layers.RandomRotation(0.2, seed=2),
+                     keras.layers.GaussianNoise(1.0, seed=3), keras.layers.Dropout(0.5, seed=4)]
+    inner = keras.Sequential([keras.Input((8, 8, 1)), *random_layers])
+    model = keras.Sequential([keras.Input((8, 8, 1)), inner])
+    found = [g for layer in model._flatten_layers(include_self=True, recursive=True)
+             for g in layer._seed_generators]
+    assert len(found) == 4, f"{where}: {KERAS} keeps random layers' generators elsewhere"
+    assert "ordered" in inspect.signature(keras.random.SeedGenerator.next).parameters, where
+    seed = found[0].next()
+    assert tuple(seed.shape) == (2,) and seed.dtype == tf.int64, f"{where}: {KERAS}: {seed}"
+    for generator in found:
+        generator.__class__ = Counting
+    model(np.ones((2, 8, 8, 1), "float32"), training=True)
+    assert {id(g) for g in calls} == {id(g) for g in found}, \
+        f"{where}: {KERAS}'s random layers no longer draw through SeedGenerator.next"
+
+    strategy = strategies("mirrored")
+    with strategy.scope():
+        dropout = keras.layers.Dropout(0.5, seed=7)
+    batch = next(iter(strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensors(tf.ones((8, 16))))))
+    out = tf.function(lambda b: strategy.run(lambda x: dropout(x, training=True), (b,)))(batch)
+    first, second = (o.numpy() for o in strategy.experimental_local_results(out))
+    assert np.array_equal(first, second), f"{KERAS} draws per replica now: {where} and " \
+                                          "docs/guides/fit.md describe what it no longer does"
