@@ -92,6 +92,10 @@ CASES = [
     ("local-sgd-period-zero", "local_sgd: {period: 0}\n", ["local_sgd.period", ">= 1"]),
     ("local-sgd-no-period", "local_sgd: {warmup_steps: 10}\n", ["missing key 'period'"]),
     ("local-sgd-negative-warmup", "local_sgd: {period: 4, warmup_steps: -3}\n", [">= 0"]),
+    ("local-sgd-first-sync-past-int64", "local_sgd: {period: 9223372036854775807, "
+     "warmup_steps: 1}\n", ["local_sgd.period", "warmup_steps + period must fit a 64-bit"]),
+    ("local-sgd-warmup-past-int64", "local_sgd: {period: 4, warmup_steps: "
+     "9223372036854775804}\n", ["local_sgd.period", "the step of the first synchronisation"]),
     ("local-sgd-not-mapping", "local_sgd: 8\n", ["local_sgd", "a mapping"]),
     ("outer-unknown-name", "local_sgd: {period: 8, outer: nesterv}\n",
      ["local_sgd.outer.name", "did you mean 'nesterov'"]),

@@ -87,6 +87,28 @@ def test_bad_islands_are_located_config_errors(islands, message):
     assert "local_sgd.islands" in str(raised.value)
 
 
+@pytest.mark.parametrize("options, islands, message", [
+    ({"logical_cpus": 2}, 3, "divisible by 3; the strategy's devices give 2"),
+    ({"devices": ["/cpu:0", "/cpu:1"]}, [[0], [1], [2]], "every replica index 0..1 exactly"),
+    ({"logical_cpus": 4}, [[0, 1]], "they list 2"),
+])
+def test_islands_one_machines_replicas_cannot_hold_are_refused_by_validate(options, islands,
+                                                                          message):
+    """On one machine islands group its replicas: where the strategy's options name them
+    (devices, logical_cpus), islands that cannot group them are refused with the key."""
+    with pytest.raises(ConfigError, match=message) as raised:
+        config_from_dict({"strategy": {"name": "mirrored", **options},
+                          "local_sgd": {"period": 4, "islands": islands}})
+    assert "local_sgd.islands" in str(raised.value)
+
+
+@pytest.mark.parametrize("options, islands", [({"logical_cpus": 4}, 2), ({}, 3),
+                                              ({"logical_cpus": 3}, [[0, 2], [1]])])
+def test_islands_one_machine_can_hold_or_whose_replicas_it_decides_pass(options, islands):
+    config_from_dict({"strategy": {"name": "mirrored", **options},
+                      "local_sgd": {"period": 4, "islands": islands}})
+
+
 def test_the_constructor_refuses_what_the_config_refuses():
     with pytest.raises(ConfigError, match=r"ModelAverager\(\): islands\[1\]\[0\]: worker 0"):
         tfdist.local_sgd.ModelAverager(4, islands=[[0], [0]])

@@ -51,14 +51,20 @@ MAX_LOGICAL_CPUS = 1024
 MAX_ISLANDS = 64
 
 
-def islands_problem(islands, workers):
+def islands_problem(islands, workers, unit="workers"):
     """Why `islands` (a count or lists of indices) cannot group `workers` training tasks
     (chief and workers), or None: the one check `validate`, `tfdist exec` (against the
-    scheduler's counted tasks) and the job's start share."""
+    scheduler's counted tasks) and the job's start share. `unit` "replicas": the
+    replicas of one machine, which its islands group instead."""
+    counted, indices, has = (
+        ("a number of workers (chief and workers)", "worker index", "the cluster has")
+        if unit == "workers" else
+        ("a number of replicas", "replica index", "the strategy's devices give"))
     if isinstance(islands, int) and workers % islands:
-        return (f"{islands} equal islands need a number of workers (chief and workers) "
-                f"divisible by {islands}; the cluster has {workers}")
+        return (f"{islands} equal islands need {counted} divisible by {islands}; "
+                f"{has} {workers}")
     if isinstance(islands, (tuple, list)) and sum(map(len, islands)) != workers:
-        return (f"islands must list every worker index 0..{workers - 1} (chief first, then "
-                f"the workers) exactly once; they list {sum(map(len, islands))}")
+        return (f"islands must list every {indices} 0..{workers - 1}"
+                + (" (chief first, then the workers)" if unit == "workers" else "")
+                + f" exactly once; they list {sum(map(len, islands))}")
     return None

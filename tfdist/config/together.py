@@ -63,13 +63,24 @@ def _check_elastic_fits(config, name, source):
 
 
 def _check_islands_fit(config, source):
-    """Islands of a cluster given by counts or addresses: they must group its workers."""
+    """Islands of a cluster given by counts or addresses must group its workers; on one
+    machine, the replicas its strategy options name (`devices`, `logical_cpus`)."""
     islands, cluster = config.local_sgd.islands, config.cluster
-    if cluster is None or cluster.scheduler is not None:
-        return  # one machine's replicas, or a scheduler's: checked when the job starts
-    problem = limits.islands_problem(islands, len(cluster.chief) + len(cluster.worker))
+    if cluster is not None and cluster.scheduler is None:
+        problem = limits.islands_problem(islands, len(cluster.chief) + len(cluster.worker))
+    elif cluster is None and islands != "host":
+        replicas = _named_replicas(config.strategy.options)
+        problem = replicas and limits.islands_problem(islands, replicas, unit="replicas")
+    else:
+        return  # a scheduler's tasks: checked when the job starts (tfdist exec)
     if problem:
         raise source.error(("local_sgd", "islands"), problem)
+
+
+def _named_replicas(options):
+    """How many replicas a one-machine strategy's options give (its `devices`, else its
+    `logical_cpus`), or None where the machine decides (its GPUs)."""
+    return len(options.get("devices") or ()) or options.get("logical_cpus")
 
 
 # Why a strategy that requires a job type needs it, for messages.

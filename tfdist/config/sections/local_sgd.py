@@ -23,6 +23,7 @@ def local_sgd(source, path, value):
     if "warmup_steps" in value:
         fields["warmup_steps"] = _warmup_steps(source, path + ("warmup_steps",),
                                                value["warmup_steps"])
+    _check_first_synchronisation(source, path, period, fields.get("warmup_steps", 0))
     for key in ("average_non_trainable", "average_optimizer_state"):
         if key in value:
             fields[key] = checks.boolean(source, path + (key,), value[key])
@@ -49,6 +50,17 @@ def local_sgd(source, path, value):
     if value.get("island_steps") is not None:
         fields["island_steps"] = _island_steps(source, path, value, fields)
     return LocalSGDConfig(**fields)
+
+
+def _check_first_synchronisation(source, path, period, warmup_steps):
+    """The step of the first synchronisation (warm-up plus a period) must be one a 64-bit
+    step counter reaches, or the schedule could only fail there."""
+    warmup_steps = 0 if warmup_steps == "auto" else warmup_steps
+    if warmup_steps + period > limits.INT64_MAX:
+        raise source.error(path + ("period",), f"warmup_steps + period must fit a 64-bit step "
+                           f"counter ({limits.INT64_MAX}), the step of the first "
+                           f"synchronisation. Received: period={period}, "
+                           f"warmup_steps={warmup_steps}")
 
 
 def _warmup_steps(source, path, value):
