@@ -68,6 +68,14 @@ def test_a_global_batch_gets_n_times_b_draws_with_the_option_and_b_without(strat
     assert all(not np.allclose(a, b) for a, b in zip(with_[0], with_[1]))  # every row
 
 
+def test_central_storage_replicas_draw_their_own_too(strategies):
+    strategy = strategies("central_storage")
+    plain, folded = two_layers(strategy, lambda: keras.layers.Dropout(0.5, seed=7))
+    x = np.ones((2 * B, FEATURES), "float32")
+    [without], [with_] = draw(strategy, plain, x), draw(strategy, folded, x)
+    assert (distinct(without), distinct(with_)) == (B, 2 * B)
+
+
 def test_random_flip_flips_each_replicas_rows_its_own_way_with_the_option(strategies):
     """A flip has 4 outcomes a row: what differs is each replica's sequence of them."""
     make = lambda: keras.layers.RandomFlip("horizontal_and_vertical", seed=7)  # noqa: E731
