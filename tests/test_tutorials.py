@@ -64,3 +64,14 @@ def test_every_worker_reads_the_chiefs_last_checkpoint_right_after_fit(write_con
     loss, accuracy = model.evaluate(x, y, batch_size=chief["global_batch"], verbose=0)
     np.testing.assert_allclose(chief["eval_loss"], loss, rtol=1e-5)
     np.testing.assert_allclose(chief["eval_accuracy"], accuracy, rtol=1e-6)
+
+
+def test_tfdist_callbacks_given_to_the_chief_alone_cost_nothing(write_config, tmp_path):
+    """Horovod's habit (`if rank == 0: callbacks.append(...)`) with tfdist's ModelCheckpoint,
+    TensorBoard and CSVLogger: the chief announces its writes and never waits for workers
+    that do not have them (a barrier there failed the job: the worker had left), so the job
+    ends well and the chief reads its last checkpoint."""
+    results, out = run_tutorial(write_config, tmp_path, "--chief_only")
+    assert results["worker-0"]["loaded"] == f"ckpt_{EPOCHS}.weights.h5"
+    assert results["worker-1"]["loaded"] is None  # it evaluates what it trained
+    assert len((out / "log.csv").read_text().splitlines()) == EPOCHS + 1

@@ -85,6 +85,8 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--slow_last_write", type=float, default=0)
+    parser.add_argument("--chief_only", action="store_true",
+                        help="tfdist's writing callbacks on the chief alone (Horovod's habit)")
     args = parser.parse_args()
 
     strategy = tfdist.get_strategy("multi_worker_mirrored")  # first: before any dataset
@@ -102,21 +104,24 @@ def main():
 
     checkpoint_dir = os.path.join(args.out, "training_checkpoints")
     checkpoint_prefix = os.path.join(checkpoint_dir, "ckpt_{epoch}.weights.h5")
-    callbacks = [
+    writing = [
         tfdist.callbacks.TensorBoard(log_dir=os.path.join(args.out, "logs")),
         SlowLastWrite(args.slow_last_write, args.epochs),
         tfdist.callbacks.ModelCheckpoint(filepath=checkpoint_prefix, save_weights_only=True),
-        keras.callbacks.LearningRateScheduler(decay),
-        PrintLR(),
+        tfdist.callbacks.CSVLogger(os.path.join(args.out, "log.csv")),
     ]
+    chief = tfdist.is_chief(strategy)
+    callbacks = [*(writing if chief or not args.chief_only else []),
+                 keras.callbacks.LearningRateScheduler(decay), PrintLR()]
     model.fit(train_dataset, epochs=args.epochs, callbacks=callbacks, verbose=0)
     fitted = checksum(model)
-
-    latest = latest_checkpoint(checkpoint_dir)
-    model.load_weights(latest)
+    reads = chief or not args.chief_only  # else nothing said the chief's writes are done
+    latest = latest_checkpoint(checkpoint_dir) if reads else None
+    if reads:
+        model.load_weights(latest)
     eval_loss, eval_acc = model.evaluate(eval_dataset, verbose=0)
     task_type, task_id = tfdist.strategies.task_of()
-    result = {"loaded": os.path.basename(latest), "eval_loss": float(eval_loss),
+    result = {"loaded": latest and os.path.basename(latest), "eval_loss": float(eval_loss),
               "eval_accuracy": float(eval_acc), "loaded_checksum": checksum(model),
               "fitted_checksum": fitted, "global_batch": global_batch}
     with open(os.path.join(args.out, f"{task_type}-{task_id}.json"), "w") as f:

@@ -53,6 +53,56 @@ BARRIER_SECONDS = 1800
 _BARRIERS = collections.Counter()  # barriers passed per strategy (their ids, alike everywhere)
 
 
+_WRITES = collections.Counter()  # chief's writes announced per tag (their keys)
+
+
+def chief_wrote(strategy, tag, timeout_seconds=BARRIER_SECONDS):
+    """The end of a write on the chief that the other workers may read next (tfdist's
+    ModelCheckpoint, TensorBoard and CSVLogger at the end of `fit`): the chief announces
+    it, each other worker waits for that, at most `timeout_seconds`. Unlike `barrier`,
+    the chief never waits: a callback given to the chief alone (Horovod's habit, `if
+    rank == 0`) costs nothing. Through the coordination service's key-value store (one
+    key per `tag` and call, counted alike on every worker with the callback); a no-op
+    where `barrier` is one, or without a coordination service.
+
+    Args:
+        strategy: the strategy of the job.
+        tag: what was written (its path on the chief), the same on every worker.
+        timeout_seconds: how long a worker waits for the chief's write.
+
+    Raises:
+        BarrierTimeoutError: the chief did not announce the write in time (lost, hung, or
+            not given the callback a worker has).
+    """
+    resolver = _resolver(strategy)
+    if not _several_workers(strategy, resolver) or context.context().coordination_service \
+            is None:
+        return
+    _WRITES[tag] += 1
+    key = f"tfdist/written/{tag}/{_WRITES[tag]}"
+    if is_chief(strategy):
+        context.context().set_config_key_value(key, "done")
+        return
+    try:
+        context.context().get_config_key_value(key, int(timeout_seconds * 1000))
+    except tf.errors.DeadlineExceededError:
+        raise BarrierTimeoutError(
+            f"{resolver.task_type}:{resolver.task_id} waited {timeout_seconds:g} s for the "
+            f"chief to finish writing {tag} (lost, hung, or the callback was given to this "
+            "worker but not to the chief: give tfdist's callbacks to every worker, they "
+            f"write on the chief only). Received: timeout_seconds={timeout_seconds:g}"
+        ) from None
+
+
+def _several_workers(strategy, resolver):
+    """Whether this process is a chief or worker task of a MultiWorkerMirroredStrategy job
+    of at least 2 of them."""
+    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and resolver is not None and resolver.task_type in ("chief", "worker")
+            and sum(len(resolver.cluster_spec().as_dict().get(job, ()))
+                    for job in ("chief", "worker")) >= 2)
+
+
 def barrier(strategy, timeout_seconds=BARRIER_SECONDS):
     """Waits until every worker of a MultiWorkerMirroredStrategy job reaches this call, at
     most `timeout_seconds`.
@@ -77,10 +127,7 @@ def barrier(strategy, timeout_seconds=BARRIER_SECONDS):
         "timeout_seconds": functools.partial(checks.number, minimum=0, open_minimum=True)},
         timeout_seconds=timeout_seconds)["timeout_seconds"]
     resolver = _resolver(strategy)
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or resolver is None \
-            or resolver.task_type not in ("chief", "worker") \
-            or sum(len(resolver.cluster_spec().as_dict().get(job, ()))
-                   for job in ("chief", "worker")) < 2:
+    if not _several_workers(strategy, resolver):
         return
     if context.context().coordination_service is None:
         tf.function(lambda: strategy.reduce(

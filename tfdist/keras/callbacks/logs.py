@@ -30,7 +30,7 @@ from tfdist.keras.callbacks.log_paths import (check_place, ending_on_error, prob
 from tfdist.keras.callbacks.step_times import EpochStepTimes
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
 from tfdist.local_sgd import ModelAverager
-from tfdist.strategies.task import task_of
+from tfdist.strategies.task import chief_wrote, task_of
 
 #: The log directory a managed platform gives a job (Vertex AI's custom training).
 PLATFORM_LOG_DIRS = ("AIP_TENSORBOARD_LOG_DIR",)
@@ -205,6 +205,7 @@ class TensorBoard(keras.callbacks.TensorBoard):
         finally:
             self._training = False
             self._done()
+        chief_wrote(strategy_of(self.model), self._chief_log_dir)  # readable everywhere now
 
     def on_test_end(self, logs=None):
         if self._training:  # fit's validation
@@ -379,4 +380,5 @@ class CSVLogger(keras.callbacks.CSVLogger):
         finally:
             self._scratch.cleanup()
             self.filename = self._chief_filename
+        chief_wrote(strategy_of(self.model), self._chief_filename)  # readable everywhere now
 
