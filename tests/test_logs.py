@@ -349,9 +349,11 @@ def test_a_full_disk_is_refused_before_the_first_step_on_the_chief_and_a_worker(
 @pytest.mark.multiprocess
 def test_a_disk_that_fills_up_during_training_stops_it_naming_the_file(tmp_path):
     """A file system that fills up while training (TensorFlow's event writer would lose
-    the events without a word, Keras' CSVLogger says "[Errno 28]" with no path): fit stops
-    at that epoch with one OSError line naming the file and "No space left on device";
-    the event file holds every epoch before it, read back with TensorBoard's reader."""
+    the events without a word, Keras' CSVLogger and its .keras checkpoint say "[Errno 28]"
+    with no path, h5py names it over two lines): fit stops at that epoch with one OSError
+    line naming the file and "No space left on device" — the logs, ModelCheckpoint and
+    BackupAndRestore alike; the event file holds every epoch before it, read back with
+    TensorBoard's reader."""
     found, mount = in_a_small_disk(tmp_path, "fills_up", size="256k"), str(tmp_path / "mnt")
     for case, file in [("board", f"{mount}/board/train/events.out.tfevents."),
                        ("csv", f"{mount}/log.csv")]:
@@ -365,6 +367,14 @@ def test_a_disk_that_fills_up_during_training_stops_it_naming_the_file(tmp_path)
     assert board["written"][:board["epochs"] - 1] == list(range(board["epochs"] - 1))
     assert len(board["written"]) <= board["epochs"], board
     assert found["csv"]["epochs"] == 1 and found["csv"]["written"] == "", found["csv"]
+    for case, file, ends in [
+            ("keras_file", f"{mount}/m.keras", "this checkpoint is not written"),
+            ("weights_file", f"{mount}/m.weights.h5", "this checkpoint is not written"),
+            ("backup", f"{mount}/backup", "this backup is not written")]:
+        kind, message = found[case]["error"]  # Keras' .keras write named no file, h5py's
+        assert kind == "OSError" and "\n" not in message, found[case]  # two lines
+        assert f"could not write {file}: No space left on device; {ends}" in message, message
+        assert found[case]["epochs"] == 1, found[case]
 
 
 def small_model():

@@ -10,7 +10,8 @@ batches begun, "epochs": epochs ended}}; for `full` what MOUNT holds afterwards,
 `fills_up` what was written: the epochs TensorBoard's reader finds, the CSV's text.
 `full` also runs each callback as a worker that is not the chief (its scratch in MOUNT);
 `fills_up` fills MOUNT during the run (event files: from the start of training, with 40
-epochs to run; the CSV file: at the end of epoch 0, before its row).
+epochs to run; the CSV file and each callback that writes the model, ModelCheckpoint and
+BackupAndRestore: at the end of epoch 0, before its write).
 """
 
 import json
@@ -99,6 +100,15 @@ def as_worker():
     worker_scratch.task_of = lambda strategy: ("worker", 1)
 
 
+def checkpoints(mount):
+    """The callbacks that write the model, each writing into `mount`."""
+    return {
+        "keras_file": lambda: tfdist.callbacks.ModelCheckpoint(os.path.join(mount, "m.keras")),
+        "weights_file": lambda: tfdist.callbacks.ModelCheckpoint(
+            os.path.join(mount, "m.weights.h5"), save_weights_only=True),
+        "backup": lambda: tfdist.callbacks.BackupAndRestore(os.path.join(mount, "backup"))}
+
+
 def main(mount, scenario):
     board, csv = (lambda: tfdist.callbacks.TensorBoard(os.path.join(mount, "board")),
                   lambda: tfdist.callbacks.CSVLogger(os.path.join(mount, "log.csv")))
@@ -121,6 +131,9 @@ def main(mount, scenario):
         found["csv"] = fit(csv, before=[Fill(mount, "epoch_end")])
         with open(os.path.join(mount, "log.csv")) as f:
             found["csv"]["written"] = f.read()
+        for case, make in checkpoints(mount).items():  # a checkpoint's write fills it up
+            os.remove(os.path.join(mount, "filler"))
+            found[case] = fit(make, before=[Fill(mount, "epoch_end")])
     print(json.dumps(found))
 
 

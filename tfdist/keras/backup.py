@@ -34,6 +34,7 @@ from tfdist.core.owned import optimizers_of
 from tfdist.core.resize import describe, resized_rows
 from tfdist.core.variables import (gather_replica_values, optimizer_slots,
                                    set_replica_values)
+from tfdist.keras.written import writing
 from tfdist.strategies.task import barrier, is_chief
 
 WEIGHTS = "backup.weights.h5"
@@ -229,7 +230,9 @@ class ModelBackup:
         check_json("a backup's metadata", metadata)
         captured, write = capture(self.model, self.strategy)
         if is_chief(self.strategy):
-            self.store.save(write, {**metadata, **captured})
+            with writing("tfdist.ModelBackup", self.directory,
+                         "this backup is not written (the last complete one is kept)"):
+                self.store.save(write, {**metadata, **captured})
         barrier(self.strategy)  # nobody goes on (or exits) before the backup is complete
 
     def restore(self):

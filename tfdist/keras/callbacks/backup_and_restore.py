@@ -13,9 +13,13 @@ from tfdist.core.preemption import (Preempted, input_position, preemption, resum
                                     seconds_since_signal, skipping, take_advance,
                                     warn_if_unrestorable, watch_input)
 from tfdist.keras.backup import MAX_STEPS, capture, check_json, describe_run, restore
+from tfdist.keras.written import writing
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
 from tfdist.strategies.kind import capabilities_of
 from tfdist.strategies.task import barrier
+
+CALLER = "tfdist.callbacks.BackupAndRestore"
+BACKUP_NOT_WRITTEN = "this backup is not written (the last complete one is kept)"
 
 
 
@@ -212,10 +216,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def _save_model(self):
         metadata, write = capture(self.model, strategy_of(self.model))
         reads = input_position(self.model, at_epoch_end=self._at_epoch_end)
-        self._store.save(write, {"epoch": self._current_epoch, "batch": self._done_in_epoch,
-                                 "reads": reads,
-                                 "epochs": self.params.get("epochs") if self.params else None,
-                                 **metadata})
+        with writing(CALLER, self._store.directory, BACKUP_NOT_WRITTEN):
+            self._store.save(write, {"epoch": self._current_epoch, "batch": self._done_in_epoch,
+                                     "reads": reads,
+                                     "epochs": self.params.get("epochs") if self.params
+                                     else None, **metadata})
 
     def _load_model(self):
         loaded = self._store.load(self._read)

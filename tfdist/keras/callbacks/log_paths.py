@@ -12,17 +12,13 @@ Paths of TensorFlow's other file systems (``gs://``...) are left to it.
 """
 
 import contextlib
-import errno
 import os
 import stat
 import tempfile
 
-import tensorflow as tf
-
 from tfdist.config.yaml_source import Source
 from tfdist.errors import shown
-
-_REASONS = {os.strerror(n): n for n in errno.errorcode}
+from tfdist.keras.written import writing
 
 
 def local(path):
@@ -96,21 +92,6 @@ def _probing(caller, key, given, doing, what):
 
 
 @contextlib.contextmanager
-def writing(caller, path):
-    """Turns a failed write of a log (Python's OSError, TensorFlow's OpError, both naming
-    no caller and the OpError several lines) into one OSError line naming `caller`, the
-    path and the system's reason."""
-    try:
-        yield
-    except OSError as e:
-        raise written_error(caller, path, e.errno, e.strerror or str(e)) from e
-    except tf.errors.OpError as e:  # "{{function_node ...}} <file>; No space left on device"
-        head, _, reason = e.message.splitlines()[0].rpartition("; ")
-        file = head.rpartition("}} ")[2].strip() or path
-        raise written_error(caller, file, _REASONS.get(reason.strip()), reason.strip()) from e
-
-
-@contextlib.contextmanager
 def ending_on_error(callback, caller, path):
     """`writing`, for a hook of `callback` during `fit`: as `fit` calls no `on_train_end`
     after a callback raised, the callback then ends its run itself (closes its files,
@@ -122,11 +103,6 @@ def ending_on_error(callback, caller, path):
         with contextlib.suppress(OSError):  # the same write fails again on closing
             callback.on_train_end()
         raise
-
-
-def written_error(caller, path, number, reason):
-    message = f"{caller}() could not write {path}: {reason}; the log ends before this write"
-    return OSError(message) if number is None else OSError(number, message)
 
 
 def _refused(caller, key, path, reason):

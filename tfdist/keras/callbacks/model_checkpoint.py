@@ -2,6 +2,7 @@
 
 import keras
 
+from tfdist.keras.written import writing
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
 from tfdist.core.driver import before_read
 from tfdist.strategies.task import chief_wrote
@@ -39,4 +40,6 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     def _save_model(self, epoch, batch, logs):
         before_read(self.model)
-        super()._save_model(epoch, batch, logs)
+        with writing("tfdist.callbacks.ModelCheckpoint", self._get_file_path(epoch, batch, logs),
+                     "this checkpoint is not written (the earlier ones are kept)"):
+            super()._save_model(epoch, batch, logs)
