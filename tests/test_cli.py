@@ -76,12 +76,13 @@ def _tfdist_errors():
     from tfdist.core.preemption import Preempted
     from tfdist.errors import UnsupportedError
     from tfdist.launch import LaunchError
-    from tfdist.strategies.errors import StrategyError, UnsupportedByKerasError
+    from tfdist.strategies.errors import (BarrierTimeoutError, StrategyError,
+                                          StrategyUsageError, UnsupportedByKerasError)
     from tfdist.versions import UnsupportedVersionError
 
-    return [CheckpointError, ConfigError, ClusterError, LaunchError, LockedByAnother, Preempted,
-            StrategyError, UnsafeFile, UnsupportedByKerasError, UnsupportedError,
-            UnsupportedVersionError, UsageError]
+    return [BarrierTimeoutError, CheckpointError, ConfigError, ClusterError, LaunchError,
+            LockedByAnother, Preempted, StrategyError, StrategyUsageError, UnsafeFile,
+            UnsupportedByKerasError, UnsupportedError, UnsupportedVersionError, UsageError]
 
 
 def _subclasses(cls):

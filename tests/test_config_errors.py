@@ -93,9 +93,9 @@ CASES = [
     ("local-sgd-no-period", "local_sgd: {warmup_steps: 10}\n", ["missing key 'period'"]),
     ("local-sgd-negative-warmup", "local_sgd: {period: 4, warmup_steps: -3}\n", [">= 0"]),
     ("local-sgd-first-sync-past-int64", "local_sgd: {period: 9223372036854775807, "
-     "warmup_steps: 1}\n", ["local_sgd.period", "warmup_steps + period must fit a 64-bit"]),
+     "warmup_steps: 1}\n", ["local_sgd.warmup_steps", "must be at most 0"]),
     ("local-sgd-warmup-past-int64", "local_sgd: {period: 4, warmup_steps: "
-     "9223372036854775804}\n", ["local_sgd.period", "the step of the first synchronisation"]),
+     "9223372036854775804}\n", ["local_sgd.warmup_steps", "at most 9223372036854775803"]),
     ("local-sgd-not-mapping", "local_sgd: 8\n", ["local_sgd", "a mapping"]),
     ("outer-unknown-name", "local_sgd: {period: 8, outer: nesterv}\n",
      ["local_sgd.outer.name", "did you mean 'nesterov'"]),

@@ -128,6 +128,19 @@ class FakeStrategy:
         self.extended = FakeExtended(workers)
 
 
+@pytest.fixture(autouse=True)
+def no_global_seed():
+    """An unseeded shuffle is one made without TensorFlow's global seed (another test of
+    this process may have set it: the shuffle then takes a seed from it, the same on every
+    worker)."""
+    from tensorflow.python.eager import context
+
+    before = context.global_seed()
+    tf.random.set_seed(None)
+    yield
+    tf.random.set_seed(before)
+
+
 def said(strategy, dataset):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -310,7 +310,8 @@ def test_a_long_number_as_an_explicit_tag_or_a_key_is_refused(write):
 
 INTEGER_KEYS = {  # key -> (a config around it, the largest value it accepts)
     "local_sgd.period": ("local_sgd: {{period: {}}}", limits.INT64_MAX),
-    "local_sgd.warmup_steps": ("local_sgd: {{period: 1, warmup_steps: {}}}", limits.INT64_MAX),
+    "local_sgd.warmup_steps": ("local_sgd: {{period: 1, warmup_steps: {}}}",  # + period
+                               limits.INT64_MAX - 1),
     "compression.start_step": ("compression: {{name: fp16, start_step: {}}}", limits.INT64_MAX),
     "compression.min_size": ("compression: {{name: fp16, min_size: {}}}", limits.INT64_MAX),
     "compression.rank": ("compression: {{name: powersgd, rank: {}}}", limits.INT64_MAX),

@@ -55,12 +55,11 @@ def local_sgd(source, path, value):
 def _check_first_synchronisation(source, path, period, warmup_steps):
     """The step of the first synchronisation (warm-up plus a period) must be one a 64-bit
     step counter reaches, or the schedule could only fail there."""
-    warmup_steps = 0 if warmup_steps == "auto" else warmup_steps
-    if warmup_steps + period > limits.INT64_MAX:
-        raise source.error(path + ("period",), f"warmup_steps + period must fit a 64-bit step "
-                           f"counter ({limits.INT64_MAX}), the step of the first "
-                           f"synchronisation. Received: period={period}, "
-                           f"warmup_steps={warmup_steps}")
+    if warmup_steps != "auto" and warmup_steps + period > limits.INT64_MAX:
+        raise source.error(path + ("warmup_steps",), f"with period {period}, warmup_steps must "
+                           f"be at most {limits.INT64_MAX - period}: the first synchronisation "
+                           "(at warmup_steps + period) must be a step a 64-bit counter reaches. "
+                           f"Received: warmup_steps={warmup_steps}")
 
 
 def _warmup_steps(source, path, value):
