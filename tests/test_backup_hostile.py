@@ -190,19 +190,10 @@ def test_a_fifo_as_the_weights_file_is_named_and_the_previous_backup_used(
 def test_replica_state_of_another_layout_is_judged_from_its_headers_before_loading(
         strategies, tmp_path, capfd):
     strategy, directory = strategies("mirrored"), tmp_path / "backup"
-    keras.utils.set_random_seed(0)
-
-    def topk():
-        with strategy.scope():
-            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
-                                      keras.layers.Dense(1)])
-            model.compile(tfdist.keras.DistributedOptimizer(
-                keras.optimizers.SGD(0.01), "topk", ratio=0.5, error_feedback=True,
-                min_size=0), "mse")
-        return model
 
     with pytest.raises(Preempted):
-        fit(topk(), tfdist.callbacks.BackupAndRestore(str(directory)), SignalAt(1, 1))
+        fit(topk_model(strategy), tfdist.callbacks.BackupAndRestore(str(directory)),
+            SignalAt(1, 1))
     newest = directory / (directory / "latest").read_text().strip()
     with np.load(newest / "replica_state.npz") as saved:
         arrays = [saved[name] for name in sorted(saved.files)]
@@ -216,7 +207,7 @@ def test_replica_state_of_another_layout_is_judged_from_its_headers_before_loadi
         for i, array in enumerate(arrays[1:], 1):
             with archive.open(f"arr_{i}.npy", "w") as member:
                 np.lib.format.write_array(member, array)
-    fit(topk(), tfdist.callbacks.BackupAndRestore(str(directory)))
+    fit(topk_model(strategy), tfdist.callbacks.BackupAndRestore(str(directory)))
     out = capfd.readouterr().out
     assert "more than" in out or "another layout" in out  # refused before 512 MiB is read
 
