@@ -765,3 +765,11 @@ def test_keras_random_layers_draw_through_the_generators_per_replica_seeds_finds
     first, second = (o.numpy() for o in strategy.experimental_local_results(out))
     assert np.array_equal(first, second), f"{KERAS} draws per replica now: {where} and " \
                                           "docs/guides/fit.md describe what it no longer does"
+
+
+def test_keras_model_checkpoint_still_formats_its_path_in_get_file_path(tmp_path):
+    """tfdist's ModelCheckpoint names the file a failed write was for (a full disk) with
+    Keras' `_get_file_path(epoch, batch, logs)`, the path `_save_model` writes."""
+    callback = keras.callbacks.ModelCheckpoint(str(tmp_path / "m-{epoch:02d}.weights.h5"),
+                                               save_weights_only=True)
+    assert callback._get_file_path(2, None, {}) == str(tmp_path / "m-03.weights.h5")
