@@ -17,23 +17,30 @@ pytestmark = pytest.mark.usefixtures("two_cpus")
 ROWS, BATCH, EPOCHS = 45, 15, 2  # 3 steps an epoch, each split 8/7 over 2 replicas
 
 
-def data():
+def data(family="dense"):
     rng = np.random.default_rng(3)
+    if family == "sequence":  # token ids: an Embedding's gradient is an IndexedSlices
+        x = rng.integers(0, 20, size=(ROWS, 5)).astype("int32")
+        return x, rng.normal(size=(ROWS, 3)).astype("float32")
     x = rng.normal(size=(ROWS, 6)).astype("float32")
     y = (x @ rng.normal(size=(6, 3))).astype("float32")
     return x, y
 
 
-def model():
+def model(family="dense"):
     keras.utils.set_random_seed(5)
+    if family == "sequence":  # an Embedding, then a Dense over the sequence
+        return keras.Sequential([keras.Input((5,), dtype="int32"), keras.layers.Embedding(20, 4),
+                                 keras.layers.Dense(8, activation="tanh"),
+                                 keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(3)])
     return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
                              keras.layers.Dense(3)])
 
 
-def one_device():
-    net = model()
+def one_device(family="dense"):
+    net = model(family)
     net.compile(keras.optimizers.SGD(0.1), "mse")
-    x, y = data()
+    x, y = data(family)
     net.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
     return [w.numpy() for w in net.weights]
 
@@ -48,10 +55,10 @@ def mirrored(two_cpus):
     return tfdist.get_strategy("mirrored", logical_cpus=2)
 
 
-def trained(strategy, loop, compression):
-    x, y = data()
+def trained(strategy, loop, compression, family="dense"):
+    x, y = data(family)
     with strategy.scope():
-        net = model()
+        net = model(family)
         optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.SGD(0.1), compression)
     if loop == "fit":
         with strategy.scope():
@@ -73,6 +80,16 @@ def test_fifteen_over_two_replicas_trains_as_one_device(mirrored, reference, loo
     for expected, replicas in zip(reference, trained(mirrored, loop, compression)):
         for value in replicas:
             np.testing.assert_allclose(value, expected, atol=tolerance)
+
+
+@pytest.mark.parametrize("loop", ["fit", "trainer"])
+def test_an_embedding_and_a_dense_over_a_sequence_train_as_one_device(mirrored, loop):
+    """The Embedding's IndexedSlices gradient is weighed as rows too (kept sparse), and the
+    Dense over the sequence's: 15 over 2 replicas ends where one device does."""
+    reference = one_device("sequence")
+    for expected, replicas in zip(reference, trained(mirrored, loop, "none", "sequence")):
+        for value in replicas:
+            np.testing.assert_allclose(value, expected, atol=1e-6)
 
 
 def test_without_the_weights_the_smaller_share_weighs_more(mirrored, reference, monkeypatch):
