@@ -86,7 +86,7 @@ def test_a_fault_in_each_kind_of_step(request, write_config, tmp_path, kind, sig
     # the first step of the relaunched job: after a SIGTERM, the second step logged after
     # the signal (the first carried it to every worker, who saved after it); after a
     # SIGKILL, the first
-    signalled = float((out / "preempted").read_text())
+    signalled = float((out / "preempted").read_text().split()[0])  # "<time> <pid>"
     after = [float(line[3]) for line in log if float(line[3]) > signalled]
     report(kind, signal, seconds=after[1 if signal == "TERM" else 0] - signalled,
            lost=len(trained) - len(STEPS), saved=re.findall(

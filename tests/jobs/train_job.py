@@ -203,8 +203,11 @@ class PreemptOnce(keras.callbacks.Callback):
 
     def _signal(self, task):
         if task[0] == "worker" and task[1] in self.tasks and not os.path.exists(self.marker):
-            with open(self.marker, "w") as marker:
-                marker.write(f"{time.time():.3f}")  # when the signal is sent
+            with open(self.marker + ".tmp", "w") as marker:
+                marker.write(f"{time.time():.3f} {os.getpid()}")  # when the signal is sent
+            os.replace(self.marker + ".tmp", self.marker)
+            if self.signal == signal.SIGKILL and len(self.tasks) > 1:
+                self._die_together()
             if self.signal is not None:
                 os.kill(os.getpid(), self.signal)
                 return
@@ -217,6 +220,24 @@ class PreemptOnce(keras.callbacks.Callback):
             # step that tells the other workers is the next one only once it has arrived
             while not preemption().requested and time.monotonic() < deadline:
                 time.sleep(0.1)
+
+
+    def _die_together(self):
+        """Several tasks SIGKILLed at one step (an island lost) die at once: the last to
+        reach the step kills them all, so the launcher never sees one lost and another still
+        running (it would then go on with the second, a survivor)."""
+        stem, deadline = self.marker.rsplit("-", 1)[0], time.monotonic() + 60
+        paths = [f"{stem}-{task}" for task in self.tasks]
+        while not all(map(os.path.exists, paths)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for path in paths:
+            with open(path) as marker:
+                pid = int(marker.read().split()[1])
+            if pid != os.getpid():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 AWAIT_SECONDS = 120  # --await_worker1: how long worker:0's steps wait for worker:1, in all
