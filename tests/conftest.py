@@ -96,6 +96,27 @@ def strategies(two_cpus):
 
 
 @pytest.fixture(scope="session")
+def tensorflows_mirrored(two_cpus):
+    """tensorflows_mirrored() -> a new `tf.distribute.MirroredStrategy` on the 2 CPUs:
+    TensorFlow's own class, on collective keys of its own. TensorFlow numbers every
+    instance's collectives from the same keys, so a second one in this process whose
+    first all-reduce has another shape aborts every collective of the process (the canary
+    in tests/test_strategy_lifetimes.py); tfdist's subclass takes fresh keys the same way
+    (tfdist/strategies/collective_keys.py)."""
+    import tensorflow as tf
+
+    from tfdist.strategies.collective_keys import next_key_base
+
+    def make(devices=("/cpu:0", "/cpu:1")):
+        strategy = tf.distribute.MirroredStrategy.__new__(tf.distribute.MirroredStrategy)
+        strategy._collective_key_base = next_key_base("mirrored")  # read by its __init__
+        strategy.__init__(list(devices))
+        return strategy
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def unet_path():
     """Puts examples/unet_segmentation on sys.path (its modules import each other)."""
     import pathlib

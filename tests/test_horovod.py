@@ -480,16 +480,14 @@ def test_the_distributed_optimizer_refuses_what_it_cannot_do_in_one_line(horovod
     assert "\n" not in str(e.value)
 
 
-def test_local_sgd_through_horovod_is_refused_under_a_strategy_of_several_replicas(horovod):
+def test_local_sgd_through_horovod_is_refused_under_a_strategy_of_several_replicas(
+        horovod, tensorflows_mirrored):
     """Each process is one replica of Horovod's workers: a MirroredStrategy's replicas
     would train apart and never be averaged; refused when the optimizer builds."""
     import keras
-    import tensorflow as tf
-
-    import tfdist
 
     horovod.init()
-    strategy = tf.distribute.MirroredStrategy(tfdist.strategies.ensure_logical_cpus(2))
+    strategy = tensorflows_mirrored()
     with strategy.scope():
         net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         optimizer = horovod_keras().DistributedOptimizer(

@@ -299,11 +299,12 @@ def test_upstream_central_storage_still_fails_with_batchnorm():
         model.fit(np.ones((4, 2)), np.ones((4, 2)), batch_size=4, verbose=0)
 
 
-def test_upstream_mirrored_still_fails_on_a_batch_the_replicas_split_unevenly():
+def test_upstream_mirrored_still_fails_on_a_batch_the_replicas_split_unevenly(
+        tensorflows_mirrored):
     """Canary: plain TF MirroredStrategy + Keras 3 fit on global batches of 7 rows on 2
     replicas. If this starts passing, Keras stopped reducing the first batch and
     tfdist/strategies/keras_build_batch.py can go."""
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = tensorflows_mirrored()
     assert not isinstance(strategy, MirroredStrategy)
     with strategy.scope():
         model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
@@ -545,13 +546,13 @@ def test_keras_trainer_hands_the_model_train_step_to_strategy_run(strategies):
 RAW_ERRORS = "tfdist/strategies/raw_errors.py"
 
 
-def test_tensorflows_mixed_strategies_error_is_the_one_raw_errors_tells():
+def test_tensorflows_mixed_strategies_error_is_the_one_raw_errors_tells(tensorflows_mirrored):
     """TF's own MirroredStrategy with a Keras optimizer made outside its scope raises the
     RuntimeError `raw_errors.MIXING` matches, from a frame of Keras' optimizer, and
     `mixed_strategies` tells it."""
     from tfdist.strategies import raw_errors
 
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = tensorflows_mirrored()
     optimizer = keras.optimizers.Adam()
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])

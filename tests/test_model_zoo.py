@@ -49,8 +49,8 @@ def tfdist_run(family, loop, strategy, compression="none", **options):
 
 
 @pytest.fixture(scope="module")
-def tensorflow_mirrored(two_cpus):
-    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+def tensorflow_mirrored(tensorflows_mirrored):
+    return tensorflows_mirrored()
 
 
 #: Every family through fit; every loop for the families whose inputs and layers differ

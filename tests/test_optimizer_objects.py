@@ -79,9 +79,9 @@ def _fit(strategy, make, wrap):
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_what_keras_cannot_remake_trains_through_tfdist_as_under_tfs_own_strategy(
-        strategies, name):
+        strategies, tensorflows_mirrored, name):
     make = OPTIMIZERS[name]
-    theirs = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])  # TF's own, plain Keras
+    theirs = tensorflows_mirrored()  # TF's own, plain Keras
     _, expected, plain = _fit(theirs, make, lambda o: o)
     given = {}
 
