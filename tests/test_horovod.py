@@ -486,6 +486,8 @@ def test_local_sgd_through_horovod_is_refused_under_a_strategy_of_several_replic
     would train apart and never be averaged; refused when the optimizer builds."""
     import keras
 
+    import tfdist
+
     horovod.init()
     strategy = tensorflows_mirrored()
     with strategy.scope():
