@@ -173,6 +173,72 @@ def _input_context(pipelines, pipeline, replicas):
     return tf.distribute.InputContext(pipelines, pipeline, replicas)
 
 
+def _tape():
+    import tensorflow as tf
+
+    return tf.GradientTape()
+
+
+def _horovod(module, call):
+    """call(hvd) with tfdist's Horovod `module` initialised as a job of one (no TF_CONFIG),
+    then shut down again (other tests start from an uninitialised Horovod)."""
+    import os
+
+    hvd = importlib.import_module(module)
+    assert "TF_CONFIG" not in os.environ
+    hvd.init()
+    try:
+        return call(hvd)
+    finally:
+        hvd.shutdown()
+
+
+HOROVOD = ("tfdist.horovod.tensorflow", "tfdist.horovod.keras")
+#: Horovod's API (both of its modules): "name" -> [(call(hvd) with hostile values, named)]
+HOROVOD_CASES = {
+    "allreduce": [(lambda h: h.allreduce(_zeros(2), name=5), "name"),
+                  (lambda h: h.allreduce(_zeros(2), op="bad"), "op must be one of")],
+    "grouped_allreduce": [(lambda h: h.grouped_allreduce([_zeros(2)], op="bad"),
+                           "op must be one of")],
+    "allgather": [(lambda h: h.allgather(_zeros()), "a scalar")],
+    "broadcast": [(lambda h: h.broadcast(_zeros(2), root_rank=HUGE), "root_rank"),
+                  (lambda h: h.broadcast(_zeros(2), root_rank=1.0), "root_rank")],
+    "broadcast_variables": [(lambda h: h.broadcast_variables([], root_rank=-1), "root_rank")],
+    "init": [(lambda h: h.init(comm=[0]), "no MPI communicator")],
+    "ProcessSet": [(lambda h: h.ProcessSet([0, 1]), "no process sets")],
+    "add_process_set": [(lambda h: h.add_process_set([0, 1]), "no process sets")],
+    "remove_process_set": [(lambda h: h.remove_process_set(5), "no process sets")],
+    "DistributedOptimizer": [
+        (lambda h: h.DistributedOptimizer(_optimizer(), backward_passes_per_step=0),
+         "backward_passes_per_step"),
+        (lambda h: h.DistributedOptimizer(_optimizer(), op="Adasum"), "Adasum")],
+    "DistributedGradientTape": [
+        (lambda h: h.DistributedGradientTape(_tape(), compression=5), "compression"),
+        (lambda h: h.DistributedGradientTape(None), "wraps a tf.GradientTape")],
+}
+HOROVOD_KERAS_CASES = {
+    "BroadcastGlobalVariablesCallback": [
+        (lambda h: h.callbacks.BroadcastGlobalVariablesCallback(root_rank=HUGE), "root_rank")],
+    "LearningRateWarmupCallback": [
+        (lambda h: h.callbacks.LearningRateWarmupCallback(initial_lr=NAN), "initial_lr")],
+    "LearningRateScheduleCallback": [
+        (lambda h: h.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=NAN),
+         "multiplier")],
+    "load_model": [(lambda h: h.load_model("a\0b.keras"), "filepath"),
+                   (lambda h: h.load_model(5), "filepath")],
+}
+
+
+def _horovod_cases():
+    cases = {}
+    for module in HOROVOD:
+        named = {**HOROVOD_CASES, **(HOROVOD_KERAS_CASES if module.endswith("keras") else {})}
+        for name, calls in named.items():
+            cases[f"{module}.{name}"] = [
+                (lambda m=module, c=call: _horovod(m, c), fragment) for call, fragment in calls]
+    return cases
+
+
 NAN, HUGE = float("nan"), 2**80
 #: "module.name" -> [(a call with hostile values, what the message must name)]
 PY_CASES = {
@@ -333,6 +399,7 @@ PY_CASES = {
     "tfdist.launch.launch": [
         (lambda: tfdist.launch.launch(config_from_dict({"cluster": {"worker": 2}}), ["true"],
                                       max_restarts=1.5), "max_restarts")],
+    **_horovod_cases(),
 }
 
 #: Public callables that take no value from a user (objects only), with the reason.
@@ -364,10 +431,16 @@ NO_USER_VALUES = {
     "tfdist.training.GradientPipeline": "the same class as tfdist.core.GradientPipeline",
     "tfdist.training.Trainer": "the same class as tfdist.Trainer",
     "tfdist.function": "the same function as tfdist.core.function",
+    **{f"{m}.{n}": "no arguments: the job's ranks and sizes, Horovod's start and stop, and its "
+                   "two compressions as attributes" for m in HOROVOD for n in
+       ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
+        "is_initialized", "shutdown", "Compression")},
+    "tfdist.horovod.keras.MetricAverageCallback": "its one argument, device, is Horovod's "
+                                                  "placement hint, which tfdist does not read",
 }
 PUBLIC_MODULES = ("tfdist", "tfdist.compression", "tfdist.callbacks", "tfdist.keras",
                   "tfdist.local_sgd", "tfdist.core", "tfdist.training", "tfdist.strategies",
-                  "tfdist.checkpoint", "tfdist.launch", "tfdist.config")
+                  "tfdist.checkpoint", "tfdist.launch", "tfdist.config", *HOROVOD)
 
 
 def public_callables():

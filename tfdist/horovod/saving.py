@@ -14,6 +14,7 @@ from tfdist.core.optimizer import pipeline_of, with_hook
 from tfdist.horovod.averaging import WorkersAverager
 from tfdist.horovod.gradients import Compression, check_options
 from tfdist.horovod.optimizer import HorovodExchange
+from tfdist.keras.saving import checked_filepath
 
 __all__ = ["load_model"]
 
@@ -33,8 +34,13 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
 
     A model saved with tfdist's own compression loads outside its strategy's scope as
     its plain optimizer (`tfdist.keras.saving` warns), which then goes behind the exchange.
+
+    Raises:
+        ValueError: `filepath` is not a path or holds a NUL (one line); a compression
+            Horovod does not have; Keras' errors for a file it cannot load.
     """
     check_options(compression)
+    checked_filepath(filepath)
     objects = {**{cls.__name__: cls for cls in custom_optimizers or ()}, **(custom_objects or {})}
     model = keras.models.load_model(filepath, custom_objects=objects)
     optimizer = getattr(model, "optimizer", None)

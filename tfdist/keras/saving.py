@@ -108,6 +108,14 @@ SUPERSEDED = ("`compile()` was not called as part of model loading",
               "Skipping variable loading for optimizer")
 
 
+def checked_filepath(filepath):
+    """Refuses in one line a `filepath` that no saved model can have (not a path or a file
+    object, or one with a NUL, which Keras would print raw)."""
+    if not isinstance(filepath, (str, os.PathLike, io.IOBase)) or "\0" in str(filepath):
+        raise ValueError("filepath must be the path of a saved model (.keras), without NUL "
+                         f"characters. Received: filepath={filepath!r:.200}")
+
+
 def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):  # noqa: A002
     """`keras.models.load_model`, and a model whose class overrides `compile` (KerasHub's
     `CausalLM`), which Keras does not compile from the file, compiled back as saved: its
@@ -122,9 +130,7 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):  # 
     Raises:
         ValueError: `filepath` is not a `.keras` file Keras can load (Keras' errors).
     """
-    if not isinstance(filepath, (str, os.PathLike, io.IOBase)) or "\0" in str(filepath):
-        raise ValueError("filepath must be the path of a saved model (.keras), without NUL "
-                         f"characters. Received: filepath={filepath!r:.200}")
+    checked_filepath(filepath)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = keras.models.load_model(filepath, custom_objects=custom_objects,
