@@ -221,7 +221,6 @@ class PreemptOnce(keras.callbacks.Callback):
             while not preemption().requested and time.monotonic() < deadline:
                 time.sleep(0.1)
 
-
     def _die_together(self):
         """Several tasks SIGKILLed at one step (an island lost) die at once: the last to
         reach the step kills them all, so the launcher never sees one lost and another still
@@ -230,7 +229,7 @@ class PreemptOnce(keras.callbacks.Callback):
         paths = [f"{stem}-{task}" for task in self.tasks]
         while not all(map(os.path.exists, paths)) and time.monotonic() < deadline:
             time.sleep(0.01)
-        for path in paths:
+        for path in filter(os.path.exists, paths):  # a peer that never came: itself alone
             with open(path) as marker:
                 pid = int(marker.read().split()[1])
             if pid != os.getpid():
