@@ -152,3 +152,64 @@ def test_replica_batch_size_refuses_in_one_line(context, batch, said):
     with pytest.raises(ValueError, match=said) as error:
         batch_rows.replica_batch_size(context, batch)
     assert "\n" not in str(error.value) and "Received: global_batch_size=" in str(error.value)
+
+
+# --- local SGD: each replica's weights weigh the rows it trained since the last average --
+
+def averaged_apart(period, weighed=True):
+    """Local SGD as Stich 2019 defines it, computed apart: one one-device model per replica,
+    each trained on its replica's rows of every batch (TensorFlow gives the first 8 of 15
+    to replica 0, the other 7 to replica 1), their weights averaged every `period` steps —
+    by the rows each trained since the last average, or plainly."""
+    x, y = data()
+    nets = [model(), model()]
+    for net in nets:
+        net.compile(keras.optimizers.SGD(0.1), "mse")
+    rows = np.zeros(2)
+    for step in range(EPOCHS * ROWS // BATCH):
+        start = step % (ROWS // BATCH) * BATCH
+        for replica, (low, high) in enumerate([(0, 8), (8, BATCH)]):
+            nets[replica].train_on_batch(x[start + low:start + high], y[start + low:start + high])
+            rows[replica] += high - low
+        if (step + 1) % period == 0:
+            share = rows / rows.sum() if weighed else np.full(2, 0.5)
+            mean = [sum(s * w.numpy() for s, w in zip(share, ws))
+                    for ws in zip(*(net.weights for net in nets))]
+            for net in nets:
+                net.set_weights(mean)
+            rows[:] = 0
+    return [w.numpy() for w in nets[0].weights]
+
+
+def trained_apart(strategy, loop, period):
+    x, y = data()
+    with strategy.scope():
+        net = model()
+    if loop == "fit":
+        with strategy.scope():
+            net.compile(keras.optimizers.SGD(0.1), "mse")
+        net.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                callbacks=[tfdist.callbacks.LocalSGD(period=period)])
+    else:
+        trainer = tfdist.Trainer(net, keras.optimizers.SGD(0.1), "mse", strategy=strategy,
+                                 hooks=[tfdist.local_sgd.ModelAverager(period=period)])
+        trainer.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH), epochs=EPOCHS,
+                    verbose=0)
+    return [[t.numpy() for t in strategy.experimental_local_results(w)] for w in net.weights]
+
+
+@pytest.mark.parametrize("loop", ["fit", "trainer"])
+@pytest.mark.parametrize("period", [1, 3])
+def test_local_sgd_averages_weigh_each_replica_by_the_rows_it_trained(mirrored, loop, period):
+    """15 over 2 replicas (8/7): every average weighs each replica's weights by its rows
+    since the last one, so period 1 is one device's SGD and period 3 the rows-weighted
+    local SGD computed apart; the plain average of the same runs lies measurably away."""
+    expected = averaged_apart(period)
+    plain = averaged_apart(period, weighed=False)
+    assert max(np.abs(e - p).max() for e, p in zip(expected, plain)) > 1e-4
+    if period == 1:
+        for got, want in zip(expected, one_device()):
+            np.testing.assert_allclose(got, want, atol=1e-6)
+    for want, replicas in zip(expected, trained_apart(mirrored, loop, period)):
+        for value in replicas:
+            np.testing.assert_allclose(value, want, atol=1e-6)

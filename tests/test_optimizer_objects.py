@@ -124,6 +124,43 @@ def test_an_optimizer_made_outside_the_scope_is_remade_in_it_or_refused_in_one_l
         assert "with strategy.scope()" in message and "Received: optimizer=" in message
 
 
+def _fit_apart(strategy, make, wrap):
+    """(weights of every replica, the optimizer compiled) after `_fit`'s epochs under
+    `tfdist.callbacks.LocalSGD(period=2)`."""
+    with strategy.scope():
+        keras.utils.set_random_seed(5)
+        inputs = keras.Input((6,))
+        model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(8)(inputs)))
+        model.compile(wrap(make()), "mse")
+    model.fit(*_data(), batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=[tfdist.callbacks.LocalSGD(period=2)])
+    return [[t.numpy() for t in strategy.experimental_local_results(w.value)]
+            for w in model.weights], model.optimizer
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_local_sgd_takes_the_users_optimizer_as_it_is(strategies, name):
+    """The LocalSGD callback on a model compiled with plain Keras' optimizer routes that
+    object in place (nothing re-made from its config), and trains as it does on the same
+    optimizer wrapped by `DistributedOptimizer` with an averager first."""
+    strategy = strategies("mirrored")
+    given = {}
+
+    def plain(optimizer):
+        given["optimizer"] = optimizer
+        return optimizer
+
+    actual, optimizer = _fit_apart(strategy, OPTIMIZERS[name], plain)
+    expected, _ = _fit_apart(strategy, OPTIMIZERS[name], lambda o: tfdist.keras.DistributedOptimizer(
+        o, hooks=[tfdist.local_sgd.ModelAverager(period=2)]))
+    assert optimizer is given["optimizer"] and is_routed(optimizer)
+    assert int(optimizer.iterations.numpy()) == EPOCHS * 4
+    for replicas, wanted in zip(actual, expected):
+        for value, want in zip(replicas, wanted):
+            np.testing.assert_array_equal(value, want)
+        np.testing.assert_array_equal(replicas[0], replicas[1])  # averaged at the end
+
+
 def _small_model():
     inputs = keras.Input((6,))
     return keras.Model(inputs, keras.layers.Dense(1)(inputs))

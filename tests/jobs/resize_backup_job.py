@@ -3,7 +3,8 @@ N` logical CPUs under `mirrored`, an error-fed exchange (`--compression topk|pow
 DiLoCo (`--compression diloco`: outer Nesterov, int8 + error feedback, SGD with momentum,
 saved between two synchronisations).
 `save` trains a few steps and writes a `ModelBackup`; `restore` builds the same model and
-restores it. Either prints one line `STATE {"rules": [...], "rows": [[...] per variable]}`:
+restores it. Either prints one line `STATE {"rules": [...], "names": [...], "rows": [[...]
+per variable]}`:
 each replica-state variable gathered from every replica, flattened."""
 
 import argparse
@@ -47,5 +48,6 @@ else:
     assert backup.restore() is not None, "no backup restored"
 rows = gather_replica_values(strategy, _replica_state(model))
 print("STATE " + json.dumps({"rules": _replica_rules(model),
+                             "names": [v.name for v in _replica_state(model)],
                              "rows": [r.reshape(r.shape[0], -1).tolist() for r in rows]}),
       flush=True)

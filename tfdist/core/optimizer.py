@@ -163,17 +163,31 @@ def with_gradient_pipeline(optimizer, pipeline):
                          f"its state is created under the strategy scope. Received: {optimizer}")
     if optimizer._distribution_strategy is not tf.distribute.get_strategy():
         return _routed_copy(optimizer, pipeline, outside_scope=True)
+    return _routed_in_place(optimizer, pipeline)
+
+
+def _routed_in_place(optimizer, pipeline, strategy=None):
+    """`optimizer` itself, of its routed class, exchanging through `pipeline`: nothing is
+    made again from its config (any schedule, any subclass Keras trains with). One built
+    already (an earlier `fit` without tfdist's hooks) builds the pipeline on its
+    variables under `strategy`."""
     check_seam(type(optimizer))
     object.__setattr__(optimizer, "__class__", routed_class(type(optimizer)))
-    return _attach(optimizer, pipeline)
+    _attach(optimizer, pipeline)
+    if optimizer.built:
+        check_update_rule(optimizer, pipeline.hooks)
+        with strategy.scope(), identical_initial_values():
+            pipeline.build(strategy, list(optimizer._trainable_variables))
+        keep_hook_state(optimizer)
+    return optimizer
 
 
 def with_hook(optimizer, hook, strategy):
-    """`optimizer` with `hook` in its pipeline: the same optimizer (hook appended) if it
-    is routed, else a routed copy that takes over its state (Horovod's fresh copy; the
-    original is left as it was). A hook of the same class already there (a callback of
-    an earlier `fit`) is replaced. Builds the hook if the optimizer is built. A
-    `LossScaleOptimizer` keeps its place: the optimizer inside it gets the hook."""
+    """`optimizer` with `hook` in its pipeline: the same optimizer, routed in place if it
+    was not (a routed copy only for one made under another strategy, as Keras clones
+    one). A hook of the same class already there (a callback of an earlier `fit`) is
+    replaced. Builds the hook if the optimizer is built. A `LossScaleOptimizer` keeps its
+    place: the optimizer inside it gets the hook."""
     if loss_scale.is_loss_scale(optimizer):
         inner = with_hook(optimizer.inner_optimizer, hook, strategy)
         if inner is not optimizer.inner_optimizer:
@@ -181,8 +195,10 @@ def with_hook(optimizer, hook, strategy):
         return loss_scale.take_over(optimizer)
     pipeline = pipeline_of(optimizer)
     if pipeline is None:
+        if optimizer._distribution_strategy is strategy:
+            return _routed_in_place(optimizer, GradientPipeline([hook]), strategy)
         with strategy.scope():
-            copy = _routed_copy(optimizer, GradientPipeline([hook]))
+            copy = _routed_copy(optimizer, GradientPipeline([hook]), outside_scope=True)
             if optimizer.built:
                 copy.build(optimizer._trainable_variables)
                 for mine, theirs in zip(copy.variables, optimizer.variables):

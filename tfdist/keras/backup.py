@@ -257,7 +257,12 @@ def _restore_replica_state(model, strategy, path, digests=None):
         return
     group = _replica_group(model)
     replicas = (group or strategy).num_replicas_in_sync
+    held = list(range(len(state)))  # the indices of `state` the file holds
     old, fits = _layout_of(file, state)  # from the headers: who wrote it, in which shapes
+    if old is None and any(_added_later(v) for v in state):
+        held = [i for i, v in enumerate(state) if not _added_later(v)]
+        old, fits = _layout_of(file, [state[i] for i in held])
+    state_all, state = state, [state[i] for i in held]
     kept = [v for v, fit in zip(state, fits or []) if fit]
     arrays = None if old is None else _read_arrays(
         file, [((old, *map(int, v.shape)), _numpy_dtype(v)) for v in kept], _bound(kept, old),
@@ -271,8 +276,17 @@ def _restore_replica_state(model, strategy, path, digests=None):
     elif old == replicas and all(fits):
         set_replica_values(strategy, state, arrays, group)
     else:
-        _restore_resized(model, strategy, path, state, dict(zip(
-            [i for i, fit in enumerate(fits) if fit], arrays)), old, replicas, group)
+        _restore_resized(model, strategy, path, state_all, dict(zip(
+            [held[i] for i, fit in enumerate(fits) if fit], arrays)), old, replicas, group)
+
+
+#: Replica state added after backups were already written (local SGD's rows since the last
+#: synchronisation): a backup without it restores the rest, and it starts from zero.
+ADDED_LATER = ("tfdist_rows_since_sync",)
+
+
+def _added_later(variable):
+    return any(name in variable.name for name in ADDED_LATER)
 
 
 def _restore_resized(model, strategy, path, state, arrays, old, replicas, group):

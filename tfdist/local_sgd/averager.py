@@ -36,6 +36,7 @@ from tfdist.local_sgd.rounds import Rounds
 from tfdist.local_sgd.schedule import Schedule
 from tfdist.local_sgd.synchroniser import Anchors, FragmentSync, Replicas
 from tfdist.local_sgd.warmup import NOT_YET, Warmup
+from tfdist.strategies import batch_rows
 from tfdist.strategies.kind import capabilities_of
 
 __all__ = ["DiLoCo", "ModelAverager", "NOT_YET"]
@@ -184,11 +185,13 @@ class ModelAverager(TrainingHook):
         syncs = self.rounds.synchronisers
         return [*self.weights, *(self.anchors.tensors if self.anchors else []),
                 *(v for s in syncs for v in s.sent), *(v for s in syncs for v in s.received),
-                *(v for hook in hooks for v in hook.replica_state())]
+                *(v for hook in hooks for v in hook.replica_state()),
+                *(s.rows for s in syncs)]
 
     def replica_state_rules(self):
         """How `replica_state()` goes onto another number of replicas (`tfdist.core.resize`):
-        the weights, and what an exchange sent, by their mean (a synchronisation's); the
+        the weights, what an exchange sent and the rows trained since the last
+        synchronisation, by their mean (a synchronisation's); the
         anchors, and what an exchange received, kept (everyone's: DiLoCo's outer state);
         the compressed exchanges' state by its own rules — afresh between islands, where it
         is held by shard (`IslandReduce.shard`)."""
@@ -198,7 +201,8 @@ class ModelAverager(TrainingHook):
                 + ["mean"] * sum(len(s.sent) for s in syncs)
                 + ["shared"] * sum(len(s.received) for s in syncs)
                 + [rule if self.across is None else "afresh" for hook in hooks
-                   for rule in hook.replica_state_rules()])
+                   for rule in hook.replica_state_rules()]
+                + ["mean"] * len(syncs))
 
     def checkpoint_state(self):
         """Where the synchronisation schedule stands (the same on every worker)."""
@@ -257,6 +261,9 @@ class ModelAverager(TrainingHook):
     @do_not_convert
     def exchange(self, grads, variables, step):
         if not self.synchronous:
+            rows = batch_rows.rows()
+            for sync in self.rounds.synchronisers if rows is not None else ():
+                sync.count_rows(rows)
             return step_exchange.local_exchange(grads, self.island_reduce, self.agreement)
         if self.across is not None:
             return step_exchange.warmup_across_islands(grads, step, self.island_reduce,

@@ -106,6 +106,12 @@ class FragmentSync:
         pacing: heterogeneous islands' `Pacing` (its weight scales what a replica
             contributes), or None.
         overlapped: keep `sent` and `received` buffers for an exchange in the background.
+
+    Each replica counts the rows it trained since the fragment's last synchronisation
+    (`rows`, `count_rows`); a synchronisation weighs what each replica contributes by its
+    rows times the replicas over all rows, so that a global batch the replicas do not
+    divide (16 over 3: 6/5/5) is averaged as on one device — where islands exchange
+    hierarchically or `pacing` weighs them, by island instead.
     """
 
     def __init__(self, ids, replicas, anchors=None, exchange=None, islands=None,
@@ -115,8 +121,10 @@ class FragmentSync:
         self.pacing = pacing
         self.functions = {}
         self.sent = self.received = []
+        local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
+        self.rows = tf.Variable(0.0, name="tfdist_rows_since_sync", **local)
+        self.counts_rows = False  # a traced local step counts them (Keras' or the Trainer's)
         if overlapped:
-            local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
             self.sent = [tf.Variable(tf.zeros(s), name="tfdist_sent", **local) for s in shapes]
             self.received = [tf.Variable(tf.zeros(s), name="tfdist_received", **local)
                              for s in shapes]
@@ -124,12 +132,18 @@ class FragmentSync:
     def replica_state(self):
         return [*self.sent, *self.received]
 
+    def count_rows(self, rows):
+        """(replica context) A local step trained `rows` (a float32 scalar) here."""
+        self.counts_rows = True
+        self.rows.assign_add(rows)
+
     def compiled(self, kind, weights, state=(), last=False):
         """The traced function of `kind` (sync, send, exchange, apply) for the model's
         `weights` (all of them; the fragment reads its `ids`) and the `state` averaged with
         it; traced once per model, kind and arguments."""
         watching = self.agreement.watching()  # an exchange carries the preemption flag then
-        key = (tuple(id(v) for v in [*weights, *state]), kind, last, watching)
+        key = (tuple(id(v) for v in [*weights, *state]), kind, last, watching,
+               self.counts_rows)
         if key not in self.functions:
             if not self.replicas.many:
                 self.functions[key] = lambda *arguments: None
@@ -182,7 +196,24 @@ class _Work:
             values = [tf.cast(w.read_value(), tf.float32) - anchors.tensors[i]
                       for i, w in zip(self.fragment.ids, self.weights)]
         pacing = self.fragment.pacing
-        return values if pacing is None else pacing.weigh(values)
+        if pacing is not None:
+            return pacing.weigh(values)
+        weight = self._row_weight()
+        return values if weight is None else [v * tf.cast(weight, v.dtype) for v in values]
+
+    def _row_weight(self):
+        """This replica's rows since the last synchronisation times the replicas over all
+        replicas' (1.0 where none were counted), the count started again; None where no
+        step counts rows (your own loop: no collective added) and between islands
+        exchanging hierarchically (weighed by island)."""
+        fragment = self.fragment
+        if fragment.islands is not None or not fragment.counts_rows:
+            return None
+        rows = fragment.rows.read_value()
+        comm = fragment.replicas.communicator()
+        total = comm.all_reduce([rows])[0]
+        fragment.rows.assign(tf.zeros_like(rows))
+        return tf.where(total > 0, rows * comm.num_replicas / tf.maximum(total, 1.0), 1.0)
 
     def _reduce(self, values, step):
         """The mean over replicas and workers of `values`, and of the state (plain)."""

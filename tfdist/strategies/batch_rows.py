@@ -6,8 +6,10 @@ the examples of a smaller share weigh more. tfdist's strategies weigh the traini
 Keras' trainer (and `tfdist.Trainer`) runs on each replica (`weighing`): the gradient
 exchange (`tfdist.core.hooks.GradientPipeline`) multiplies each replica's gradient by its
 rows times the replicas over all rows, so the step is the average over the global batch,
-as on one device. Your own loop scales its loss itself (`tf.nn.compute_average_loss(...,
-global_batch_size=...)` is already exact): nothing is weighed there.
+as on one device; local SGD's synchronisations weigh each replica's weights by the rows
+it trained since the last one (`rows`) likewise. Your own loop scales its loss itself
+(`tf.nn.compute_average_loss(..., global_batch_size=...)` is already exact): nothing is
+weighed there.
 
 `replica_batch_size` is the input side: a dataset function's share of a global batch that
 the replicas need not divide (an elastic job keeps its global batch at every size).
@@ -43,6 +45,17 @@ def weight():
     and backward passes (collectives are ordered among themselves only)."""
     stack = _stack()
     return stack[-1].weight() if stack else None
+
+
+def rows():
+    """(replica context) This replica's rows in the step being traced (`weighing`), a
+    float32 scalar, or None outside `weighing` or for data without rows: what a local step
+    of local SGD counts, so that a synchronisation weighs each replica by the rows it
+    trained (`tfdist.local_sgd.synchroniser`)."""
+    stack = _stack()
+    if not stack or stack[-1].rows is None:
+        return None
+    return tf.cast(stack[-1].rows, tf.float32)
 
 
 class _Share:
