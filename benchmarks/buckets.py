@@ -20,7 +20,7 @@ import tempfile
 import slow_network
 from methods import ONE_CORE
 from netns import ROOT
-from tfdist.core.buckets import DEFAULT_BUCKET_BYTES
+from tfdist.step.buckets import DEFAULT_BUCKET_BYTES
 
 RESULTS = ROOT / "benchmarks" / "results"
 SIZES = (0, 1 << 17, 1 << 19, 1 << 20)  # bytes per bucket; 0: one fused buffer

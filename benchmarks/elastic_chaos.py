@@ -67,7 +67,7 @@ def train(out, backup):
             self.epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):
-            from tfdist.core.preemption import skipping
+            from tfdist.step.preemption import skipping
 
             time.sleep(STEP_WAIT)  # a machine's own compute: fewer workers step no faster
             if not skipping(self.model, self.epoch, batch):

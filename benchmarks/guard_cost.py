@@ -1,6 +1,6 @@
 """What the transactional step costs: the UNet step on 2 worker processes with and without it.
 
-A step is a transaction (`tfdist.core.transaction`): an all-reduced count of the replicas
+A step is a transaction (`tfdist.step.transaction`): an all-reduced count of the replicas
 with a non-finite gradient decides whether it commits, and every update is conditional on
 it. The count rides in the step's gradient all-reduce (one more float); only where a step
 exchanges nothing (local SGD between averages) is it a scalar all-reduce of its own. Each worker holds two copies of the
@@ -35,7 +35,7 @@ def worker(args):
     from model import unet
 
     import tfdist
-    from tfdist.core import transaction
+    from tfdist.step import transaction
 
     strategy = tfdist.get_strategy("multi_worker_mirrored", communication="ring")
     train = types.SimpleNamespace(dataset="synthetic", seed=0, image_size=32,

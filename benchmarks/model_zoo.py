@@ -32,7 +32,7 @@ LOOPS = ("fit", "fit_dataset", "trainer", "own")
 
 
 def replica_values(model):
-    from tfdist.core.variables import underlying
+    from tfdist.step.variables import underlying
 
     strategy = model.distribute_strategy
     return [[t.numpy() for t in strategy.experimental_local_results(underlying(w))]

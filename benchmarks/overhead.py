@@ -26,7 +26,7 @@ and beside the ladder, what the step-time breakdown costs (issue 58):
 
     own_unclocked, trainer_step_unclocked
                   `own`, `trainer_step` with their optimizer's step clock off
-                  (`tfdist.core.step_clock`: its two timestamps, assigns and 2 float32 per
+                  (`tfdist.step.step_clock`: its two timestamps, assigns and 2 float32 per
                   worker on the verdict's all-reduce), in this process only: the pipeline's
                   clock is an `Unclocked` one, whose build makes nothing
     trainer_logged epochs of the `trainer` rung's one fit with `tfdist.callbacks.StepTimes()`
@@ -66,8 +66,8 @@ import metrics
 from model import unet
 
 import tfdist
-from tfdist.core.optimizer import pipeline_of
-from tfdist.core.step_clock import StepClock
+from tfdist.seam.optimizer import pipeline_of
+from tfdist.step.step_clock import StepClock
 from tfdist.training.data import distribute as distribute_as_trainer
 
 

@@ -7,7 +7,7 @@ namespace (overhead.py's alternating blocks in the same 2 processes).
 
 The comparisons (each where both of its rungs ran):
 
-  - the step clock (`tfdist.core.step_clock`, built for every routed optimizer under a
+  - the step clock (`tfdist.step.step_clock`, built for every routed optimizer under a
     multi-worker mirrored strategy of several workers: two `tf.timestamp`s, a few assigns,
     2 float32 per worker on the verdict's all-reduce): `own` against `own_unclocked`
     (and `trainer_step` against `trainer_step_unclocked`), the median step of each block;

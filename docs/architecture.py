@@ -13,10 +13,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: Bottom to top; within a layer, a package may import the ones listed before it.
 LAYERS = (
     ("errors", "limits", "versions", "capabilities", "regions", "step_times_line",
-     "resize_signal"),  # leaves
+     "resize_signal", "report"),  # leaves
     ("cluster", "config", "checkpoint"),    # YAML, TF_CONFIG, checkpoint files; no TensorFlow
     ("strategies",),                        # get_strategy and the subclasses
-    ("core",),                              # the step: hooks, driver, optimizer seam
+    ("step", "seam", "loop", "core"),       # one step; Keras' optimizer internals; between
+                                            # steps; the face of the names core documented
     ("compression", "local_sgd"),           # features, as hooks
     ("keras", "callbacks", "horovod"),      # thin Keras adapters; Horovod's API
     ("training",),                          # the Trainer
@@ -100,7 +101,8 @@ def draw(path):
                                     connectionstyle="arc3,rad=0.12"))
     for unit, (x, y) in where.items():
         ax.text(x, y, unit, ha="center", va="center", fontsize=10,
-                bbox=dict(boxstyle="round", fc="#dbe9f6" if unit == "core" else "white"))
+                bbox=dict(boxstyle="round",
+                          fc="#dbe9f6" if unit in ("step", "seam", "loop") else "white"))
     ax.set_xlim(-2.5, 2.5)
     ax.set_ylim(-0.7, len(LAYERS) - 0.3)
     ax.axis("off")

@@ -61,7 +61,7 @@ def batches(strategy):
 
 def replicas(strategy, model):
     """{name: [replica, ...] arrays} of the trainable weights and the optimizer's slots."""
-    from tfdist.core.variables import optimizer_slots, underlying
+    from tfdist.step.variables import optimizer_slots, underlying
 
     variables = [underlying(v) for v in model.trainable_variables]
     variables += optimizer_slots(model.optimizer)

@@ -15,7 +15,7 @@ from tfdist.compression.auto import (COST_SHARE, METHODS, PRIOR_COMPUTE, QUALITY
 from tfdist.compression.compressors import Compressor
 from tfdist.compression.exchange import GradientCompression
 from tfdist.config import ConfigError
-from tfdist.core.buckets import DEFAULT_BUCKET_BYTES
+from tfdist.step.buckets import DEFAULT_BUCKET_BYTES
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 
@@ -512,7 +512,7 @@ def test_a_backup_restored_onto_another_number_of_replicas_measures_again(capsys
     a measurement of the old cluster, so restoring it onto other replicas does not give it
     back (one line says so); a hook whose state is not a measurement gets its own back; the
     same size resumes with the choice."""
-    from tfdist.core.hooks import GradientPipeline, TrainingHook
+    from tfdist.step.hooks import GradientPipeline, TrainingHook
 
     class Kept(TrainingHook):
         def restore_checkpoint_state(self, state):

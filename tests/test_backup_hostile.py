@@ -14,7 +14,7 @@ import pytest
 
 import tfdist
 from tfdist.checkpoint import CheckpointError
-from tfdist.core.preemption import Preempted, skipping
+from tfdist.step.preemption import Preempted, skipping
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 STEPS, BATCH, EPOCHS = 4, 16, 3

@@ -1,4 +1,4 @@
-"""Gradient buckets (tfdist.core.buckets) that overlap the backward pass, proven in the
+"""Gradient buckets (tfdist.step.buckets) that overlap the backward pass, proven in the
 traced graph of a real training step, and exchanging exactly what one buffer does.
 
 Two logical CPUs with TF's collective all-reduce (the ops MultiWorkerMirroredStrategy
@@ -14,7 +14,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import cross_device_ops, cross_device_utils
 
 import tfdist
-from tfdist.core.buckets import buckets
+from tfdist.step.buckets import buckets
 from tfdist.strategies.collective_keys import next_key_base
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
@@ -152,7 +152,7 @@ def test_buckets_group_the_last_tensors_first():
 
 @pytest.mark.parametrize("compression", ["none", "fp16", "powersgd", "int8", "topk", "sign"])
 def test_the_wire_meter_counts_what_the_step_sends(two_cpus, compression):
-    """CommStats' source (tfdist.core.wire) against independent counts, times the steps
+    """CommStats' source (tfdist.step.wire) against independent counts, times the steps
     run: for all-reduces, the bytes of every CollectiveReduceV2 input in the traced step,
     per replica; for all-gathers (whose traced inputs TF pads to a shape known only when
     it runs, after gathering the shapes), the compressor's payload from its layout."""

@@ -73,7 +73,7 @@ def _tfdist_errors():
     from tfdist.cli import UsageError
     from tfdist.cluster.spec import ClusterError
     from tfdist.config import ConfigError
-    from tfdist.core.preemption import Preempted
+    from tfdist.step.preemption import Preempted
     from tfdist.errors import UnsupportedError
     from tfdist.launch import LaunchError
     from tfdist.strategies.errors import (BarrierTimeoutError, StrategyError,

@@ -12,7 +12,7 @@ from tfdist.compression import (QSGD, Cast, Compressor, GradientCompression, Int
                                 PowerSGD, RandomK, Sign, TopK, build)
 from tfdist.compression.buffers import pack, unpack
 from tfdist.config import ConfigError
-from tfdist.core import transaction
+from tfdist.step import transaction
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 
@@ -244,7 +244,7 @@ def test_sign_without_error_feedback_stalls_and_with_it_converges():
 
 
 def test_a_refused_step_leaves_the_residual_and_a_committed_one_updates_it():
-    """The hook's state follows the step's decision (tfdist.core.transaction), not its own
+    """The hook's state follows the step's decision (tfdist.step.transaction), not its own
     replica's check; see test_transaction.py for whole steps."""
     strategy = tf.distribute.get_strategy()
     hook = GradientCompression(TopK(0.1), error_feedback=True, min_size=1)

@@ -15,7 +15,7 @@ from tfdist.compression import GradientCompression, RandomK, Sign, TopK, build
 from tfdist.compression.buffers import pack, unpack
 from tfdist.compression.corrections import ratio_schedule, stage_of
 from tfdist.config import ConfigError, config_from_dict
-from tfdist.core import transaction
+from tfdist.step import transaction
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 
@@ -326,7 +326,7 @@ def test_sign_error_feedback_with_blocks_equals_ef_signsgd(strategies):
     dict(error_feedback="ef21")])
 def test_a_refused_step_leaves_every_correction_state_as_it_was(options):
     """Velocity, accumulation and EF21's estimate and sum follow the step's decision
-    (tfdist.core.transaction): a NaN anywhere changes none of them."""
+    (tfdist.step.transaction): a NaN anywhere changes none of them."""
     strategy = tf.distribute.get_strategy()
     hook = build("topk", ratio=0.1, min_size=1, **options)
     variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
@@ -510,7 +510,7 @@ def test_dgc_trains_like_the_numpy_reference_in_every_loop(strategies, loop):
     strategy = strategies("mirrored")
     w0, kernel = train_regression(strategy, loop)
     want = sgd_with_dgc_reference(w0)
-    for replica in replicas_of(strategy, tfdist.core.variables.underlying(kernel)):
+    for replica in replicas_of(strategy, tfdist.step.variables.underlying(kernel)):
         np.testing.assert_allclose(replica.ravel(), want, rtol=2e-4, atol=2e-5)
     assert np.linalg.norm(want - w0.ravel()) > 0.1  # it trained
 
@@ -555,7 +555,7 @@ def test_frozen_variance_trains_like_one_bit_adam_in_every_loop(strategies, loop
     strategy = strategies("mirrored")
     w0, kernel = train_regression(strategy, loop, keras.optimizers.Adam(**ADAM), ONE_BIT)
     want, want_v = adam_with_error_feedback_reference(w0)
-    for replica in replicas_of(strategy, tfdist.core.variables.underlying(kernel)):
+    for replica in replicas_of(strategy, tfdist.step.variables.underlying(kernel)):
         np.testing.assert_allclose(replica.ravel(), want, rtol=2e-4, atol=2e-5)
     live, live_v = adam_with_error_feedback_reference(w0, freeze=False)
     assert np.abs(live - want).max() > 1e-3  # freezing made a difference the test sees
@@ -577,7 +577,7 @@ def test_frozen_variance_keeps_the_optimizers_second_moment_and_is_saved(strateg
     assert int(optimizer.iterations.numpy()) == TRAIN_STEPS
     assert not np.allclose(v_at_start[0], 0)  # learned in the warm-up
     np.testing.assert_array_equal(replicas_of(strategy, optimizer._velocities[0]), v_at_start)
-    hook = tfdist.core.optimizer.pipeline_of(optimizer).exchange_owner
+    hook = tfdist.seam.optimizer.pipeline_of(optimizer).exchange_owner
     assert build(**hook.get_config()).freeze_variance and hook.get_config()["freeze_variance"]
 
 

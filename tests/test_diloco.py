@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.core.variables import underlying
+from tfdist.step.variables import underlying
 from tfdist.local_sgd import DiLoCo, ModelAverager
 from tfdist.local_sgd import fragments as fragmenting
 

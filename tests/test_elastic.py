@@ -359,7 +359,7 @@ def test_a_worker_killed_for_good_the_job_goes_on_with_three(request, write_conf
     smaller than the gap between two seeds). Every step of every epoch counts once: the two
     steps the loss cost are trained again from the backup, on 3 workers. Also with top-k
     and error feedback under mixed_float16: the lost replica's residuals folded into the
-    survivors (tfdist/core/resize.py), the loss scale kept; and PowerSGD with error
+    survivors (tfdist/step/resize.py), the loss scale kept; and PowerSGD with error
     feedback under the Trainer: its Q kept on every replica."""
     out, backup = tmp_path / "out", tmp_path / "backup"
     _, run = launch(write_config, out, FOUR, *TRAINING[training], *PLAIN3, "--backup",
@@ -601,7 +601,7 @@ def test_the_resize_signal_before_training_is_kept_for_the_first_step(monkeypatc
     restoring) is taken note of by the guard, not fatal; the preemption watch takes it when
     training begins, so the first step carries it. Without the launcher's variable, or with
     any other value of it, the guard leaves SIGUSR1 alone."""
-    from tfdist.core.preemption import preemption
+    from tfdist.step.preemption import preemption
     from tfdist.strategies import sigterm_guard
 
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}

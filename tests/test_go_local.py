@@ -56,7 +56,7 @@ def verdict(monkeypatch):
 
 
 def every_replica(strategy, model):
-    from tfdist.core.variables import underlying
+    from tfdist.step.variables import underlying
 
     return [[v.numpy() for v in strategy.experimental_local_results(underlying(w))]
             for w in model.trainable_variables]
@@ -329,7 +329,7 @@ def test_a_sigterm_after_going_local_resumes_every_replica_exactly(strategies, v
     ends where a run never interrupted ends, on every replica (mixed_float16)."""
     from test_preemption import BATCH, SignalAt, compiled, data, per_replica
 
-    from tfdist.core.preemption import Preempted
+    from tfdist.step.preemption import Preempted
 
     keras.mixed_precision.set_global_policy("mixed_float16")
     request.addfinalizer(lambda: keras.mixed_precision.set_global_policy("float32"))

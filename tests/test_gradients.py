@@ -1,4 +1,4 @@
-"""Gradients as models produce them (`tfdist.core.gradients`): static shapes from the
+"""Gradients as models produce them (`tfdist.step.gradients`): static shapes from the
 variable, an embedding's `IndexedSlices` exchanged as its rows, and Adam on duplicated rows
 checked against NumPy."""
 
@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.core import gradients, wire
+from tfdist.step import gradients, wire
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 

@@ -196,7 +196,7 @@ def test_every_hook_method_is_called_the_same_in_every_loop(strategies, tmp_path
     assert int(recorder.last_step.numpy()) == steps  # counting the step it ends
     # before_read made one model: per-replica BatchNormalization statistics agree.
     for variable in model.non_trainable_variables:
-        copies = strategy.experimental_local_results(tfdist.core.variables.underlying(variable))
+        copies = strategy.experimental_local_results(tfdist.step.variables.underlying(variable))
         for copy in copies[1:]:
             np.testing.assert_allclose(copy.numpy(), copies[0].numpy(), rtol=1e-6)
 

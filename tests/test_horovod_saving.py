@@ -45,7 +45,7 @@ def train(net, epochs=1):
 
 
 def exchange_of(optimizer):
-    from tfdist.core.optimizer import pipeline_of
+    from tfdist.seam.optimizer import pipeline_of
     from tfdist.horovod.optimizer import HorovodExchange
 
     pipeline = pipeline_of(optimizer)
@@ -190,7 +190,7 @@ def test_under_mixed_float16_the_loss_scale_and_the_exchange_come_back(horovod, 
     loaded with either loader, the scale it reached and the exchange inside it are back,
     and the reloaded model trains on as the one that never stopped."""
     keras, hvd = keras_and_hvd()
-    from tfdist.core.loss_scale import inner_of
+    from tfdist.seam.loss_scale import inner_of
 
     horovod.init()
     keras.mixed_precision.set_global_policy("mixed_float16")
@@ -270,7 +270,7 @@ def test_hvd_load_model_refuses_a_compression_it_cannot_use_in_one_line(horovod,
 
 
 def averager_of(optimizer):
-    from tfdist.core.optimizer import pipeline_of
+    from tfdist.seam.optimizer import pipeline_of
     from tfdist.horovod.averaging import WorkersAverager
 
     owner = pipeline_of(optimizer).exchange_owner

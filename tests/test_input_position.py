@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.core.preemption import Preempted, skipping
+from tfdist.step.preemption import Preempted, skipping
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 ROWS, BATCH, EPOCHS = 40, 8, 3  # 5 batches a pass
@@ -140,7 +140,7 @@ def test_an_input_that_cannot_be_positioned_is_warned_about_at_start(strategies,
     as many batches, not the same ones. fit and the Trainer with a backup say so once at
     start (the dataset found through fit's data adapter: if that Keras seam moves, the fit
     case fails); a seeded shuffle, or the global seed set first, says nothing."""
-    from tfdist.core.preemption import UNSEEDED_SHUFFLE, unseeded_shuffles
+    from tfdist.step.preemption import UNSEEDED_SHUFFLE, unseeded_shuffles
 
     strategy = strategies("mirrored")
     tf.random.set_seed(None)  # no global seed (make_model set one): shuffle() unseeded

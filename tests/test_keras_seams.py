@@ -1,7 +1,7 @@
 """The upstream seams tfdist relies on, checked by their behaviour. If Keras or TensorFlow
 moves one, a test here fails with a message naming the tfdist module to revisit — a Keras
 upgrade cannot break tfdist silently. Run this file on every Keras version tfdist claims
-(`tfdist.core.optimizer.KERAS_CHECKED`).
+(`tfdist.seam.optimizer.KERAS_CHECKED`).
 
 The multi-worker seams (MultiWorkerMirroredStrategy's `reduce` calls from Keras' trainer,
 ParameterServerStrategy's dataset distribution) are also checked with real processes in
@@ -18,15 +18,15 @@ import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 import tfdist
-from tfdist.core.optimizer import SAVED_KEY, SAVED_NAME
-from tfdist.core.optimizer import CALLED, KERAS_CHECKED, OVERRIDDEN
+from tfdist.seam.optimizer import SAVED_KEY, SAVED_NAME
+from tfdist.seam.optimizer import CALLED, KERAS_CHECKED, OVERRIDDEN
 from tfdist.strategies import CentralStorageStrategy, MirroredStrategy
 from tfdist.strategies.keras_build_batch import called_from_keras_trainer
 from tfdist.training import GradientPipeline
 
 pytestmark = [pytest.mark.matrix, pytest.mark.usefixtures("two_cpus", "jobs_path")]
 
-OPTIMIZER = "tfdist/core/optimizer.py"
+OPTIMIZER = "tfdist/seam/optimizer.py"
 MWMS = "tfdist/strategies/multi_worker_mirrored.py"
 PS = "tfdist/strategies/parameter_server.py"
 BUILD_BATCH = "tfdist/strategies/keras_build_batch.py"
@@ -34,14 +34,14 @@ KERAS = f"Keras {keras.__version__}"
 
 
 def test_keras_version_is_one_tfdist_checked():
-    """tfdist/core/optimizer.py lists the Keras versions whose seams this file checked."""
+    """tfdist/seam/optimizer.py lists the Keras versions whose seams this file checked."""
     assert keras.__version__ in KERAS_CHECKED, (
         f"{OPTIMIZER}: {KERAS} is not in KERAS_CHECKED {KERAS_CHECKED}. Run "
         "tests/test_keras_seams.py on it; when every test passes, add it to the table.")
 
 
 def test_optimizer_seams_are_where_fit_applies_and_exchanges_gradients(strategies):
-    """tfdist/core/optimizer.py overrides Keras' `apply`, `_backend_apply_gradients` and
+    """tfdist/seam/optimizer.py overrides Keras' `apply`, `_backend_apply_gradients` and
     `_backend_update_step`, and calls the methods in CALLED; fit goes through them."""
     from counting import CountExchanges
     from models import conv_model, dataset, loss
@@ -79,7 +79,7 @@ def _recording(base, names, log):
 
 
 def test_keras_apply_still_counts_the_step_after_applying_the_gradients():
-    """tfdist/core/optimizer.py's routed `_backend_apply_gradients` replays Keras' own
+    """tfdist/seam/optimizer.py's routed `_backend_apply_gradients` replays Keras' own
     (clip, weight decay, update, EMA, EMA overwrite, in this order, before the step is
     counted), and its transactional `apply` takes back the one `_iterations.assign_add(1)`
     Keras' `apply` makes after `_backend_apply_gradients` returned, if a step is refused
@@ -349,7 +349,7 @@ def test_seams_of_local_sgd_and_phases_are_still_there(tmp_path):
       replicas in `_save_model` before Keras writes: Keras' callbacks must save in it;
     - tfdist/keras/callbacks/training_hooks.py sets `model.train_function` in
       `on_train_batch_begin` (a step traced per phase): fit must call it in that step;
-    - tfdist/core/optimizer.py accumulates gradients in Keras' accumulators."""
+    - tfdist/seam/optimizer.py accumulates gradients in Keras' accumulators."""
     from tfdist.keras.callbacks import BackupAndRestore, ModelCheckpoint
 
     checkpoint = _recording_saves(keras.callbacks.ModelCheckpoint, lambda c: c.filepath)
@@ -434,8 +434,8 @@ def test_keras_loads_a_registered_name_first_else_the_keras_class_which_ignores_
 
 
 def test_a_background_dispatch_returns_at_once_runs_in_order_and_reports_failures():
-    """tfdist/core/overlap.py: TensorFlow's asynchronous eager executor, scoped to a block."""
-    from tfdist.core.overlap import Background
+    """tfdist/step/overlap.py: TensorFlow's asynchronous eager executor, scoped to a block."""
+    from tfdist.step.overlap import Background
 
     background, counter = Background(), tf.Variable(0)
     waited = tf.function(lambda: [counter.assign_add(1), tf.timestamp()][1])
@@ -443,7 +443,7 @@ def test_a_background_dispatch_returns_at_once_runs_in_order_and_reports_failure
         for _ in range(5):
             waited()
     background.wait()
-    assert int(counter.numpy()) == 5, "tfdist/core/overlap.py: dispatched work was lost"
+    assert int(counter.numpy()) == 5, "tfdist/step/overlap.py: dispatched work was lost"
     failing = tf.function(lambda x: tf.debugging.check_numerics(x, "in the background"))
     with background.dispatch():
         failing(tf.constant(np.nan))  # fails when it runs, not when it is called
@@ -470,21 +470,21 @@ def test_diloco_outer_optimizers_take_the_options_tfdist_offers():
 
 
 def test_keras_loss_scale_optimizer_is_what_compile_wraps_and_it_is_taken_over():
-    """tfdist/core/loss_scale.py takes over a Keras LossScaleOptimizer built around a
+    """tfdist/seam/loss_scale.py takes over a Keras LossScaleOptimizer built around a
     tfdist optimizer, in place, when its __init__ sets the inner optimizer's
     `loss_scale_factor` to None; model.compile under mixed_float16 wraps with that class;
     the step reads its `dynamic_scale`, `step_counter`, `dynamic_growth_steps` and
     `_overwrite_variable_with_gradient`, and the inner optimizer's `scale_loss` seam."""
     from keras.src.trainers import trainer as keras_trainer
 
-    from tfdist.core import loss_scale
+    from tfdist.seam import loss_scale
 
     assert keras_trainer.LossScaleOptimizer is keras.optimizers.LossScaleOptimizer, (
         f"{KERAS}: model.compile no longer wraps with keras.optimizers.LossScaleOptimizer")
     routed = tfdist.keras.with_gradient_pipeline(keras.optimizers.SGD(0.1), GradientPipeline())
     wrapped = keras.optimizers.LossScaleOptimizer(routed, dynamic_growth_steps=7)
     assert isinstance(wrapped, loss_scale.LossScaleOptimizer), (
-        f"tfdist/core/loss_scale.py: {KERAS}'s LossScaleOptimizer.__init__ no longer sets "
+        f"tfdist/seam/loss_scale.py: {KERAS}'s LossScaleOptimizer.__init__ no longer sets "
         "inner_optimizer.loss_scale_factor = None, where tfdist takes it over")
     variable = keras.Variable([1.0, 2.0])
     wrapped.build([variable])
@@ -666,7 +666,7 @@ def test_keras_adapters_tfdist_reorders_are_found_and_read_as_it_reads_them():
 
 def test_keras_optimizer_made_in_the_scope_keeps_the_strategy_and_variables_it_was_made_with(
         strategies):
-    """tfdist.core.optimizer.with_gradient_pipeline routes the optimizer in place when its
+    """tfdist.seam.optimizer.with_gradient_pipeline routes the optimizer in place when its
     `_distribution_strategy` (set by Keras' TF optimizer at __init__) is the strategy in
     scope: the object keeps its `_learning_rate` schedule and its variables, whose
     `iterations` Keras made mirrored there."""
@@ -678,7 +678,7 @@ def test_keras_optimizer_made_in_the_scope_keeps_the_strategy_and_variables_it_w
         optimizer = keras.optimizers.Adam(schedule)
         variables = optimizer.variables
         routed = tfdist.keras.DistributedOptimizer(optimizer)
-    where = "tfdist/core/optimizer.py (with_gradient_pipeline)"
+    where = "tfdist/seam/optimizer.py (with_gradient_pipeline)"
     assert outside._distribution_strategy is not strategy, f"{where}: {KERAS} moved it"
     assert routed is optimizer and optimizer._distribution_strategy is strategy, where
     assert optimizer._learning_rate is schedule and routed.variables == variables, where
@@ -687,14 +687,14 @@ def test_keras_optimizer_made_in_the_scope_keeps_the_strategy_and_variables_it_w
 
 def test_keras_skips_compile_from_config_for_a_model_with_its_own_compile(strategies,
                                                                          tmp_path):
-    """tfdist.core.routed.compile_is_custom is Keras' own test (Trainer.compile overridden)
+    """tfdist.seam.routed.compile_is_custom is Keras' own test (Trainer.compile overridden)
     and saving_check finds the model in Keras' `get_compile_config` frame; load_model
     drops the Keras warnings it supersedes (tfdist.keras.saving.SUPERSEDED)."""
     import warnings
 
     from keras.src.trainers.trainer import Trainer
 
-    from tfdist.core.routed import compile_is_custom
+    from tfdist.seam.routed import compile_is_custom
     from tfdist.keras.saving import SUPERSEDED
 
     class OwnCompile(keras.Model):  # as KerasHub's Task: compiled by its constructor
@@ -722,7 +722,7 @@ def test_keras_skips_compile_from_config_for_a_model_with_its_own_compile(strate
         with strategy.scope():
             keras.models.load_model(path)
     messages = [str(w.message) for w in caught]
-    where = "tfdist/core/routed.py (saving_check), tfdist/keras/saving.py (SUPERSEDED)"
+    where = "tfdist/seam/routed.py (saving_check), tfdist/keras/saving.py (SUPERSEDED)"
     assert any(m.startswith("OwnCompile overrides compile()") for m in messages), where
     for prefix in SUPERSEDED:
         assert any(m.startswith(prefix) for m in messages), f"{where}: {KERAS}: {messages}"

@@ -36,3 +36,28 @@ def test_the_check_can_fail():
     assert architecture.unit_of("tfdist.strategies.kind") == "strategies"
     assert architecture.unit_of("tfdist.capabilities") == "capabilities"
     assert architecture.rank("capabilities") < architecture.rank("cluster")
+
+
+#: The names `tfdist.core` documented before the step core was split into step/, seam/
+#: and loop/, each with the module that holds it now.
+CORE_FACE = {
+    "tfdist.loop.driver": ["HookDriver", "StepFunction", "before_read", "function"],
+    "tfdist.seam.optimizer": ["pipeline_of", "with_gradient_pipeline", "with_hook"],
+    "tfdist.seam.replica_state": ["SyncReplicaState", "sync_replica_state"],
+    "tfdist.step.hooks": ["GradientPipeline", "TrainingHook", "all_reduce_sum"],
+    "tfdist.step.transaction": ["Decision", "decide"],
+}
+
+
+def test_tfdist_core_still_offers_every_name_it_documented():
+    """Code written against `tfdist.core` keeps working: each name is the very object of
+    its new home, and the face offers nothing else."""
+    import importlib
+
+    import tfdist.core
+
+    names = [name for found in CORE_FACE.values() for name in found]
+    assert sorted(tfdist.core.__all__) == sorted(names)
+    for module, found in CORE_FACE.items():
+        for name in found:
+            assert getattr(tfdist.core, name) is getattr(importlib.import_module(module), name)

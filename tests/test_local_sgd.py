@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.core.variables import underlying
+from tfdist.step.variables import underlying
 from tfdist.local_sgd import ModelAverager
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
@@ -73,8 +73,8 @@ def test_averaging_the_optimizer_state_makes_adams_moments_their_mean(strategies
     """average_optimizer_state: at the synchronisation (here only the one at the end of
     training) every replica's Adam moments become their mean — the mean of the moments
     an identical run without it leaves on each replica."""
-    from tfdist.core.owned import optimizers_of
-    from tfdist.core.variables import optimizer_slots
+    from tfdist.seam.owned import optimizers_of
+    from tfdist.step.variables import optimizer_slots
 
     strategy = strategies("mirrored")
 

@@ -16,8 +16,8 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.core import abilities
-from tfdist.core.hooks import GradientPipeline, TrainingHook
+from tfdist.step import abilities
+from tfdist.step.hooks import GradientPipeline, TrainingHook
 from tfdist.local_sgd import fragments as fragmenting
 from tfdist.local_sgd.agreement import IslandAgreement, NoIslands
 from tfdist.local_sgd.rounds import Rounds

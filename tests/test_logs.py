@@ -505,7 +505,7 @@ def preempted_at(epoch, batch):
 
     import keras
 
-    from tfdist.core.preemption import skipping
+    from tfdist.step.preemption import skipping
 
     class SignalAt(keras.callbacks.Callback):
         def on_epoch_begin(self, e, logs=None):
@@ -539,7 +539,7 @@ def test_a_stop_agreed_at_an_epochs_last_step_keeps_its_row_and_scalars(tmp_path
     the CSV row and the event files' scalars of epoch 1 are written before the run exits
     (the resumed run starts at epoch 2: they would never be)."""
     import tfdist
-    from tfdist.core.preemption import Preempted
+    from tfdist.step.preemption import Preempted
 
     strategy = strategies("mirrored")
 

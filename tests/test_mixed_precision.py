@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.core.loss_scale import LossScaleOptimizer
+from tfdist.seam.loss_scale import LossScaleOptimizer
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.core.variables import underlying
+from tfdist.step.variables import underlying
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
 

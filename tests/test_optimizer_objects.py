@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist.compression import GradientCompression
-from tfdist.core.optimizer import SAVED_NAME, is_routed, pipeline_of
+from tfdist.seam.optimizer import SAVED_NAME, is_routed, pipeline_of
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 

@@ -106,7 +106,7 @@ def test_a_nan_in_your_own_loop_is_refused_on_every_replica(strategies):
     """The tutorial loop with a NaN in replica 1's half of the second batch: the step
     raises tfdist's error and every replica's weights and slots are as after the first."""
     from models import conv_model, images
-    from tfdist.core.variables import underlying
+    from tfdist.step.variables import underlying
 
     strategy = strategies("mirrored")
     with strategy.scope():

@@ -1,4 +1,4 @@
-"""A hook's phase is a pure query (tfdist/core/hooks.py, `TrainingHook.phase`): for every
+"""A hook's phase is a pure query (tfdist/step/hooks.py, `TrainingHook.phase`): for every
 hook tfdist ships, reading the phase of any step runs no TensorFlow op (so no collective),
 prints nothing and changes none of the hook's state; what decides a phase (auto timing
 the link, `warmup_steps: auto` judging step 0) happens in `prepare`, which the driver
@@ -12,7 +12,7 @@ import tfdist
 from tfdist.compression import cost_model
 from tfdist.compression.auto import AutoCompression
 from tfdist.config.hyperparameters import NAMES
-from tfdist.core.optimizer import pipeline_of
+from tfdist.seam.optimizer import pipeline_of
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
 STEPS = 40

@@ -1,4 +1,4 @@
-"""Preemption in one process on 2 replicas (tfdist/core/preemption.py): the process sends
+"""Preemption in one process on 2 replicas (tfdist/step/preemption.py): the process sends
 itself SIGTERM, as Kubernetes or SLURM would; the next step's all-reduce makes it the
 agreed step; the backup holds that step and a new run resumes exactly there. The
 multi-worker version (4 processes, one preempted) is in test_multiworker_training.py."""
@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.core.preemption import EXIT_CODE, Preempted, skipping
+from tfdist.step.preemption import EXIT_CODE, Preempted, skipping
 from tfdist.keras.backup import seed_states
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
@@ -134,8 +134,8 @@ def test_a_model_with_dropout_resumes_drawing_the_masks_an_uninterrupted_run_dra
 
 def per_replica(strategy, model):
     """Every replica's weights and optimizer slots (Adam's moments), as NumPy arrays."""
-    from tfdist.core.owned import optimizers_of
-    from tfdist.core.variables import optimizer_slots, underlying
+    from tfdist.seam.owned import optimizers_of
+    from tfdist.step.variables import optimizer_slots, underlying
 
     variables = [underlying(v) for v in model.trainable_variables]
     variables += optimizer_slots(optimizers_of(model)[0])
@@ -218,7 +218,7 @@ def test_your_own_loop_learns_of_a_preemption_after_the_same_step(strategies):
             if step == 1:
                 os.kill(os.getpid(), signal.SIGTERM)  # between steps 1 and 2
     finally:
-        tfdist.core.preemption.preemption().reset()
+        tfdist.step.preemption.preemption().reset()
     assert said == [False, False, True, True]
 
 
@@ -264,7 +264,7 @@ def test_your_own_loop_saves_at_the_agreed_step_and_resumes_exactly(strategies, 
                 if step == preempt_after:
                     os.kill(os.getpid(), signal.SIGTERM)
         finally:
-            tfdist.core.preemption.preemption().reset()
+            tfdist.step.preemption.preemption().reset()
         return model, STEPS
 
     _, stopped = run(preempt_after=1)

@@ -12,7 +12,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from tfdist.core.resize import describe, resized_rows, rule_of_state
+from tfdist.step.resize import describe, resized_rows, rule_of_state
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "jobs" / "resize_backup_job.py"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tfdist
-from tfdist.core.optimizer import SAVED_KEY, SAVED_NAME
+from tfdist.seam.optimizer import SAVED_KEY, SAVED_NAME
 from tfdist.compression import GradientCompression, RandomK, TopK
 from tfdist.keras import saving
 from tfdist.training import GradientPipeline
@@ -96,7 +96,7 @@ def test_a_reloaded_model_exchanges_as_it_was_saved_and_trains_on(name, strategi
         loaded = keras.models.load_model(path)
     optimizer = loaded.optimizer
     assert type(optimizer).__mro__[1] is keras.optimizers.Adam
-    assert tfdist.core.optimizer.is_routed(optimizer)
+    assert tfdist.seam.optimizer.is_routed(optimizer)
     expected = {"name": name, **DEFAULTS, **OPTIONS[name]}
     assert _hook(model.optimizer).get_config() == expected
     assert _hook(optimizer).get_config() == expected
@@ -177,7 +177,7 @@ def test_a_registered_optimizer_class_of_your_own_comes_back(strategies, tmp_pat
     model.save(path)
     with strategy.scope():
         optimizer = keras.models.load_model(path).optimizer
-    assert type(optimizer).__mro__[1] is ScaledAdam and tfdist.core.optimizer.is_routed(optimizer)
+    assert type(optimizer).__mro__[1] is ScaledAdam and tfdist.seam.optimizer.is_routed(optimizer)
     assert _hook(optimizer).get_config() == _hook(model.optimizer).get_config()
     assert float(optimizer.learning_rate.numpy()) == pytest.approx(0.02)
 
@@ -196,7 +196,7 @@ def test_a_pipeline_without_compression_loads_routed_without_it(strategies, tmp_
     with strategy.scope():
         optimizer = keras.models.load_model(path).optimizer
     assert type(optimizer).__mro__[1] is keras.optimizers.SGD
-    assert tfdist.core.optimizer.is_routed(optimizer)
+    assert tfdist.seam.optimizer.is_routed(optimizer)
     assert tfdist.core.pipeline_of(optimizer).exchange_owner is None  # Keras' all-reduce
 
 

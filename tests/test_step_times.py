@@ -1,4 +1,4 @@
-"""The step-time breakdown and the straggler named (issue 58): `tfdist.core.step_clock`
+"""The step-time breakdown and the straggler named (issue 58): `tfdist.step.step_clock`
 measures, `tfdist.callbacks.StepTimes` reports; checked on real workers with one slowed on
 purpose, against each worker's own host clock, and its figures against plain NumPy."""
 

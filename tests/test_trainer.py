@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist.training import TrainingHook
-from tfdist.core.hooks import all_reduce_sum
+from tfdist.step.hooks import all_reduce_sum
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
 
@@ -268,7 +268,7 @@ def test_metrics_made_outside_the_scope_count_every_replica_and_logs_read_at_onc
     import tensorflow as tf
 
     import tfdist
-    from tfdist.core.variables import underlying
+    from tfdist.step.variables import underlying
 
     strategy = strategies("mirrored")
     outside = [keras.metrics.MeanIoU(3, sparse_y_pred=False, name="iou"),

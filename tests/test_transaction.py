@@ -19,8 +19,8 @@ import tensorflow as tf
 
 import tfdist
 from tfdist.compression import build
-from tfdist.core import transaction
-from tfdist.core.variables import underlying
+from tfdist.step import transaction
+from tfdist.step.variables import underlying
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
 

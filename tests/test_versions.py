@@ -14,8 +14,8 @@ import tensorflow as tf
 
 import tfdist
 from tfdist import versions
-from tfdist.core.optimizer import check_seam, with_gradient_pipeline
-from tfdist.core.hooks import GradientPipeline
+from tfdist.seam.optimizer import check_seam, with_gradient_pipeline
+from tfdist.step.hooks import GradientPipeline
 from tfdist.versions import UnsupportedVersionError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ older TensorFlow with the newest Keras, and the oldest TensorFlow also with the 
 
 The floor is checked twice: by version number when tfdist's TensorFlow parts are imported
 (a known-bad Keras never gets as far as building a model), and by behaviour on the real
-optimizer class when tfdist routes it (`tfdist.core.optimizer.check_seam`), which is what
+optimizer class when tfdist routes it (`tfdist.seam.optimizer.check_seam`), which is what
 catches a Keras newer than the ones tested that moved a seam.
 """
 

@@ -179,7 +179,7 @@ class PreemptOnce(keras.callbacks.Callback):
         self.epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        from tfdist.core.preemption import skipping
+        from tfdist.step.preemption import skipping
 
         if skipping(self.model, self.epoch, batch):
             return

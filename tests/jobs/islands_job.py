@@ -189,7 +189,7 @@ def main():
     import tensorflow as tf
 
     import tfdist
-    from tfdist.core.variables import underlying
+    from tfdist.step.variables import underlying
 
     if args.replicas:
         strategy = tfdist.get_strategy("mirrored", logical_cpus=args.replicas)

@@ -25,7 +25,7 @@ import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
 from models import conv_model, images, loss  # noqa: E402
-from tfdist.core.variables import underlying  # noqa: E402
+from tfdist.step.variables import underlying  # noqa: E402
 
 PER_REPLICA = 16
 

@@ -14,8 +14,8 @@ import keras
 import numpy as np
 
 import tfdist
-from tfdist.core.optimizer import with_hook
-from tfdist.core.variables import gather_replica_values
+from tfdist.seam.optimizer import with_hook
+from tfdist.step.variables import gather_replica_values
 from tfdist.keras.backup import _replica_rules, _replica_state
 
 parser = argparse.ArgumentParser()

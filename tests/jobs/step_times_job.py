@@ -21,9 +21,9 @@ import tensorflow as tf  # noqa: E402
 
 import tfdist  # noqa: E402
 from models import conv_model, dataset, loss  # noqa: E402
-from tfdist.core.optimizer import pipeline_of  # noqa: E402
-from tfdist.core.owned import named_optimizers  # noqa: E402
-from tfdist.core.step_clock import worker_index  # noqa: E402
+from tfdist.seam.optimizer import pipeline_of  # noqa: E402
+from tfdist.seam.owned import named_optimizers  # noqa: E402
+from tfdist.step.step_clock import worker_index  # noqa: E402
 from tfdist.strategies.task import task_of  # noqa: E402
 
 STEPS, EPOCHS, BATCH = 6, 2, 16

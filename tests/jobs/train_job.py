@@ -185,7 +185,7 @@ class PreemptOnce(keras.callbacks.Callback):
         self.epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        from tfdist.core.preemption import skipping
+        from tfdist.step.preemption import skipping
 
         if skipping(self.model, self.epoch, batch):
             return
@@ -211,7 +211,7 @@ class PreemptOnce(keras.callbacks.Callback):
             if self.signal is not None:
                 os.kill(os.getpid(), self.signal)
                 return
-            from tfdist.core.preemption import preemption
+            from tfdist.step.preemption import preemption
 
             signalled, deadline = os.path.join(self.out, "signalled"), time.monotonic() + 120
             while not os.path.exists(signalled) and time.monotonic() < deadline:

@@ -10,7 +10,7 @@ REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": 
 PORT = 2222
 DNS_LABEL_LENGTH = 63  # Kubernetes' limit for a Service name and a pod's host name
 #: The exit code of a task that saved a backup after a preemption signal
-#: (`tfdist.core.preemption.EXIT_CODE`, 128 + SIGTERM); restart rules retry it.
+#: (`tfdist.step.preemption.EXIT_CODE`, 128 + SIGTERM); restart rules retry it.
 PREEMPTED_EXIT_CODE = 143
 DEFAULT_GRACE_SECONDS, MAX_GRACE_SECONDS = 60, 86400
 INT32_MAX = 2**31 - 1  # backoffLimit is an int32

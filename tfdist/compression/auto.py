@@ -25,7 +25,7 @@ answer depends on the link, the model and the step time. So `AutoCompression`:
 5. keeps the prior unless another method is predicted `min_gain` faster to accuracy (the
    cost model's own error); that one is traced, with all-reduce buckets sized so each
    transfer takes 20 times the fixed cost of one more all-reduce on this link
-   (`tfdist.core.buckets.bucket_bytes_for`), and timed over as many steps: unless it
+   (`tfdist.step.buckets.bucket_bytes_for`), and timed over as many steps: unless it
    measures faster to accuracy than the prior did, the prior comes back (a prediction is
    checked, never trusted: the model knows neither the runtime's overlap nor a loaded
    machine). It says why in one line on the chief;
@@ -53,11 +53,11 @@ from tfdist.compression.compressors import compressor_by_name
 from tfdist.compression.exchange import GradientCompression
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.core.buckets import bucket_bytes_for
-from tfdist.core.hooks import TrainingHook
+from tfdist.step.buckets import bucket_bytes_for
+from tfdist.step.hooks import TrainingHook
 from tfdist.errors import UnsupportedError
 from tfdist.strategies.kind import capabilities_of
-from tfdist.core.report import say
+from tfdist.report import say
 from tfdist.strategies.task import is_chief
 
 #: AutoCompression's arguments, checked by the config loader's checks.

@@ -3,8 +3,8 @@
 import tensorflow as tf
 
 from tfdist.compression.buffers import pack, unpack
-from tfdist.core import transaction, wire
-from tfdist.core.buckets import all_reduce_in_buckets, checked_bucket_bytes
+from tfdist.step import transaction, wire
+from tfdist.step.buckets import all_reduce_in_buckets, checked_bucket_bytes
 
 
 #: What a replica context offers the exchange (a sub-group's, e.g. islands', too).
@@ -40,8 +40,8 @@ class Communicator:
 
     def all_reduce_fused(self, tensors):
         """Sums float `tensors` in fused float32 all-reduces: one, or one per bucket of
-        `bucket_bytes` (`tfdist.core.buckets`); the last carries the step's finiteness
-        verdict if nothing did before (`tfdist.core.transaction`)."""
+        `bucket_bytes` (`tfdist.step.buckets`); the last carries the step's finiteness
+        verdict if nothing did before (`tfdist.step.transaction`)."""
         if not tensors:
             return []
         if self.bucket_bytes:

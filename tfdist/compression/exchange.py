@@ -8,10 +8,10 @@ into one uncompressed all-reduce, the others fused into one buffer that the comp
 encodes, exchanges (all-reduce, all-gather, or PowerSGD's two all-reduces) and decodes.
 Before `start_step` everything goes uncompressed; the switch is a phase (collectives
 cannot sit inside `tf.cond` in replica context), so the step is traced once more then.
-State changes only if the step commits (`tfdist.core.transaction`): a NaN or Inf gradient
+State changes only if the step commits (`tfdist.step.transaction`): a NaN or Inf gradient
 on any replica leaves it as it was on every replica. Under parameter servers nothing
 crosses between replicas: the casts and int8 compress each gradient *push* instead
-(`PushCodec`, used by the optimizer seam in `tfdist.core.optimizer`).
+(`PushCodec`, used by the optimizer seam in `tfdist.seam.optimizer`).
 """
 
 import numbers
@@ -27,14 +27,14 @@ from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize
 from tfdist.config.hyperparameters import (LOCAL_CLIP_NORM, MOMENTUM_CORRECTION,
                                            RATIO_WARMUP_START, RATIO_WARMUP_STEPS)
 from tfdist.config import checks
-from tfdist.core.resize import rule_of_state
+from tfdist.step.resize import rule_of_state
 from tfdist.config.checks import check_arguments
 from tfdist.config.sections.compression import EXCHANGE_OPTIONS
-from tfdist.core import gradients, transaction
-from tfdist.core.buckets import DEFAULT_BUCKET_BYTES
-from tfdist.core.hooks import TrainingHook, exchange_rows_apart
-from tfdist.core.tracing import do_not_convert
-from tfdist.core.variables import underlying
+from tfdist.step import gradients, transaction
+from tfdist.step.buckets import DEFAULT_BUCKET_BYTES
+from tfdist.step.hooks import TrainingHook, exchange_rows_apart
+from tfdist.step.tracing import do_not_convert
+from tfdist.step.variables import underlying
 from tfdist.errors import UnsupportedError
 from tfdist.strategies.kind import capabilities_of
 
@@ -69,12 +69,12 @@ class GradientCompression(TrainingHook):
             random-k ratio from `ratio_warmup_start` down to the compressor's ratio over
             these steps after `start_step`, in `corrections.STAGES` stages (0: off).
         bucket_bytes: all-reduce the uncompressed tensors (and the casts') in buckets of
-            this size that overlap the backward pass (`tfdist.core.buckets`; 0: one
+            this size that overlap the backward pass (`tfdist.step.buckets`; 0: one
             fused buffer; None: `DEFAULT_BUCKET_BYTES`).
         freeze_variance: from `start_step` on, an Adam or AdamW optimizer keeps its second
             moment as it was then (1-bit Adam, Tang et al. 2021, arXiv 2102.02888:
             error feedback does not mix with Adam's variance;
-            `tfdist.core.optimizer.frozen_variance_adam`). Needs start_step > 0: the
+            `tfdist.seam.optimizer.frozen_variance_adam`). Needs start_step > 0: the
             warm-up that learns it.
 
     Raises:

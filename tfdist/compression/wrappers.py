@@ -14,7 +14,7 @@ import tensorflow as tf
 from tfdist.compression.buffers import Layout, pack, unpack
 from tfdist.config.checks import check_arguments
 from tfdist.config.sections.compression import EXCHANGE_OPTIONS
-from tfdist.core.buckets import buckets
+from tfdist.step.buckets import buckets
 
 
 class Wrapper:
@@ -161,7 +161,7 @@ class MinSize(Wrapper):
 
     def _exchange_in_buckets(self, tensors, small, large, comm, seeds):
         """A stateless all-reduce compressor (the casts) in buckets of the large tensors,
-        last layer first (`tfdist.core.buckets`), then the small ones, which carry the
+        last layer first (`tfdist.step.buckets`), then the small ones, which carry the
         step's verdict."""
         summed = {}
         for group in buckets([4 * Layout((tuple(tensors[i].shape),)).size for i in large],

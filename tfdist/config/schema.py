@@ -115,7 +115,7 @@ class CompressionConfig:
     error_feedback: bool | str = False  # True, False or "ef21"
     start_step: int = 0
     min_size: int = 1024
-    bucket_bytes: int | None = None  # None: tfdist.core.buckets.DEFAULT_BUCKET_BYTES
+    bucket_bytes: int | None = None  # None: tfdist.step.buckets.DEFAULT_BUCKET_BYTES
     freeze_variance: bool = False  # Adam's second moment frozen from start_step (1-bit Adam)
 
 

@@ -18,7 +18,7 @@ from tfdist.compression.auto import AutoCompression
 from tfdist.compression.communicator import Communicator
 from tfdist.config.load import local_sgd_from_dict
 from tfdist.config.yaml_source import Source
-from tfdist.core.tracing import plain_function
+from tfdist.step.tracing import plain_function
 from tfdist.errors import UnsupportedError
 from tfdist.horovod import basics
 from tfdist.horovod.ops import WorkersContext, check_one_replica, settle_over_workers

@@ -9,8 +9,8 @@ import keras
 
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.core.optimizer import learning_rate_schedule, pipeline_of
-from tfdist.core.report import say
+from tfdist.seam.optimizer import learning_rate_schedule, pipeline_of
+from tfdist.report import say
 from tfdist.horovod import basics
 from tfdist.horovod.ops import allreduce, broadcast_variables, check_root
 from tfdist.keras.callbacks.training_hooks import TrainingHooks

@@ -9,7 +9,7 @@ import numbers
 import tensorflow as tf
 
 from tfdist import limits
-from tfdist.core import transaction
+from tfdist.step import transaction
 from tfdist.errors import UnsupportedError, one_line, shown
 from tfdist.horovod import basics, process_sets
 from tfdist.horovod.agreement import REDUCTIONS, group_signature
@@ -139,7 +139,7 @@ def check_one_replica(strategy):
 
 def settle_over_workers():
     """(in a step) The step's verdict and preemption flag summed over every worker
-    (`tfdist.core.transaction`): each process is a replica of its own, so the step's own
+    (`tfdist.step.transaction`): each process is a replica of its own, so the step's own
     decision would take this worker's flags alone."""
     decision = transaction.current()
     if decision is not None and basics.group() is not None:

@@ -1,7 +1,7 @@
 """Horovod's `DistributedOptimizer` (`horovod.tensorflow.keras`): a Keras optimizer whose
 gradients are averaged over the workers before each update.
 
-Built on tfdist's optimizer seam (`tfdist.core.optimizer`): the optimizer becomes a routed
+Built on tfdist's optimizer seam (`tfdist.seam.optimizer`): the optimizer becomes a routed
 copy whose exchange is `HorovodExchange` — each gradient allreduced over the workers'
 group (`tfdist.horovod.gradients`), cast to float16 on the wire with `Compression.fp16` —
 and the step stays one transaction: each worker's finiteness flag rides the same
@@ -27,8 +27,8 @@ from tfdist.compression.factory import build
 from tfdist.config import ConfigError, checks
 from tfdist.config.checks import check_arguments
 from tfdist.config.yaml_source import Source
-from tfdist.core.hooks import GradientPipeline, TrainingHook
-from tfdist.core.optimizer import with_gradient_pipeline
+from tfdist.step.hooks import GradientPipeline, TrainingHook
+from tfdist.seam.optimizer import with_gradient_pipeline
 from tfdist.errors import shown
 from tfdist.horovod import averaging, basics
 from tfdist.horovod.averaging import is_model_averaging

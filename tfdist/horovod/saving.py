@@ -10,7 +10,7 @@ does, with the `compression` given.
 import keras
 import tensorflow as tf
 
-from tfdist.core.optimizer import pipeline_of, with_hook
+from tfdist.seam.optimizer import pipeline_of, with_hook
 from tfdist.horovod.averaging import WorkersAverager
 from tfdist.horovod.gradients import Compression, check_options
 from tfdist.horovod.optimizer import HorovodExchange

@@ -1,7 +1,7 @@
 """Thin Keras 3 adapters over tfdist's core: the optimizer wrapper, saving, callbacks,
 per-replica random draws."""
 
-from tfdist.core.optimizer import with_gradient_pipeline
+from tfdist.seam.optimizer import with_gradient_pipeline
 from tfdist.keras.backup import ModelBackup
 from tfdist.keras import saving  # noqa: F401  (registers the loader of saved routed optimizers)
 from tfdist.keras.saving import load_model

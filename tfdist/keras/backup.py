@@ -7,7 +7,7 @@ gathered from every replica of every worker in `replica_state.npz` — the excha
 (error-feedback residuals, PowerSGD's P and Q, EF21's estimates) and, where replicas
 train apart (local SGD, DiLoCo), their weights, optimizer slots and DiLoCo's anchors, so
 a backup between two synchronisations changes nothing (restored by another number of
-replicas, by each variable's rule: `tfdist.core.resize`); and, in the metadata, the hooks'
+replicas, by each variable's rule: `tfdist.step.resize`); and, in the metadata, the hooks'
 kept state (`compression: auto`'s choice, where local SGD's schedule stands) and the
 layers' random state that Keras' `save_weights` leaves out (a Dropout's seed generator),
 so a resumed run draws the masks the uninterrupted one would. Each backup is a `tfdist.checkpoint.CheckpointStore`
@@ -28,11 +28,11 @@ from tfdist.checkpoint import CheckpointError, CheckpointStore
 from tfdist.checkpoint.store import check_json
 from tfdist.checkpoint.files import check_path, open_regular
 from tfdist.limits import MAX_LOGICAL_CPUS, MAX_TASKS
-from tfdist.core.driver import before_backup
-from tfdist.core.optimizer import pipeline_of
-from tfdist.core.owned import optimizers_of
-from tfdist.core.resize import describe, resized_rows
-from tfdist.core.variables import (gather_replica_values, optimizer_slots,
+from tfdist.loop.driver import before_backup
+from tfdist.seam.optimizer import pipeline_of
+from tfdist.seam.owned import optimizers_of
+from tfdist.step.resize import describe, resized_rows
+from tfdist.step.variables import (gather_replica_values, optimizer_slots,
                                    set_replica_values)
 from tfdist.keras.written import writing
 from tfdist.strategies.task import barrier, is_chief
@@ -151,7 +151,7 @@ def capture(model, strategy):
 
 def restore(model, strategy, path, metadata):
     """Loads the backup at `path` into `model`: weights, optimizer, each replica's exchange
-    state (another number of replicas: by rule, `tfdist.core.resize`; another layout:
+    state (another number of replicas: by rule, `tfdist.step.resize`; another layout:
     one line, afresh) and the hooks' kept state.
 
     Raises:
@@ -292,7 +292,7 @@ def _added_later(variable):
 def _restore_resized(model, strategy, path, state, arrays, old, replicas, group):
     """The backup's exchange state (`arrays`: by variable index, written by `old`
     replicas) carried onto this run's `replicas` by each variable's rule
-    (`tfdist.core.resize`), in one line; a variable whose shape changed with the layout (an
+    (`tfdist.step.resize`), in one line; a variable whose shape changed with the layout (an
     exchange between islands, sharded by island size) starts afresh."""
     rules = [rule if i in arrays else "afresh" for i, rule in enumerate(_replica_rules(model))]
     resized = [None if rule == "afresh" else resized_rows(arrays[i], replicas, rule)

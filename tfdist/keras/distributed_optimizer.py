@@ -3,8 +3,8 @@
 import tensorflow as tf
 
 from tfdist.compression.factory import build
-from tfdist.core.hooks import GradientPipeline
-from tfdist.core.optimizer import with_gradient_pipeline
+from tfdist.step.hooks import GradientPipeline
+from tfdist.seam.optimizer import with_gradient_pipeline
 from tfdist.errors import UnsupportedError
 from tfdist.local_sgd import ModelAverager
 from tfdist.capabilities import names_with

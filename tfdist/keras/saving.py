@@ -1,6 +1,6 @@
 """Saving and loading a Keras model whose optimizer exchanges gradients through tfdist.
 
-A routed optimizer (`tfdist.core.optimizer`) is saved as its Keras base class — same
+A routed optimizer (`tfdist.seam.optimizer`) is saved as its Keras base class — same
 `module` and `class_name` — under the registered name `SAVED_NAME`, with tfdist's
 settings in the config key ``decay``:
 
@@ -18,7 +18,7 @@ Keras' own all-reduce. `tests/test_keras_seams.py` checks both Keras behaviours.
 Error-feedback residuals and PowerSGD's Qs are not saved: they restart from zero / Q0.
 A model whose class overrides `compile` (KerasHub's `CausalLM`) is not compiled from the
 file by `keras.models.load_model` (Keras skips `compile_from_config` for it), so saving it
-warns in one line (`tfdist.core.routed.saving_check`) and `load_model` here compiles it
+warns in one line (`tfdist.seam.routed.saving_check`) and `load_model` here compiles it
 back: the saved exchange and the optimizer's state.
 An `hvd.DistributedOptimizer`'s exchange is saved the same way, under the name
 ``horovod`` (`tfdist.horovod.optimizer.HorovodExchange`).
@@ -36,9 +36,9 @@ import keras
 import tensorflow as tf
 
 from tfdist.compression.factory import build
-from tfdist.core.hooks import GradientPipeline
-from tfdist.core.optimizer import SAVED_KEY, SAVED_NAME, is_routed, with_gradient_pipeline
-from tfdist.core.routed import compile_is_custom
+from tfdist.step.hooks import GradientPipeline
+from tfdist.seam.optimizer import SAVED_KEY, SAVED_NAME, is_routed, with_gradient_pipeline
+from tfdist.seam.routed import compile_is_custom
 from tfdist.keras.distributed_optimizer import DistributedOptimizer, check_strategy
 
 KERAS_PACKAGES = ("keras", "keras_hub", "keras_cv", "keras_nlp")  # as Keras' own lookup

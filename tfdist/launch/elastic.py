@@ -4,7 +4,7 @@ A multi_worker_mirrored job forms one collective group of a fixed size, which ca
 a newcomer nor lose a member (TensorFlow aborts its collectives and must be restarted
 with the same cluster). So a resize is a restart with a new `TF_CONFIG`, from the last
 backup, which `tfdist.callbacks.BackupAndRestore` (or `tfdist.ModelBackup`) restores onto
-the new number of replicas (`tfdist.core.resize`):
+the new number of replicas (`tfdist.step.resize`):
 
 - **A loss** (a worker that exits with anything but 0 or 143, is killed, or hangs): the
   survivors hold nothing a backup does not (blocked in a collective with it, or failing
@@ -44,7 +44,7 @@ from tfdist.launch.task_process import _child_setup
 from tfdist import resize_signal as resize_signal_contract
 
 RESIZE_SIGNAL = resize_signal_contract.NAME  # why not SIGTERM: tfdist.resize_signal
-PREEMPTED = 143  # tfdist.core.preemption.EXIT_CODE, without importing TensorFlow
+PREEMPTED = 143  # tfdist.step.preemption.EXIT_CODE, without importing TensorFlow
 #: After a first failure, how long the others get to fail too (those of the same moment are
 #: lost together; a survivor blocked in a collective with a lost peer does not exit).
 SETTLE_SECONDS = 1.0

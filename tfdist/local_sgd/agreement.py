@@ -12,12 +12,12 @@ islands' measured times (`Pacing`). Without islands of workers, `NoIslands` does
 
 import tensorflow as tf
 
-from tfdist.core import wire
-from tfdist.core.preemption import preemption
-from tfdist.core.tracing import plain_function
+from tfdist.step import wire
+from tfdist.step.preemption import preemption
+from tfdist.step.tracing import plain_function
 from tfdist.local_sgd.pace import IslandPace
 from tfdist.strategies.task import is_chief
-from tfdist.core.report import say
+from tfdist.report import say
 
 _LOCAL = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
 
@@ -256,7 +256,7 @@ class Pacing:
 
 
 class IslandCalls:
-    """What the loop asks islands of workers between steps (`tfdist.core.abilities`):
+    """What the loop asks islands of workers between steps (`tfdist.step.abilities`):
     whether a step couples every worker, and — heterogeneous islands — whether this
     worker trains on its next step call."""
 

@@ -21,9 +21,9 @@ from tfdist.capabilities import names_with
 from tfdist.checkpoint import CheckpointError
 from tfdist.compression.auto import AutoCompression
 from tfdist.compression.factory import build
-from tfdist.core.hooks import TrainingHook, all_reduce_sum
-from tfdist.core.tracing import do_not_convert
-from tfdist.core.variables import underlying
+from tfdist.step.hooks import TrainingHook, all_reduce_sum
+from tfdist.step.tracing import do_not_convert
+from tfdist.step.variables import underlying
 from tfdist.errors import UnsupportedError
 from tfdist.local_sgd import fragments as fragmenting
 from tfdist.local_sgd import go_local
@@ -189,7 +189,7 @@ class ModelAverager(TrainingHook):
                 *(s.rows for s in syncs)]
 
     def replica_state_rules(self):
-        """How `replica_state()` goes onto another number of replicas (`tfdist.core.resize`):
+        """How `replica_state()` goes onto another number of replicas (`tfdist.step.resize`):
         the weights, what an exchange sent and the rows trained since the last
         synchronisation, by their mean (a synchronisation's); the
         anchors, and what an exchange received, kept (everyone's: DiLoCo's outer state);

@@ -31,7 +31,7 @@ import warnings
 import tensorflow as tf
 
 from tfdist import resize_signal
-from tfdist.core import wire
+from tfdist.step import wire
 from tfdist.errors import UnsupportedError
 from tfdist.strategies.input_pipelines import checks_partial_batches
 
@@ -262,7 +262,7 @@ class IslandReduce:
 
 class CrossIslands:
     """The replicas at the same place in every island (islands of equal size), as the
-    replica context a `Communicator` or `tfdist.core.wire` runs collectives in: one replica
+    replica context a `Communicator` or `tfdist.step.wire` runs collectives in: one replica
     of each island. Every replica of an island holds the same model between two
     synchronisations, so the exchange between islands goes hierarchically (as in
     hierarchical all-reduce, e.g. Horovod's): each replica sends its island's change for

@@ -4,8 +4,8 @@ exchanges in the background, and the islands' agreement at each of them."""
 
 import tensorflow as tf
 
-from tfdist.core.overlap import Background
-from tfdist.core.variables import optimizer_slots, per_replica_state, underlying
+from tfdist.step.overlap import Background
+from tfdist.step.variables import optimizer_slots, per_replica_state, underlying
 
 
 class Rounds:
@@ -142,7 +142,7 @@ class Rounds:
 
 def averaged_state(strategy, model, non_trainable, optimizer_state, distributed=True):
     """The state a synchronisation averages besides the trainable weights (`distributed=
-    False`: each process a replica, `tfdist.core.variables.per_replica_state`)."""
+    False`: each process a replica, `tfdist.step.variables.per_replica_state`)."""
     state = []
     if non_trainable:
         state += per_replica_state(strategy, model.non_trainable_variables, distributed)

@@ -4,7 +4,7 @@ hierarchical all-reduce across islands of equal size."""
 
 import tensorflow as tf
 
-from tfdist.core import gradients, transaction, wire
+from tfdist.step import gradients, transaction, wire
 
 
 def local_exchange(grads, islands=None, agreement=None):

@@ -13,9 +13,9 @@ import keras
 import tensorflow as tf
 
 from tfdist.compression.communicator import Communicator
-from tfdist.core import wire
-from tfdist.core.tracing import plain_function
-from tfdist.core.variables import underlying
+from tfdist.step import wire
+from tfdist.step.tracing import plain_function
+from tfdist.step.variables import underlying
 from tfdist.local_sgd.outer import outer_optimizer
 from tfdist.local_sgd.rounds import averaged_state
 

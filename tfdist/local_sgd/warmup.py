@@ -6,11 +6,11 @@ compressed (`warmup_compression`). With `warmup_steps: auto`, the warm-up exchan
 `compression: auto` chooses and ends when the cost model (`go_local`) predicts that
 local steps reach accuracy sooner: before the first step once auto has timed the link,
 or once auto has measured the method it keeps. Its judgements are logged
-(`tfdist.core.report`).
+(`tfdist.report`).
 """
 
 from tfdist.compression.auto import QUALITY, AutoCompression
-from tfdist.core.report import say
+from tfdist.report import say
 from tfdist.local_sgd import go_local
 from tfdist.strategies.task import is_chief
 

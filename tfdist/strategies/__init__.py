@@ -26,7 +26,7 @@ _LAZY = {
     "is_chief": "tfdist.strategies.task",
     "replica_batch_size": "tfdist.strategies.batch_rows",
     "strategy_name": "tfdist.strategies.kind",
-    "sync_replica_state": "tfdist.core.replica_state",
+    "sync_replica_state": "tfdist.seam.replica_state",
     "task_of": "tfdist.strategies.task",
 }
 

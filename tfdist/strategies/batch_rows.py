@@ -4,7 +4,7 @@ TensorFlow splits a global batch the replicas do not divide unevenly (16 over 3:
 and Keras' `fit` averages each replica's own mean (its loss is scaled by 1/replicas), so
 the examples of a smaller share weigh more. tfdist's strategies weigh the training step
 Keras' trainer (and `tfdist.Trainer`) runs on each replica (`weighing`): the gradient
-exchange (`tfdist.core.hooks.GradientPipeline`) multiplies each replica's gradient by its
+exchange (`tfdist.step.hooks.GradientPipeline`) multiplies each replica's gradient by its
 rows times the replicas over all rows, so the step is the average over the global batch,
 as on one device; local SGD's synchronisations weigh each replica's weights by the rows
 it trained since the last one (`rows`) likewise. Your own loop scales its loss itself

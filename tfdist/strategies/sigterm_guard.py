@@ -3,7 +3,7 @@ exit: TensorFlow's own handler (its coordination service's preemption notifier) 
 it and let the task run on and end "succeeded". While no training loop watches for
 preemption (building the model, restoring a backup, after `fit`) there is nothing trained
 to save: the task ends at once with 143 ("preempted: restart me"). A loop that watches
-(`tfdist.core.preemption`) installs its own handler over this one and gives it back after.
+(`tfdist.step.preemption`) installs its own handler over this one and gives it back after.
 
 In a task of an elastic launch, the resize signal (`tfdist.resize_signal`) is only taken
 note of here: the next training step, if one comes, carries it (every worker saves after
@@ -39,7 +39,7 @@ def _on_resize(number, frame):
 
 def take_resize_request():
     """The resize signal's number if it arrived while no loop watched (then forgotten),
-    else None: `tfdist.core.preemption` carries it in the next step."""
+    else None: `tfdist.step.preemption` carries it in the next step."""
     return _RESIZE_ASKED.pop() if _RESIZE_ASKED else None
 
 

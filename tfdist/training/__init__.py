@@ -1,6 +1,6 @@
 """Custom training loops: `Trainer`, per-strategy data feeding, and coordinator metrics."""
 
-from tfdist.core.hooks import GradientPipeline, TrainingHook
+from tfdist.step.hooks import GradientPipeline, TrainingHook
 from tfdist.training.metrics import update_metric
 from tfdist.training.trainer import Trainer
 

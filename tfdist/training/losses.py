@@ -5,7 +5,7 @@ it), each made under the strategy's scope."""
 import keras
 import tensorflow as tf
 
-from tfdist.core.variables import underlying
+from tfdist.step.variables import underlying
 
 
 class FunctionLoss(keras.losses.Loss):

@@ -11,7 +11,7 @@ of its increment per variable. `tfdist.Trainer` uses it; a hand-written coordina
 
 import tensorflow as tf
 
-from tfdist.core.variables import underlying
+from tfdist.step.variables import underlying
 
 
 def update_metric(metric, *args, **kwargs):

@@ -8,12 +8,12 @@ import tensorflow as tf
 
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.core.driver import HookDriver
-from tfdist.core.hooks import GradientPipeline
-from tfdist.core.loss_scale import LossScaleOptimizer, is_loss_scale
-from tfdist.core.optimizer import pipeline_of, with_gradient_pipeline
-from tfdist.core.preemption import skipping, take_advance, warn_if_unrestorable, watch_input
-from tfdist.core.variables import trained_variables, underlying
+from tfdist.loop.driver import HookDriver
+from tfdist.step.hooks import GradientPipeline
+from tfdist.seam.loss_scale import LossScaleOptimizer, is_loss_scale
+from tfdist.seam.optimizer import pipeline_of, with_gradient_pipeline
+from tfdist.step.preemption import skipping, take_advance, warn_if_unrestorable, watch_input
+from tfdist.step.variables import trained_variables, underlying
 from tfdist.local_sgd.islands import warn_if_input_couples
 from tfdist.keras.callbacks.loss_scale_log import LossScaleLog
 from tfdist.keras.callbacks.training_hooks import TrainingHooks
@@ -33,7 +33,7 @@ class Trainer:
     them across replicas, apply them), with Keras' conveniences around it: callbacks,
     History, a progress bar, validation. Under ParameterServerStrategy the steps are
     scheduled on the workers through `ClusterCoordinator` and counted by the trainer.
-    The hooks run as under `model.fit` (`tfdist.core.hooks`): before validation, at
+    The hooks run as under `model.fit` (`tfdist.step.hooks`): before validation, at
     the end of every epoch and of training they make one model of the replicas (local
     SGD averages; per-replica BatchNormalization statistics are averaged), so validation,
     checkpoints and the final model see one model. Under parameter servers, whose steps
@@ -45,7 +45,7 @@ class Trainer:
             copy whose gradient exchange runs `hooks` — or a `DistributedOptimizer`,
             used as it is (with `hooks` added to its own); also inside a
             `LossScaleOptimizer`. Under a mixed_float16 model the trainer scales the loss
-            dynamically, as `model.compile` does (`tfdist.core.loss_scale`): a step whose
+            dynamically, as `model.compile` does (`tfdist.seam.loss_scale`): a step whose
             scaled gradients overflow on any replica is skipped everywhere and counts in
             no metric.
         loss: a Keras loss (instance or name) or a function ``loss(y_true, y_pred)``.
@@ -313,7 +313,7 @@ class Trainer:
     def _run_steps(self, training, iterator, steps, on_begin, on_end, epoch=None):
         """Runs up to `steps` steps (all the data if None); returns (steps run, exhausted).
         Steps that trained before the preemption this run resumes from read their data
-        and drop it (`tfdist.core.preemption.skipping`)."""
+        and drop it (`tfdist.step.preemption.skipping`)."""
         done = 0
         for batch in (range(steps) if steps is not None else itertools.count()):
             on_begin(batch)

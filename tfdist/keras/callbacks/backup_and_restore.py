@@ -6,10 +6,10 @@ import sys
 import keras
 
 from tfdist.checkpoint import CheckpointError, CheckpointStore
-from tfdist.core.loss_scale import inner_of
-from tfdist.core.optimizer import is_routed
-from tfdist.core.owned import optimizers_of
-from tfdist.core.preemption import (Preempted, input_position, preemption, resume_at,
+from tfdist.seam.loss_scale import inner_of
+from tfdist.seam.optimizer import is_routed
+from tfdist.seam.owned import optimizers_of
+from tfdist.step.preemption import (Preempted, input_position, preemption, resume_at,
                                     seconds_since_signal, skipping, take_advance,
                                     warn_if_unrestorable, watch_input)
 from tfdist.keras.backup import MAX_STEPS, capture, check_json, describe_run, restore
@@ -47,7 +47,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     **Preemption** (`preemption=True`): a SIGTERM to any one task — Kubernetes evicting a
     pod, SLURM preempting, a spot VM reclaimed — rides the next step's all-reduce to every
-    worker (`tfdist.core.preemption`); all save a backup after that same step and exit with
+    worker (`tfdist.step.preemption`); all save a backup after that same step and exit with
     code 143 (`Preempted`). The relaunched job restores it and skips the data of the steps
     of that epoch that already trained: every step trains exactly once, when each epoch's
     data comes in the same order (a dataset reshuffled per epoch gets a new order after a

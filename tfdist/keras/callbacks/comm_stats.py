@@ -5,8 +5,8 @@ import tensorflow as tf
 
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.core.owned import named_optimizers
-from tfdist.core.optimizer import pipeline_of
+from tfdist.seam.owned import named_optimizers
+from tfdist.seam.optimizer import pipeline_of
 from tfdist.keras.callbacks.loss_scale_log import LossScaleLog
 
 
@@ -14,7 +14,7 @@ class CommStats(keras.callbacks.Callback):
     """Adds to each epoch's logs what the model's tfdist optimizers really exchanged in
     that epoch, per training step: each optimizer's `WireMeter` counts the bytes of the
     payload tensors its traced exchange hands to the collectives, each time the step runs
-    (`tfdist.core.wire`), whatever compression, phase, local SGD average or mixed precision
+    (`tfdist.step.wire`), whatever compression, phase, local SGD average or mixed precision
     produced them — not what the configuration says.
 
     - ``comm_payload_bytes``: bytes each replica contributes per step (all-reduced and

@@ -6,7 +6,7 @@ import keras
 
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.core.optimizer import learning_rate_schedule
+from tfdist.seam.optimizer import learning_rate_schedule
 from tfdist.keras.callbacks.worker_scratch import strategy_of
 
 

@@ -20,9 +20,9 @@ import tensorflow as tf
 from tfdist.compression.auto import AutoCompression
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.core.optimizer import pipeline_of
-from tfdist.core.owned import named_optimizers
-from tfdist.core.report import logger
+from tfdist.seam.optimizer import pipeline_of
+from tfdist.seam.owned import named_optimizers
+from tfdist.report import logger
 from tfdist.errors import shown
 from tfdist.keras.callbacks.comm_stats import CommStats
 from tfdist.keras.callbacks.log_paths import (check_place, ending_on_error, probe_directory,

@@ -1,11 +1,11 @@
 """The dynamic loss scale and the steps it skipped in an epoch, for every History."""
 
-from tfdist.core.preemption import skipping
+from tfdist.step.preemption import skipping
 
 
 class LossScaleLog:
     """Counts an epoch's trained batches and the optimizer's updates, for the figures of
-    mixed precision's dynamic loss scaling (`tfdist.core.loss_scale`):
+    mixed precision's dynamic loss scaling (`tfdist.seam.loss_scale`):
 
     - ``loss_scale``: the scale at the epoch's end;
     - ``skipped_steps``: the epoch's steps that updated nothing (a gradient overflowed on a

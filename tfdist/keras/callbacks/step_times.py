@@ -1,5 +1,5 @@
 """`StepTimes`: each worker's step time split into computing, exchange and waiting, and the
-straggler named (`tfdist.core.step_clock` measures; this reports)."""
+straggler named (`tfdist.step.step_clock` measures; this reports)."""
 
 import functools
 import statistics
@@ -8,10 +8,10 @@ import keras
 
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.core.optimizer import pipeline_of
-from tfdist.core.owned import named_optimizers
-from tfdist.core.report import logger, say
-from tfdist.core.step_clock import PARTS, num_workers, worker_hosts, worker_index
+from tfdist.seam.optimizer import pipeline_of
+from tfdist.seam.owned import named_optimizers
+from tfdist.report import logger, say
+from tfdist.step.step_clock import PARTS, num_workers, worker_hosts, worker_index
 from tfdist.keras.callbacks.worker_scratch import strategy_of
 from tfdist.step_times_line import StepTimesLine, format_line
 from tfdist.strategies.task import is_chief
@@ -20,7 +20,7 @@ from tfdist.strategies.task import is_chief
 class StepTimes(keras.callbacks.Callback):
     """Where each worker's step time goes, measured in every step at the cost of two
     timestamps and 2 float32 per worker riding the step's verdict all-reduce
-    (`tfdist.core.step_clock`; benchmarks/overhead.py measures it).
+    (`tfdist.step.step_clock`; benchmarks/overhead.py measures it).
 
     Each epoch's logs get this worker's seconds per step computing, in the exchange and
     waiting for the slowest worker (``step_compute_s``, ``step_exchange_s``,
@@ -28,7 +28,7 @@ class StepTimes(keras.callbacks.Callback):
     index (``straggler``) and the share of the other workers' step time spent waiting for
     it (``straggler_wait_share``). Every `every_steps` steps and at the end of training
     the chief logs one line naming the slowest worker (the ``tfdist`` logger,
-    `tfdist.core.report`; the form is `tfdist.step_times_line`'s, and ``tfdist launch``
+    `tfdist.report`; the form is `tfdist.step_times_line`'s, and ``tfdist launch``
     carries the last line's figures in its summary); a worker slowest by more than
     `threshold` (a fraction of the others' median computing time) in `persistence`
     reports in a row is warned about, with its host. Active under a multi-worker

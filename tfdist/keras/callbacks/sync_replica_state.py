@@ -2,7 +2,7 @@
 
 import keras
 
-from tfdist.core import replica_state
+from tfdist.seam import replica_state
 from tfdist.keras.callbacks.worker_scratch import strategy_of
 
 

@@ -3,9 +3,9 @@
 import keras
 import tensorflow as tf
 
-from tfdist.core.driver import HookDriver
-from tfdist.core.owned import optimizers_of
-from tfdist.core.preemption import skipping
+from tfdist.loop.driver import HookDriver
+from tfdist.seam.owned import optimizers_of
+from tfdist.step.preemption import skipping
 from tfdist.errors import UnsupportedError
 from tfdist.keras.callbacks.loss_scale_log import LossScaleLog
 from tfdist.local_sgd.islands import warn_if_input_couples
@@ -23,7 +23,7 @@ class TrainingHooks(keras.callbacks.Callback):
                                                         start_step=100), loss)
         model.fit(data, callbacks=[tfdist.callbacks.TrainingHooks(), ...])
 
-    It drives every tfdist optimizer the model trains with (`tfdist.core.owned`): the
+    It drives every tfdist optimizer the model trains with (`tfdist.seam.owned`): the
     compiled one, also inside a `LossScaleOptimizer` (mixed_float16), and each one a custom
     `train_step` keeps as an attribute of the model (a GAN's two), each switching phase at
     its own step. Put it before callbacks that save or evaluate the model. It does nothing

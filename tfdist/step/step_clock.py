@@ -13,7 +13,7 @@ before it, validation or an epoch's end, is not computing: `restart`), nor the l
 run (no step carries it).
 
 Step k's two figures (computing, collective) ride step k+1's first all-reduce — the one
-carrying the step's verdict (`tfdist.core.transaction`): 2 float32 per worker, so every
+carrying the step's verdict (`tfdist.step.transaction`): 2 float32 per worker, so every
 worker holds every worker's totals without a collective of its own. Active under a
 multi-worker mirrored strategy of more than one worker; not under Horovod, islands or
 parameter servers (their verdicts are summed elsewhere), nor on one machine.

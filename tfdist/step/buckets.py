@@ -6,15 +6,15 @@ reverse order — the last layer's gradients are computed first — into buckets
 `bucket_bytes`, and each bucket is one all-reduce (TF fuses a list into one collective)
 that depends only on its own gradients, so the runtime can start it while earlier
 layers' gradients are still being computed. The step's finiteness verdict
-(`tfdist.core.transaction`) rides on the last bucket, whose gradients come last anyway.
+(`tfdist.step.transaction`) rides on the last bucket, whose gradients come last anyway.
 """
 
 import tensorflow as tf
 
 from tfdist.config.checks import check_arguments
 from tfdist.config.sections.compression import EXCHANGE_OPTIONS
-from tfdist.core import transaction, wire
-from tfdist.core.wire import nbytes
+from tfdist.step import transaction, wire
+from tfdist.step.wire import nbytes
 
 #: Bucket size of the all-reduce exchanges when none is given (0: one fused buffer).
 #: Measured on the UNet (2.1 MB of gradients), 2 workers: at 100 Mbit/s buckets of 128 KiB

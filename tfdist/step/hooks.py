@@ -4,13 +4,13 @@ A training step computes local gradients on each replica, exchanges them across
 replicas, and applies them. Hooks plug into that step, in the same way and at the same
 moments under `model.fit`, `tfdist.Trainer` and your own loop (`tfdist.function`):
 
-    in the compiled step (the optimizer seam, `tfdist.core.optimizer`, calls them):
+    in the compiled step (the optimizer seam, `tfdist.seam.optimizer`, calls them):
     before_exchange(grads, variables, step)   local gradients (replica context)
     exchange(grads, variables, step)          the cross-replica exchange itself
     after_exchange(grads, variables, step)    exchanged gradients (replica context)
     on_step_end(step)                         after the update (cross-replica context)
 
-    in Python, on every worker (the loop's `HookDriver`, `tfdist.core.driver`, calls them):
+    in Python, on every worker (the loop's `HookDriver`, `tfdist.loop.driver`, calls them):
     plan(steps)                               before training: the step it plans to end at
     prepare(step)                             before each step's phase is read: the one
                                               moment to time the link or run a collective
@@ -23,7 +23,7 @@ moments under `model.fit`, `tfdist.Trainer` and your own loop (`tfdist.function`
 
 Abilities only some hooks have (whether a step couples every worker, skipping a step
 call, preparing a backup, freezing Adam's variance) are not in the base: they are small
-protocols the pipeline looks up (`tfdist.core.abilities`).
+protocols the pipeline looks up (`tfdist.step.abilities`).
 
 Gradient compression replaces `exchange` (compress, communicate the payload,
 decompress); local SGD replaces it with "no exchange" between averages and averages
@@ -32,11 +32,11 @@ the model in `after_step` and `before_read`.
 
 import tensorflow as tf
 
-from tfdist.core import gradients, wire
-from tfdist.core.abilities import (CouplesWorkers, FreezesVariance, PreparesBackups,
+from tfdist.step import gradients, wire
+from tfdist.step.abilities import (CouplesWorkers, FreezesVariance, PreparesBackups,
                                    SkipsCalls, found)
-from tfdist.core.buckets import DEFAULT_BUCKET_BYTES, all_reduce_in_buckets, checked_bucket_bytes
-from tfdist.core.step_clock import StepClock
+from tfdist.step.buckets import DEFAULT_BUCKET_BYTES, all_reduce_in_buckets, checked_bucket_bytes
+from tfdist.step.step_clock import StepClock
 from tfdist.strategies import batch_rows
 
 
@@ -59,7 +59,7 @@ class TrainingHook:
     phased = False
     #: The phase the step is traced for (set by `enter_phase`; None before a driver ran).
     current_phase = None
-    #: Parts of the hook that have optional abilities (`tfdist.core.abilities`).
+    #: Parts of the hook that have optional abilities (`tfdist.step.abilities`).
     abilities = ()
     #: True when the replicas train apart (local SGD): each replica's weights and optimizer
     #: slots are its own, and a backup keeps every replica's (`tfdist.keras.backup`).
@@ -67,7 +67,7 @@ class TrainingHook:
     #: The replicas the exchange runs between when they are not the strategy's: a replica
     #: context (`tfdist.horovod`'s workers, one process each; set when built), or None.
     replica_group = None
-    #: The pipeline's `tfdist.core.wire.WireMeter` (set when the pipeline builds): a hook
+    #: The pipeline's `tfdist.step.wire.WireMeter` (set when the pipeline builds): a hook
     #: that exchanges outside the step (a model average) counts its bytes there.
     wire_meter = None
     #: The optimizer step the loop plans to end at (`plan`), or None: not known.
@@ -141,7 +141,7 @@ class TrainingHook:
 
     def replica_state_rules(self):
         """How each of `replica_state()` goes onto another number of replicas
-        (`tfdist.core.resize`: "sum", "shared" or "afresh"), in the same order."""
+        (`tfdist.step.resize`: "sum", "shared" or "afresh"), in the same order."""
         return ["afresh"] * len(self.replica_state())
 
     #: Whether `checkpoint_state()` is a measurement of the cluster it ran on (`compression:
@@ -169,10 +169,10 @@ class TrainingHook:
 
 def all_reduce_sum(grads, bucket_bytes=None, sparse_dtype=None):
     """The exchange Keras 3 performs: a SUM all-reduce over the replicas in sync (which
-    also carries the step's finiteness verdict, `tfdist.core.transaction`), in buckets of
-    `bucket_bytes` that overlap the backward pass (`tfdist.core.buckets`; None: one). An
+    also carries the step's finiteness verdict, `tfdist.step.transaction`), in buckets of
+    `bucket_bytes` that overlap the backward pass (`tfdist.step.buckets`; None: one). An
     `IndexedSlices` goes as its rows, all-gathered as TensorFlow's strategies do (in
-    `sparse_dtype` if given: a cast's compression; `tfdist.core.wire.all_gather_rows`)."""
+    `sparse_dtype` if given: a cast's compression; `tfdist.step.wire.all_gather_rows`)."""
     bucket_bytes = checked_bucket_bytes(bucket_bytes, "all_reduce_sum")
     context = tf.distribute.get_replica_context()
     return exchange_rows_apart(
@@ -213,7 +213,7 @@ class GradientPipeline:
     Args:
         hooks: `TrainingHook`s, applied in order (before/after exchange, step end).
         bucket_bytes: bucket size of the plain all-reduce when no hook replaces it
-            (`tfdist.core.buckets`; None: `DEFAULT_BUCKET_BYTES`, 0: one fused buffer).
+            (`tfdist.step.buckets`; None: `DEFAULT_BUCKET_BYTES`, 0: one fused buffer).
 
     Raises:
         ValueError: more than one hook replaces the exchange.
@@ -259,7 +259,7 @@ class GradientPipeline:
 
     def __call__(self, grads_and_vars, step):
         """Exchanges gradients in replica context; None gradients pass through untouched.
-        Each gradient gets its variable's static shape first (`tfdist.core.gradients`)."""
+        Each gradient gets its variable's static shape first (`tfdist.step.gradients`)."""
         grads_and_vars = gradients.with_variable_shapes(grads_and_vars)
         present = [i for i, (g, _) in enumerate(grads_and_vars) if g is not None]
         grads = [grads_and_vars[i][0] for i in present]

@@ -15,7 +15,7 @@ import weakref
 
 import tensorflow as tf
 
-from tfdist.core import gradients
+from tfdist.step import gradients
 
 #: island: inside an island only; dense: the gradients' dense bytes (an embedding's whole
 #: table); tensorflow: what TensorFlow's own strategy sends of them (an `IndexedSlices` as
@@ -40,7 +40,7 @@ def nbytes(tensor, variable=None):
         shape = variable.shape
     if not shape.is_fully_defined():
         raise ValueError("the size of a tensor of unknown static shape comes from its "
-                         f"variable (tfdist.core.gradients.with_variable_shapes). Received: "
+                         f"variable (tfdist.step.gradients.with_variable_shapes). Received: "
                          f"{tensor!r:.120}")
     return shape.num_elements() * tensor.dtype.size
 

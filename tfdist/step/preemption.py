@@ -5,7 +5,7 @@ SIGTERM and a grace period, and only it knows. Its peers are in the same synchro
 steps, so the news rides the collective every step already runs: the signal sets a flag
 (`Preemption.requested`), the loop copies it into a variable before each step, and the
 step's first all-reduce — the one that carries the finiteness verdict
-(`tfdist.core.transaction`) — carries it too. After that step every replica on every
+(`tfdist.step.transaction`) — carries it too. After that step every replica on every
 worker holds the same count of preempted tasks (`agreed()`), with no extra collective and
 no clock: the loop saves a checkpoint at that step, on every worker, and exits with
 `EXIT_CODE` (`Preempted`), which the launcher, Kubernetes and SLURM settings tfdist writes

@@ -1,7 +1,7 @@
 """The driver of a training loop's hooks, and `tfdist.function` for your own loop.
 
 One `HookDriver` per loop calls the Python side of the hook contract
-(`tfdist.core.hooks`) at the same moments in every loop: `tfdist.Trainer` owns one,
+(`tfdist.step.hooks`) at the same moments in every loop: `tfdist.Trainer` owns one,
 `tfdist.callbacks.TrainingHooks` is one for `model.fit`, and `tfdist.function` is one for
 a `tf.GradientTape` loop. It is the only place that changes phases; the optimizer's
 `iterations` is the only step counter.
@@ -11,10 +11,10 @@ import tensorflow as tf
 
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.core.hooks import TrainingHook
-from tfdist.core.optimizer import driving, pipeline_of
-from tfdist.core.owned import optimizers_of
-from tfdist.core.preemption import preemption
+from tfdist.step.hooks import TrainingHook
+from tfdist.seam.optimizer import driving, pipeline_of
+from tfdist.seam.owned import optimizers_of
+from tfdist.step.preemption import preemption
 
 
 class HookDriver:
@@ -24,7 +24,7 @@ class HookDriver:
         model: the Keras model being trained (hooks average or read its variables).
         optimizer: the tfdist optimizer the step applies (`DistributedOptimizer`, also
             inside a `LossScaleOptimizer`), or a list of them (a step with several); by
-            default every one the model has (`tfdist.core.owned.optimizers_of`).
+            default every one the model has (`tfdist.seam.owned.optimizers_of`).
 
     Raises:
         ValueError: no tfdist optimizer, or a given one that does not exchange through
@@ -134,7 +134,7 @@ class HookDriver:
 
 class _Driven:
     """A compiled step called as the driver's: tracing it refuses a tfdist optimizer the
-    driver does not drive (`tfdist.core.optimizer.driving`)."""
+    driver does not drive (`tfdist.seam.optimizer.driving`)."""
 
     def __init__(self, function, optimizers):
         self.function, self.optimizers = function, optimizers
@@ -263,7 +263,7 @@ def function(fn=None, *, model, optimizer=None, preemption=False, **tf_function_
             on its variables).
         preemption: catch SIGTERM and let every worker know after the same step:
             `step.preempted()` then says True on all of them (the step's tfdist optimizer
-            carries the flag in its all-reduce; `tfdist.core.preemption`).
+            carries the flag in its all-reduce; `tfdist.step.preemption`).
         **tf_function_options: passed to `tf.function` (e.g. `reduce_retracing`).
 
     Returns:

@@ -8,7 +8,7 @@ A model's gradient of one variable is one of three things:
   variable's, so `with_variable_shapes` gives it that static shape;
 - a `tf.IndexedSlices` (an `Embedding`, any `tf.gather` of a variable): the rows a step
   touched, duplicates included. It crosses the wire as those rows
-  (`tfdist.core.wire.all_gather_rows`),
+  (`tfdist.step.wire.all_gather_rows`),
   exactly as TensorFlow's own strategies send it (an all-gather of values and indices,
   duplicates kept), so a step is the one a single device computes with the same optimizer:
   Keras' Adam squares each duplicated row before summing (its sparse update), and so does

@@ -14,7 +14,7 @@ checks their behaviour on every Keras version in `tfdist.versions.KERAS_CHECKED`
 
 - the exchange is a `GradientPipeline` (compression, local SGD, your hooks), and the
   hooks' `on_step_end` runs after the update, in every loop;
-- the step is a transaction (`tfdist.core.transaction`): one all-reduced finiteness flag
+- the step is a transaction (`tfdist.step.transaction`): one all-reduced finiteness flag
   decides whether it commits, every variable, slot, accumulator and EMA update and the
   `iterations` count depend on it, and a refused step then fails with a clear error;
 - gradient accumulation works under MirroredStrategy and MultiWorkerMirroredStrategy:
@@ -60,17 +60,18 @@ import weakref
 import keras
 import tensorflow as tf
 
-from tfdist.core import loss_scale, transaction, wire
-from tfdist.core.hooks import GradientPipeline
-from tfdist.core.preemption import preemption
-from tfdist.core.accumulation import AccumulationPhase, average_accumulated
-from tfdist.core.frozen_variance import (check_update_rule, frozen_variance_adam,  # noqa: F401
+from tfdist.seam import loss_scale
+from tfdist.step import transaction, wire
+from tfdist.step.hooks import GradientPipeline
+from tfdist.step.preemption import preemption
+from tfdist.seam.accumulation import AccumulationPhase, average_accumulated
+from tfdist.seam.frozen_variance import (check_update_rule, frozen_variance_adam,  # noqa: F401
                                          frozen_variance_update)
-from tfdist.core.replica_state import SyncReplicaState
-from tfdist.core.routed import (SAVED_KEY, SAVED_NAME, get_config,  # noqa: F401 (saving)
+from tfdist.seam.replica_state import SyncReplicaState
+from tfdist.seam.routed import (SAVED_KEY, SAVED_NAME, get_config,  # noqa: F401 (saving)
                                 keras_base, register, saving_check)
-from tfdist.core.seam_check import check_seam, refuse
-from tfdist.core.variables import underlying
+from tfdist.seam.seam_check import check_seam, refuse
+from tfdist.step.variables import underlying
 from tfdist.errors import UnsupportedError
 from tfdist.strategies.initial_values import identical_initial_values
 from tfdist.strategies.kind import capabilities_of
@@ -239,7 +240,7 @@ def routed_class(base):
 
 
 def _get_config(self):
-    """The saved config (`tfdist.core.routed.get_config`), refused in one line where its
+    """The saved config (`tfdist.seam.routed.get_config`), refused in one line where its
     learning rate cannot be loaded back; warns where the model saving it will not be
     compiled from it by `keras.models.load_model` (`saving_check`).
 
@@ -266,7 +267,7 @@ def _get_config(self):
 def _setattr(self, name, value):
     """Keras' `__setattr__`; `loss_scale_factor` set to None on a tfdist optimizer after
     it was made is Keras' `LossScaleOptimizer.__init__` wrapping it, which tfdist then
-    takes over (`tfdist.core.loss_scale.take_over_caller`)."""
+    takes over (`tfdist.seam.loss_scale.take_over_caller`)."""
     keras_base(self).__setattr__(self, name, value)
     if name == "loss_scale_factor" and value is None and "_tfdist_pipeline" in self.__dict__:
         loss_scale.take_over_caller(self)
@@ -359,7 +360,7 @@ def _count_atomically(counter):
     """Makes Keras' `iterations.assign_add` one atomic add: Keras reads, adds and assigns,
     so workers of a parameter-server job that step at once lose counts (23 of 36 measured);
     the optimizer's count is tfdist's one step counter. Keras counts the step after its
-    update; in a refused one (`tfdist.core.transaction`) it adds 0. (This instance only.)"""
+    update; in a refused one (`tfdist.step.transaction`) it adds 0. (This instance only.)"""
     def assign_add(delta):
         delta = tf.cast(delta, counter.dtype)
         decision = transaction.current()
@@ -461,7 +462,7 @@ def _update_step(self, grads, trainable_variables, learning_rate):
     context), then each variable is updated, if the step commits."""
     decision = transaction.current()
     grads_and_vars = list(zip(grads, [underlying(v) for v in trainable_variables]))
-    clocked = None  # the step clock's stamps and sum (`tfdist.core.step_clock`)
+    clocked = None  # the step clock's stamps and sum (`tfdist.step.step_clock`)
     if tf.distribute.get_replica_context():  # cross-replica: nothing to exchange, as in Keras
         self._tfdist_pipeline.check_phases_driven()
         step = tf.cast(self.iterations, tf.int64)

@@ -4,7 +4,7 @@ a parameter server holds, and the state each replica keeps a copy of."""
 import keras
 import tensorflow as tf
 
-from tfdist.core import wire
+from tfdist.step import wire
 
 
 def underlying(variable):

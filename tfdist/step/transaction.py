@@ -19,7 +19,7 @@ scaling, no island), the optimizer's updates need no `tf.cond`: they wait for th
 The running replica's decision is `current()`, set by `with active(decision):` around the
 code of the step (thread-local: MirroredStrategy runs each replica in a thread of its own).
 
-Under dynamic loss scaling (`tfdist.core.loss_scale`) a refused step is not an error but a
+Under dynamic loss scaling (`tfdist.seam.loss_scale`) a refused step is not an error but a
 skipped step — the scale overflowed on purpose — so the loss scale traces the step
 `with skipping():` and decides what to do with `committed` itself.
 """
@@ -29,8 +29,8 @@ import threading
 
 import tensorflow as tf
 
-from tfdist.core import wire
-from tfdist.core.preemption import preemption
+from tfdist.step import wire
+from tfdist.step.preemption import preemption
 from tfdist.regions import ThreadRegion
 from tfdist.strategies.keras_step_options import compiled_by_xla
 
@@ -62,7 +62,7 @@ class Decision:
         self.local = local
         self.rider = rider  # the preemption flag, summed with the verdict (or None)
         self.clock = None  # the step clock's figures, summed with the verdict (or None)
-        self.clock_sum = None  # ... summed over every replica (`tfdist.core.step_clock`)
+        self.clock_sum = None  # ... summed over every replica (`tfdist.step.step_clock`)
         self._refusals = None if replicated else local
         self.preempted = None if replicated else rider
         self._committed = None

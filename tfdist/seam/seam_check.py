@@ -1,5 +1,5 @@
 """The Keras behaviour tfdist's optimizer seam relies on, checked on the real optimizer
-class before it is routed (`tfdist.core.optimizer.routed_class`)."""
+class before it is routed (`tfdist.seam.optimizer.routed_class`)."""
 
 import threading
 
@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.core.variables import underlying
+from tfdist.step.variables import underlying
 from tfdist.versions import KERAS_CHECKED, KERAS_FIX, UnsupportedVersionError
 
 _SEAM_CHECKED = set()  # optimizer classes whose behaviour check_seam saw
@@ -16,7 +16,7 @@ _SEAM_CHECKED = set()  # optimizer classes whose behaviour check_seam saw
 def refuse(finding):
     raise UnsupportedVersionError(
         f"Keras {keras.__version__} cannot run tfdist's optimizer seam: {finding} "
-        f"(tfdist/core/optimizer.py; checked on Keras {', '.join(KERAS_CHECKED)}); "
+        f"(tfdist/seam/optimizer.py; checked on Keras {', '.join(KERAS_CHECKED)}); "
         f"{KERAS_FIX}")
 
 

@@ -1,4 +1,4 @@
-"""A routed optimizer class (`tfdist.core.optimizer.routed_class`): its Keras base, and
+"""A routed optimizer class (`tfdist.seam.optimizer.routed_class`): its Keras base, and
 how it is saved — as that base class, under a registered name, with tfdist's part in the
 config key Keras' optimizers accept and ignore (`tfdist.keras.saving` loads it back)."""
 

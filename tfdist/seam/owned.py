@@ -8,8 +8,8 @@ and `g_optimizer`); your own loop may never compile the model at all. The loop's
 
 import keras
 
-from tfdist.core.loss_scale import inner_of, is_loss_scale, take_over
-from tfdist.core.optimizer import built_on, is_routed
+from tfdist.seam.loss_scale import inner_of, is_loss_scale, take_over
+from tfdist.seam.optimizer import built_on, is_routed
 from tfdist.errors import UnsupportedError
 
 

@@ -4,7 +4,7 @@ Keras' `LossScaleOptimizer` decides "finite or not" from one replica's *local* g
 (replica 0's, under a merge call) and only then runs the inner optimizer, whose step holds
 the all-reduce: a replica whose scaled gradients overflowed while replica 0's did not gets
 its NaN applied, and on several workers one worker runs the collectives while another
-skips them, which hangs. Here the verdict is the step's own (`tfdist.core.transaction`):
+skips them, which hangs. Here the verdict is the step's own (`tfdist.step.transaction`):
 every replica on every worker adds its flag to the step's first all-reduce, so a step
 where any scaled gradient is not finite is *skipped* everywhere — nothing changes: weights,
 slots, step count, residuals, PowerSGD's Q, accumulators, local-SGD and DiLoCo state —
@@ -23,7 +23,7 @@ import sys
 import keras
 import tensorflow as tf
 
-from tfdist.core import transaction
+from tfdist.step import transaction
 from tfdist.errors import UnsupportedError
 from tfdist.strategies.kind import capabilities_of
 

@@ -4,8 +4,8 @@ traced once for each and no collective sits inside a `tf.cond` in replica contex
 
 import tensorflow as tf
 
-from tfdist.core import transaction, wire
-from tfdist.core.hooks import TrainingHook
+from tfdist.step import transaction, wire
+from tfdist.step.hooks import TrainingHook
 from tfdist.strategies.kind import capabilities_of
 
 

@@ -48,7 +48,7 @@ class PreparesBackups(Protocol):
 class FreezesVariance(Protocol):
     def frozen_variance_step(self):
         """The optimizer step at which Adam's second moment stays in the phase traced
-        (1-bit Adam; `tfdist.core.optimizer.frozen_variance_adam`), or None."""
+        (1-bit Adam; `tfdist.seam.optimizer.frozen_variance_adam`), or None."""
 
 
 def found(hooks, protocol):

@@ -9,8 +9,8 @@ per epoch. Every routed optimizer's pipeline has a `SyncReplicaState` hook that 
 in every loop; `sync_replica_state` does it by hand.
 """
 
-from tfdist.core.hooks import TrainingHook
-from tfdist.core.variables import average_over_replicas, per_replica_state
+from tfdist.step.hooks import TrainingHook
+from tfdist.step.variables import average_over_replicas, per_replica_state
 
 
 def sync_replica_state(strategy, variables):
