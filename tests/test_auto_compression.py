@@ -526,10 +526,10 @@ def test_a_backup_restored_onto_another_number_of_replicas_measures_again(capsys
     saved = {"choice": "topk+EF", "step": 6, "measured": 0.1, "link": [1e6, 1e-3],
              "bucket_bytes": None}
     resized, auto = pipeline()
-    assert resized.restore_checkpoint_states([saved, {"n": 1}], resized=(4, 3))
+    assert resized.saved_state.restore_checkpoint_states([saved, {"n": 1}], resized=(4, 3))
     assert auto.choice == "probe" and not auto.decisions and resized.hooks[1].restored == {"n": 1}
     assert ("AutoCompression's kept choice was measured on 4 replicas and this run has 3: "
             "it measures again") in capsys.readouterr().out
     same, auto = pipeline()
-    assert same.restore_checkpoint_states([saved, None])
+    assert same.saved_state.restore_checkpoint_states([saved, None])
     assert auto.choice == "topk+EF" and auto.decisions[-1]["restored"]

@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.step.variables import underlying
 from tfdist.local_sgd import DiLoCo, ModelAverager
 from tfdist.local_sgd import fragments as fragmenting
+from tfdist.step.variables import underlying
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
 

@@ -550,7 +550,7 @@ def test_a_finite_dataset_that_couples_islands_is_named(strategies):
     when islands step apart on such an iterator (fails loudly if the seam moves)."""
     import tensorflow as tf
 
-    from tfdist.local_sgd.islands import COUPLED_INPUT, warn_if_input_couples
+    from tfdist.loop.runner import COUPLED_INPUT, check_input
     from tfdist.strategies.input_pipelines import checks_partial_batches
 
     strategy = strategies("mirrored")
@@ -559,15 +559,15 @@ def test_a_finite_dataset_that_couples_islands_is_named(strategies):
     apart = iter(strategy.experimental_distribute_dataset(finite.repeat()))
     assert checks_partial_batches(coupled) and not checks_partial_batches(apart)
     with pytest.warns(UserWarning, match="read a finite dataset") as caught:
-        warn_if_input_couples(coupled)
+        check_input(coupled)
     assert str(caught[0].message) == COUPLED_INPUT
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        warn_if_input_couples(apart)
-        warn_if_input_couples(apart, paced=True)
+        check_input(apart)
+        check_input(apart, paced=True)
     # heterogeneous islands would run that collective out of step: refused in one line
     with pytest.raises(UnsupportedError, match="island_steps: a slower island skips") as no:
-        warn_if_input_couples(coupled, paced=True)
+        check_input(coupled, paced=True)
     assert "dataset.repeat()" in str(no.value) and "\n" not in str(no.value)
 
 

@@ -41,7 +41,8 @@ def test_the_check_can_fail():
 #: The names `tfdist.core` documented before the step core was split into step/, seam/
 #: and loop/, each with the module that holds it now.
 CORE_FACE = {
-    "tfdist.loop.driver": ["HookDriver", "StepFunction", "before_read", "function"],
+    "tfdist.loop.driver": ["HookDriver", "before_read"],
+    "tfdist.loop.function": ["StepFunction", "function"],
     "tfdist.seam.optimizer": ["pipeline_of", "with_gradient_pipeline", "with_hook"],
     "tfdist.seam.replica_state": ["SyncReplicaState", "sync_replica_state"],
     "tfdist.step.hooks": ["GradientPipeline", "TrainingHook", "all_reduce_sum"],

@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.step.variables import underlying
 from tfdist.local_sgd import ModelAverager
+from tfdist.step.variables import underlying
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
 

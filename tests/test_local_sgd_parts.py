@@ -16,14 +16,14 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.step import abilities
-from tfdist.step.hooks import GradientPipeline, TrainingHook
 from tfdist.local_sgd import fragments as fragmenting
 from tfdist.local_sgd.agreement import IslandAgreement, NoIslands
 from tfdist.local_sgd.rounds import Rounds
 from tfdist.local_sgd.schedule import Schedule
 from tfdist.local_sgd.synchroniser import Anchors, FragmentSync
 from tfdist.local_sgd.warmup import NOT_YET, Warmup
+from tfdist.step import abilities
+from tfdist.step.hooks import GradientPipeline, TrainingHook
 
 
 class RecordingCommunicator:

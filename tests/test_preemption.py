@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.step.preemption import EXIT_CODE, Preempted, skipping
 from tfdist.keras.backup import seed_states
+from tfdist.step.preemption import EXIT_CODE, Preempted, skipping
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 STEPS, BATCH = 4, 16

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import tfdist
-from tfdist.seam.optimizer import SAVED_KEY, SAVED_NAME
 from tfdist.compression import GradientCompression, RandomK, TopK
 from tfdist.keras import saving
+from tfdist.seam.optimizer import SAVED_KEY, SAVED_NAME
 from tfdist.training import GradientPipeline
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")

@@ -122,7 +122,7 @@ def test_the_broadcast_seam_and_which_optimizer_slots_skip_it(two_cpus):
     import keras
 
     import tfdist
-    from tfdist.seam.optimizer import slots_context
+    from tfdist.seam.routed_step import slots_context
     from tfdist.strategies import initial_values
 
     for cls in (initial_values.BROADCASTING, initial_values.LOCAL):

@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.training import TrainingHook
 from tfdist.step.hooks import all_reduce_sum
+from tfdist.training import TrainingHook
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
 

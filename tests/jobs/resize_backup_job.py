@@ -14,9 +14,9 @@ import keras
 import numpy as np
 
 import tfdist
+from tfdist.keras.backup import _replica_rules, _replica_state
 from tfdist.seam.optimizer import with_hook
 from tfdist.step.variables import gather_replica_values
-from tfdist.keras.backup import _replica_rules, _replica_state
 
 parser = argparse.ArgumentParser()
 parser.add_argument("mode", choices=["save", "restore"])

@@ -53,11 +53,11 @@ from tfdist.compression.compressors import compressor_by_name
 from tfdist.compression.exchange import GradientCompression
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
+from tfdist.errors import UnsupportedError
+from tfdist.report import say
 from tfdist.step.buckets import bucket_bytes_for
 from tfdist.step.hooks import TrainingHook
-from tfdist.errors import UnsupportedError
 from tfdist.strategies.kind import capabilities_of
-from tfdist.report import say
 from tfdist.strategies.task import is_chief
 
 #: AutoCompression's arguments, checked by the config loader's checks.

@@ -17,7 +17,7 @@ as wrappers around any compressor's exchange (`wrappers.py` has the classic ones
   compressor, so compression starts from estimates equal to the last gradients.
 
 - `freeze_variance` (an option of `GradientCompression`; the update rule is
-  `tfdist.seam.optimizer.frozen_variance_adam`) is 1-bit Adam's (Tang et al. 2021, "1-bit
+  `tfdist.seam.frozen_variance.frozen_variance_adam`) is 1-bit Adam's (Tang et al. 2021, "1-bit
   Adam: Communication Efficient Large-Scale Training with Adam's Convergence Speed", arXiv
   2102.02888): error feedback does not mix with Adam's second moment, which is not linear
   in the gradient — the burst error feedback releases on a coordinate after many small

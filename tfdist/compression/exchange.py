@@ -24,18 +24,20 @@ from tfdist.compression.compressors import Cast, compressor_by_name
 from tfdist.compression.corrections import (EF21, EF21DelayedStart, LocalClip, MomentumCorrection,
                                             ratio_schedule, stage_of)
 from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize
+from tfdist.config import checks
+from tfdist.config.checks import check_arguments
 from tfdist.config.hyperparameters import (LOCAL_CLIP_NORM, MOMENTUM_CORRECTION,
                                            RATIO_WARMUP_START, RATIO_WARMUP_STEPS)
-from tfdist.config import checks
-from tfdist.step.resize import rule_of_state
-from tfdist.config.checks import check_arguments
 from tfdist.config.sections.compression import EXCHANGE_OPTIONS
-from tfdist.step import gradients, transaction
+from tfdist.errors import UnsupportedError
+from tfdist.seam.frozen_variance import FrozenVariance
+from tfdist.step import gradients, transaction, wire
 from tfdist.step.buckets import DEFAULT_BUCKET_BYTES
 from tfdist.step.hooks import TrainingHook, exchange_rows_apart
+from tfdist.step.resize import rule_of_state
 from tfdist.step.tracing import do_not_convert
+from tfdist.step.update import Wrapping
 from tfdist.step.variables import underlying
-from tfdist.errors import UnsupportedError
 from tfdist.strategies.kind import capabilities_of
 
 #: The exchange's arguments, checked as the config's compression section is; the seed
@@ -74,7 +76,7 @@ class GradientCompression(TrainingHook):
         freeze_variance: from `start_step` on, an Adam or AdamW optimizer keeps its second
             moment as it was then (1-bit Adam, Tang et al. 2021, arXiv 2102.02888:
             error feedback does not mix with Adam's variance;
-            `tfdist.seam.optimizer.frozen_variance_adam`). Needs start_step > 0: the
+            `tfdist.seam.frozen_variance.frozen_variance_adam`). Needs start_step > 0: the
             warm-up that learns it.
 
     Raises:
@@ -188,6 +190,13 @@ class GradientCompression(TrainingHook):
         """The optimizer step Adam's second moment stays at, in the phase traced (None:
         not frozen)."""
         return self.start_step if self.freeze_variance and self.compressing else None
+
+    def updater(self, inner):
+        """The update stage (`tfdist.step.update`): Adam's frozen variance from
+        `start_step` (1-bit Adam), the gradient pushed encoded to a parameter server."""
+        step = self.frozen_variance_step()
+        inner = inner if step is None else FrozenVariance(inner, step)
+        return inner if self.push_codec is None else Pushed(self.push_codec, inner)
 
     @property
     def residual(self):
@@ -387,6 +396,25 @@ def _with_ratio(compressor, ratio):
     copy = object.__new__(type(compressor))
     copy.__dict__.update(vars(compressor), ratio=ratio)
     return copy
+
+
+class Pushed(Wrapping):
+    """The update stage under parameter servers with a compressed push: each gradient
+    encoded on the worker (`PushCodec`), decoded inside the variable's update on its
+    server, then `inner`'s update: the payload is what crosses."""
+
+    def __init__(self, codec, inner):
+        super().__init__(inner)
+        self.codec = codec
+
+    def encode(self, grad, variable):
+        return self.codec.encode(grad)
+
+    def payload_bytes(self, payload, variable):
+        return sum(wire.sent_bytes(p) for p in payload)
+
+    def apply(self, optimizer, payload, meta, variable, rate):
+        self.inner.apply(optimizer, (self.codec.decode(payload, meta),), None, variable, rate)
 
 
 class PushCodec:

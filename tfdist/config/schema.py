@@ -4,10 +4,10 @@ import dataclasses
 import types
 from typing import Any, ClassVar, Mapping
 
+from tfdist.capabilities import CAPABILITIES
 from tfdist.cluster.address import Address
 from tfdist.cluster.errors import ClusterError
 from tfdist.config.hyperparameters import NAMES
-from tfdist.capabilities import CAPABILITIES
 
 JOB_TYPES = ("chief", "worker", "ps", "evaluator")
 STRATEGIES = tuple(CAPABILITIES)

@@ -3,7 +3,8 @@
 (between steps): a face that re-exports them, so code written against it keeps working.
 """
 
-from tfdist.loop.driver import HookDriver, StepFunction, before_read, function
+from tfdist.loop.driver import HookDriver, before_read
+from tfdist.loop.function import StepFunction, function
 from tfdist.seam.optimizer import pipeline_of, with_gradient_pipeline, with_hook
 from tfdist.seam.replica_state import SyncReplicaState, sync_replica_state
 from tfdist.step.hooks import GradientPipeline, TrainingHook, all_reduce_sum

@@ -18,12 +18,12 @@ from tfdist.compression.auto import AutoCompression
 from tfdist.compression.communicator import Communicator
 from tfdist.config.load import local_sgd_from_dict
 from tfdist.config.yaml_source import Source
-from tfdist.step.tracing import plain_function
 from tfdist.errors import UnsupportedError
 from tfdist.horovod import basics
 from tfdist.horovod.ops import WorkersContext, check_one_replica, settle_over_workers
 from tfdist.local_sgd import ModelAverager
 from tfdist.local_sgd.rounds import averaged_state
+from tfdist.step.tracing import plain_function
 
 #: What `compression=` names model averaging by, and the outer optimizer each defaults to.
 METHODS = {"local_sgd": None, "diloco": "nesterov"}

@@ -9,11 +9,11 @@ import keras
 
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.seam.optimizer import learning_rate_schedule, pipeline_of
-from tfdist.report import say
 from tfdist.horovod import basics
 from tfdist.horovod.ops import allreduce, broadcast_variables, check_root
 from tfdist.keras.callbacks.training_hooks import TrainingHooks
+from tfdist.report import say
+from tfdist.seam.optimizer import learning_rate_schedule, pipeline_of
 
 def _optional(check):
     """`check`, letting None through."""

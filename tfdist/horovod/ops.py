@@ -9,10 +9,10 @@ import numbers
 import tensorflow as tf
 
 from tfdist import limits
-from tfdist.step import transaction
 from tfdist.errors import UnsupportedError, one_line, shown
 from tfdist.horovod import basics, process_sets
 from tfdist.horovod.agreement import REDUCTIONS, group_signature
+from tfdist.step import transaction
 
 Average, Sum, Min, Max, Product, Adasum = "Average", "Sum", "Min", "Max", "Product", "Adasum"
 OPS = (Average, Sum, Min, Max, Product)

@@ -27,8 +27,6 @@ from tfdist.compression.factory import build
 from tfdist.config import ConfigError, checks
 from tfdist.config.checks import check_arguments
 from tfdist.config.yaml_source import Source
-from tfdist.step.hooks import GradientPipeline, TrainingHook
-from tfdist.seam.optimizer import with_gradient_pipeline
 from tfdist.errors import shown
 from tfdist.horovod import averaging, basics
 from tfdist.horovod.averaging import is_model_averaging
@@ -36,6 +34,8 @@ from tfdist.horovod.gradients import Compression, check_options, reduce_gradient
 from tfdist.horovod.ops import (OPS, WorkersContext, check_one_replica, reduce_op,
                                 settle_over_workers)
 from tfdist.keras import saving
+from tfdist.seam.optimizer import with_gradient_pipeline
+from tfdist.step.hooks import GradientPipeline, TrainingHook
 
 __all__ = ["Compression", "DistributedOptimizer", "HorovodExchange"]
 

@@ -10,11 +10,11 @@ does, with the `compression` given.
 import keras
 import tensorflow as tf
 
-from tfdist.seam.optimizer import pipeline_of, with_hook
 from tfdist.horovod.averaging import WorkersAverager
 from tfdist.horovod.gradients import Compression, check_options
 from tfdist.horovod.optimizer import HorovodExchange
 from tfdist.keras.saving import checked_filepath
+from tfdist.seam.optimizer import pipeline_of, with_hook
 
 __all__ = ["load_model"]
 

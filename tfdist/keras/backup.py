@@ -25,8 +25,9 @@ import zipfile
 import numpy as np
 
 from tfdist.checkpoint import CheckpointError, CheckpointStore
-from tfdist.checkpoint.store import check_json
 from tfdist.checkpoint.files import check_path, open_regular
+from tfdist.checkpoint.store import check_json
+from tfdist.keras.written import writing
 from tfdist.limits import MAX_LOGICAL_CPUS, MAX_TASKS
 from tfdist.loop.driver import before_backup
 from tfdist.seam.optimizer import pipeline_of
@@ -34,7 +35,6 @@ from tfdist.seam.owned import optimizers_of
 from tfdist.step.resize import describe, resized_rows
 from tfdist.step.variables import (gather_replica_values, optimizer_slots,
                                    set_replica_values)
-from tfdist.keras.written import writing
 from tfdist.strategies.task import barrier, is_chief
 
 WEIGHTS = "backup.weights.h5"
@@ -135,7 +135,7 @@ def capture(model, strategy):
     before_backup(model)
     metadata = {"steps": _steps(model), "policy": policy_of(model),
                 "replicas": (_replica_group(model) or strategy).num_replicas_in_sync,
-                "hooks": [pipeline_of(o).checkpoint_states() for o in _built(model)],
+                "hooks": [pipeline_of(o).saved_state.checkpoint_states() for o in _built(model)],
                 "seeds": [np.asarray(v.numpy()).ravel().tolist() for v in seed_states(model)]}
     values = gather_replica_values(strategy, _replica_state(model), _replica_group(model))
     if values:  # ties the file to this backup: another run's (or a changed one) is refused
@@ -175,7 +175,7 @@ def restore(model, strategy, path, metadata):
     replicas = (_replica_group(model) or strategy).num_replicas_in_sync
     resized = metadata.get("replicas") not in (None, replicas)
     for optimizer, states in zip(_built(model), metadata.get("hooks") or []):
-        pipeline_of(optimizer).restore_checkpoint_states(
+        pipeline_of(optimizer).saved_state.restore_checkpoint_states(
             states, resized=(metadata["replicas"], replicas) if resized else None)
 
 
@@ -433,7 +433,7 @@ def _replica_state(model):
     state = []
     for optimizer in _built(model):
         pipeline = pipeline_of(optimizer)
-        state += pipeline.replica_state()
+        state += pipeline.saved_state.replica_state()
         if any(hook.replicas_apart for hook in pipeline.hooks):
             state += optimizer_slots(optimizer, distributed=pipeline.replica_group is None)
     return state
@@ -446,7 +446,7 @@ def _replica_rules(model):
     rules = []
     for optimizer in _built(model):
         pipeline = pipeline_of(optimizer)
-        rules += pipeline.replica_state_rules()
+        rules += pipeline.saved_state.replica_state_rules()
         if any(hook.replicas_apart for hook in pipeline.hooks):
             rules += ["mean"] * len(optimizer_slots(
                 optimizer, distributed=pipeline.replica_group is None))

@@ -2,12 +2,12 @@
 
 import tensorflow as tf
 
+from tfdist.capabilities import names_with
 from tfdist.compression.factory import build
-from tfdist.step.hooks import GradientPipeline
-from tfdist.seam.optimizer import with_gradient_pipeline
 from tfdist.errors import UnsupportedError
 from tfdist.local_sgd import ModelAverager
-from tfdist.capabilities import names_with
+from tfdist.seam.optimizer import with_gradient_pipeline
+from tfdist.step.hooks import GradientPipeline
 from tfdist.strategies.kind import capabilities_of
 
 

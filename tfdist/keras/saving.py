@@ -36,10 +36,10 @@ import keras
 import tensorflow as tf
 
 from tfdist.compression.factory import build
-from tfdist.step.hooks import GradientPipeline
+from tfdist.keras.distributed_optimizer import DistributedOptimizer, check_strategy
 from tfdist.seam.optimizer import SAVED_KEY, SAVED_NAME, is_routed, with_gradient_pipeline
 from tfdist.seam.routed import compile_is_custom
-from tfdist.keras.distributed_optimizer import DistributedOptimizer, check_strategy
+from tfdist.step.hooks import GradientPipeline
 
 KERAS_PACKAGES = ("keras", "keras_hub", "keras_cv", "keras_nlp")  # as Keras' own lookup
 #: Saved exchanges of packages above this one, by name: config -> the pipeline's hooks

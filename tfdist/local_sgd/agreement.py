@@ -12,12 +12,12 @@ islands' measured times (`Pacing`). Without islands of workers, `NoIslands` does
 
 import tensorflow as tf
 
+from tfdist.local_sgd.pace import IslandPace
+from tfdist.report import say
 from tfdist.step import wire
 from tfdist.step.preemption import preemption
 from tfdist.step.tracing import plain_function
-from tfdist.local_sgd.pace import IslandPace
 from tfdist.strategies.task import is_chief
-from tfdist.report import say
 
 _LOCAL = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
 

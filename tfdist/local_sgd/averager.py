@@ -21,9 +21,6 @@ from tfdist.capabilities import names_with
 from tfdist.checkpoint import CheckpointError
 from tfdist.compression.auto import AutoCompression
 from tfdist.compression.factory import build
-from tfdist.step.hooks import TrainingHook, all_reduce_sum
-from tfdist.step.tracing import do_not_convert
-from tfdist.step.variables import underlying
 from tfdist.errors import UnsupportedError
 from tfdist.local_sgd import fragments as fragmenting
 from tfdist.local_sgd import go_local
@@ -36,6 +33,9 @@ from tfdist.local_sgd.rounds import Rounds
 from tfdist.local_sgd.schedule import Schedule
 from tfdist.local_sgd.synchroniser import Anchors, FragmentSync, Replicas
 from tfdist.local_sgd.warmup import NOT_YET, Warmup
+from tfdist.step.hooks import TrainingHook, all_reduce_sum
+from tfdist.step.tracing import do_not_convert
+from tfdist.step.variables import underlying
 from tfdist.strategies import batch_rows
 from tfdist.strategies.kind import capabilities_of
 

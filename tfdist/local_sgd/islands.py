@@ -26,14 +26,12 @@ themselves.
 import collections
 import itertools
 import threading
-import warnings
 
 import tensorflow as tf
 
 from tfdist import resize_signal
-from tfdist.step import wire
 from tfdist.errors import UnsupportedError
-from tfdist.strategies.input_pipelines import checks_partial_batches
+from tfdist.step import wire
 
 #: Island group keys sit in the upper half of a strategy's collective key range
 #: (`tfdist.strategies.collective_keys`), clear of the strategy's own device groups.
@@ -100,36 +98,6 @@ def present_islands(spec, units, hosts=None, environ=None):
     whole = [[here[p] for p in group if p in here] for group in island_groups(spec, members)]
     return ([group for group in whole if group],
             [index for index, group in enumerate(whole) if group], len(whole))
-
-
-#: Why islands wait for each other at every step, reading a finite dataset.
-COUPLED_INPUT = ("tfdist: islands between synchronisations read a finite dataset, so "
-                 "TensorFlow checks every batch for a partial last one with a collective over "
-                 "every worker: the islands wait for each other at each step. Give them an "
-                 "infinite one (dataset.repeat()) and steps_per_epoch.")
-
-
-#: Why heterogeneous islands cannot read a finite dataset at all.
-PACED_COUPLED_INPUT = (
-    "island_steps: a slower island skips step calls that the others train, but a finite "
-    "dataset checks every batch for a partial last one with a collective over every "
-    "worker, which the islands would then run out of step (TensorFlow fails with "
-    "'Collective instance ... expected type'). Give the islands an infinite dataset "
-    "(dataset.repeat()) and steps_per_epoch")
-
-
-def warn_if_input_couples(iterator, paced=False):
-    """Warns (once per place) if the distributed `iterator` runs a collective over every
-    worker at each step (`checks_partial_batches`), which islands cannot step apart with.
-
-    Raises:
-        UnsupportedError: such an iterator with heterogeneous islands (`paced`), which
-            would run that collective out of step.
-    """
-    if checks_partial_batches(iterator):
-        if paced:
-            raise UnsupportedError(PACED_COUPLED_INPUT)
-        warnings.warn(COUPLED_INPUT, stacklevel=3)
 
 
 class IslandReduce:

@@ -13,11 +13,11 @@ import keras
 import tensorflow as tf
 
 from tfdist.compression.communicator import Communicator
+from tfdist.local_sgd.outer import outer_optimizer
+from tfdist.local_sgd.rounds import averaged_state
 from tfdist.step import wire
 from tfdist.step.tracing import plain_function
 from tfdist.step.variables import underlying
-from tfdist.local_sgd.outer import outer_optimizer
-from tfdist.local_sgd.rounds import averaged_state
 
 
 class Replicas:

@@ -10,8 +10,8 @@ or once auto has measured the method it keeps. Its judgements are logged
 """
 
 from tfdist.compression.auto import QUALITY, AutoCompression
-from tfdist.report import say
 from tfdist.local_sgd import go_local
+from tfdist.report import say
 from tfdist.strategies.task import is_chief
 
 #: `warmup_steps` while `warmup_steps: auto` has not decided (a count no run reaches).

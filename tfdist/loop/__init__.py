@@ -1,2 +1,4 @@
-"""What a training loop does between steps: the driver of the hooks' Python side and
-`tfdist.function` for your own loop (`driver`)."""
+"""What a training loop does around and between steps: the per-step rules written once
+(`runner`: every loop — `model.fit`'s callback, `tfdist.Trainer`, `tfdist.function` —
+calls one `StepRunner`), the driver of the hooks' Python side (`driver`) and
+`tfdist.function` for your own loop (`function`)."""

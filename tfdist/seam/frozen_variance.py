@@ -5,6 +5,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.errors import UnsupportedError
+from tfdist.step.update import Wrapping
 
 
 def check_update_rule(optimizer, hooks):
@@ -39,3 +40,16 @@ def frozen_variance_update(self, gradient, variable, learning_rate, frozen_step)
         tf.cast(self.epsilon, dtype))
     m.assign(new_m)
     variable.assign_add(change)
+
+
+class FrozenVariance(Wrapping):
+    """The update stage's rule from optimizer step `step` on: Adam's with its second
+    moment frozen (`frozen_variance_update`), on the gradient `inner` hands over."""
+
+    def __init__(self, inner, step):
+        super().__init__(inner)
+        self.step = step
+
+    def apply(self, optimizer, payload, meta, variable, rate):
+        frozen_variance_update(optimizer, tf.cast(payload[0], variable.dtype), variable, rate,
+                               self.step)

@@ -23,8 +23,8 @@ import sys
 import keras
 import tensorflow as tf
 
-from tfdist.step import transaction
 from tfdist.errors import UnsupportedError
+from tfdist.step import transaction
 from tfdist.strategies.kind import capabilities_of
 
 KerasLossScaleOptimizer = keras.optimizers.LossScaleOptimizer

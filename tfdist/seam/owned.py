@@ -8,9 +8,10 @@ and `g_optimizer`); your own loop may never compile the model at all. The loop's
 
 import keras
 
-from tfdist.seam.loss_scale import inner_of, is_loss_scale, take_over
-from tfdist.seam.optimizer import built_on, is_routed
 from tfdist.errors import UnsupportedError
+from tfdist.seam.loss_scale import inner_of, is_loss_scale, take_over
+from tfdist.seam.optimizer import is_routed
+from tfdist.seam.routed_step import built_on
 
 
 def named_optimizers(model, given=None):

@@ -10,8 +10,9 @@ composed of), and call it where they find it.
     trains_next(), skipped() SkipsCalls         heterogeneous islands (`local_sgd`)
     before_backup(model, n)  PreparesBackups    local SGD (its replicas stay apart in a
                                                 backup); others: `before_read`
-    frozen_variance_step()   FreezesVariance    `GradientCompression(freeze_variance=True)`
-    freeze_variance, push_codec                 `GradientCompression` (attributes)
+    updater(inner)           Updates            `GradientCompression` (a push codec under
+                                                parameter servers; Adam's frozen variance)
+    freeze_variance                             `GradientCompression` (an attribute)
 """
 
 from typing import Protocol, runtime_checkable
@@ -45,10 +46,11 @@ class PreparesBackups(Protocol):
 
 
 @runtime_checkable
-class FreezesVariance(Protocol):
-    def frozen_variance_step(self):
-        """The optimizer step at which Adam's second moment stays in the phase traced
-        (1-bit Adam; `tfdist.seam.optimizer.frozen_variance_adam`), or None."""
+class Updates(Protocol):
+    def updater(self, inner):
+        """(trace time, in the phase traced) The `tfdist.step.update.Updater` of the step's
+        update stage, built on `inner` (the updaters of the hooks before; Keras' own
+        first), or `inner` itself."""
 
 
 def found(hooks, protocol):

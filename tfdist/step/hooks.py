@@ -22,8 +22,9 @@ moments under `model.fit`, `tfdist.Trainer` and your own loop (`tfdist.function`
                                               an epoch or of training — once per change
 
 Abilities only some hooks have (whether a step couples every worker, skipping a step
-call, preparing a backup, freezing Adam's variance) are not in the base: they are small
-protocols the pipeline looks up (`tfdist.step.abilities`).
+call, preparing a backup, changing the update) are not in the base: they are small
+protocols the pipeline looks up (`tfdist.step.abilities`); so is what a backup keeps of a
+hook (`tfdist.step.saved_state`).
 
 Gradient compression replaces `exchange` (compress, communicate the payload,
 decompress); local SGD replaces it with "no exchange" between averages and averages
@@ -33,10 +34,11 @@ the model in `after_step` and `before_read`.
 import tensorflow as tf
 
 from tfdist.step import gradients, wire
-from tfdist.step.abilities import (CouplesWorkers, FreezesVariance, PreparesBackups,
-                                   SkipsCalls, found)
+from tfdist.step.abilities import CouplesWorkers, PreparesBackups, SkipsCalls, Updates, found
 from tfdist.step.buckets import DEFAULT_BUCKET_BYTES, all_reduce_in_buckets, checked_bucket_bytes
+from tfdist.step.saved_state import SavedState
 from tfdist.step.step_clock import StepClock
+from tfdist.step.update import Updater
 from tfdist.strategies import batch_rows
 
 
@@ -127,44 +129,6 @@ class TrainingHook:
     def get_config(self):
         """Options that rebuild this hook when a model is loaded, or None (not saved)."""
         return None
-
-    def saveables(self):
-        """Keras objects (e.g. an optimizer) whose state a checkpoint of the optimizer
-        must hold (`BackupAndRestore` resumes them); available after `build`."""
-        return []
-
-    def replica_state(self):
-        """Variables each replica holds its own value of (error-feedback residuals,
-        PowerSGD's P and Q, ...), which `BackupAndRestore` gathers from every replica of
-        every worker and gives back to each."""
-        return []
-
-    def replica_state_rules(self):
-        """How each of `replica_state()` goes onto another number of replicas
-        (`tfdist.step.resize`: "sum", "shared" or "afresh"), in the same order."""
-        return ["afresh"] * len(self.replica_state())
-
-    #: Whether `checkpoint_state()` is a measurement of the cluster it ran on (`compression:
-    #: auto`'s choice): a backup restored onto another number of replicas does not give it
-    #: back, and the hook measures again.
-    measures_the_cluster = False
-
-    def checkpoint_state(self):
-        """What a backup keeps of this hook beyond variables (JSON values, the same on
-        every worker; e.g. `compression: auto`'s decision), or None."""
-        return None
-
-    def restore_checkpoint_state(self, state):
-        """Takes back a `checkpoint_state()` value, on every worker, before training."""
-
-    def restore_resized_checkpoint_state(self, state, old, new):
-        """Takes back a `checkpoint_state()` of a run on `old` replicas into this one on
-        `new`: as `restore_checkpoint_state`, except that a hook that
-        `measures_the_cluster` measures again, which it says in one line."""
-        if not self.measures_the_cluster:
-            return self.restore_checkpoint_state(state)
-        print(f"tfdist: {type(self).__name__}'s kept choice was measured on {old} replicas "
-              f"and this run has {new}: it measures again", flush=True)
 
 
 def all_reduce_sum(grads, bucket_bytes=None, sparse_dtype=None):
@@ -300,48 +264,24 @@ class GradientPipeline:
             if not parts:
                 hook.before_read(model)
 
-    def frozen_variance_step(self):
-        """The step Adam's second moment stays at in the phase traced, if a hook freezes it
-        (`GradientCompression(freeze_variance=True)`), else None."""
-        return next((s for part in found(self.hooks, FreezesVariance)
-                     if (s := part.frozen_variance_step()) is not None), None)
+    def updater(self):
+        """(trace time) The update stage's `Updater`: Keras' own, built on by each hook
+        that `Updates`, in order (`tfdist.step.update`)."""
+        updater = Updater()
+        for part in found(self.hooks, Updates):
+            made = part.updater(updater)
+            if not isinstance(made, Updater):
+                raise TypeError(
+                    f"{type(part).__name__}.updater(inner) must return a tfdist.step.update."
+                    "Updater (inner itself, or one built on it: subclass tfdist.step.update."
+                    f"Wrapping). Received: {made!r:.80}")
+            updater = made
+        return updater
 
-    def saveables(self):
-        """Every hook's `saveables()`, in order."""
-        return [s for hook in self.hooks for s in hook.saveables()]
-
-    def replica_state(self):
-        """Every hook's `replica_state()`, in order."""
-        return [v for hook in self.hooks for v in hook.replica_state()]
-
-    def replica_state_rules(self):
-        """Every hook's `replica_state_rules()`, in order."""
-        return [r for hook in self.hooks for r in hook.replica_state_rules()]
-
-    def checkpoint_states(self):
-        """Every hook's `checkpoint_state()`, in order."""
-        return [hook.checkpoint_state() for hook in self.hooks]
-
-    def restore_checkpoint_states(self, states, resized=None):
-        """Gives each hook its state of `checkpoint_states()` back; False (nothing given)
-        when the hooks are not those the states came from. `resized`: (the backup's
-        replicas, this run's) when they differ: each hook's
-        `restore_resized_checkpoint_state` then."""
-        if not isinstance(states, list) or len(states) != len(self.hooks):
-            return False
-        for hook, state in zip(self.hooks, states):
-            if state is None:
-                continue
-            if resized is not None:
-                hook.restore_resized_checkpoint_state(state, *resized)
-            else:
-                hook.restore_checkpoint_state(state)
-        return True
-
-    def push_codec(self):
-        """The codec of the gradient push to parameter servers, if a hook has one."""
-        return next((h.push_codec for h in self.hooks
-                     if getattr(h, "push_codec", None) is not None), None)
+    @property
+    def saved_state(self):
+        """What a backup keeps of the hooks (`tfdist.step.saved_state`)."""
+        return SavedState(self.hooks)
 
     def saved_config(self):
         """What a saved model keeps of the exchange: its owner's `get_config()`, or None."""

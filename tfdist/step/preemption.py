@@ -24,9 +24,9 @@ import time
 import tensorflow as tf
 
 from tfdist import resize_signal
+from tfdist.errors import TfdistError
 from tfdist.strategies import sigterm_guard
 from tfdist.strategies.shuffles import unseeded_shuffles  # noqa: F401 (its home before)
-from tfdist.errors import TfdistError
 
 #: The exit code of a task that saved at an agreed step after a preemption signal (128 +
 #: SIGTERM, what Kubernetes reports for a terminated container).

@@ -29,9 +29,9 @@ import threading
 
 import tensorflow as tf
 
+from tfdist.regions import ThreadRegion
 from tfdist.step import wire
 from tfdist.step.preemption import preemption
-from tfdist.regions import ThreadRegion
 from tfdist.strategies.keras_step_options import compiled_by_xla
 
 REFUSED = ("tfdist: a NaN or Inf gradient on some replica (or one whose sum overflows "

@@ -8,15 +8,13 @@ import tensorflow as tf
 
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.loop.driver import HookDriver
-from tfdist.step.hooks import GradientPipeline
+from tfdist.keras.callbacks.loss_scale_log import LossScaleLog
+from tfdist.loop.runner import NOTHING, RunsHooks, StepRunner
 from tfdist.seam.loss_scale import LossScaleOptimizer, is_loss_scale
 from tfdist.seam.optimizer import pipeline_of, with_gradient_pipeline
-from tfdist.step.preemption import skipping, take_advance, warn_if_unrestorable, watch_input
+from tfdist.step.hooks import GradientPipeline
+from tfdist.step.preemption import take_advance, warn_if_unrestorable, watch_input
 from tfdist.step.variables import trained_variables, underlying
-from tfdist.local_sgd.islands import warn_if_input_couples
-from tfdist.keras.callbacks.loss_scale_log import LossScaleLog
-from tfdist.keras.callbacks.training_hooks import TrainingHooks
 from tfdist.strategies import batch_rows
 from tfdist.strategies.kind import capabilities_of
 from tfdist.strategies.task import is_chief
@@ -92,9 +90,14 @@ class Trainer:
             made = [as_metric(m, self.loss, model) for m in metrics or []]
             self.metrics = [in_scope(m, self.strategy) if shared else m for m in made]
         model.optimizer = self.optimizer
-        self.completed_steps = 0
-        self.driver = HookDriver(model, self.optimizer)
+        self.completed_steps, self._waiting = 0, None  # a batch a skipped call left
+        self.runner = StepRunner(model, self.optimizer)
         self._test_function = self._make_test_function()
+
+    @property
+    def driver(self):
+        """The runner's `HookDriver`."""
+        return self.runner.driver
 
     # --- the compiled steps -----------------------------------------------------------
 
@@ -241,8 +244,8 @@ class Trainer:
         callbacks.on_train_begin()
         initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
         steps = steps_per_epoch_of(dataset_or_fn, steps_per_epoch)
-        self.driver.plan(None if steps is None else max(epochs - initial_epoch, 0) * steps)
-        self._iterator, logs = iter(train_data), {}
+        self.runner.plan(None if steps is None else max(epochs - initial_epoch, 0) * steps)
+        self._iterator, self._waiting, logs = iter(train_data), None, {}
         self._reads = 0  # batches the current iterator yielded (a backup's input position)
         watch_input(self.model, lambda: (self._reads, True))  # renewed before an epoch ends
         if self.coordinator is None:
@@ -252,13 +255,13 @@ class Trainer:
                                callbacks)
             if self.model.stop_training:
                 break
-        self.driver.before_read()
+        self.runner.before_read()
         callbacks.on_train_end(logs)
         return self.model.history
 
     def _callbacks(self, callbacks, dataset_or_fn, verbose, epochs, steps_per_epoch):
         """The run's `CallbackList` (without `TrainingHooks`: the trainer drives the hooks)."""
-        callbacks = [c for c in callbacks or [] if not isinstance(c, TrainingHooks)]
+        callbacks = [c for c in callbacks or [] if not isinstance(c, RunsHooks)]
         if any(isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks):
             warn_if_unrestorable(dataset_or_fn)
         return keras.callbacks.CallbackList(
@@ -286,7 +289,7 @@ class Trainer:
         if val_data is not None:
             val_logs = self._evaluate(val_data, validation_steps, callbacks, verbose=0)
             logs.update({f"val_{k}": v for k, v in val_logs.items()})
-        self.driver.before_read()  # one model for the epoch's end (as under fit)
+        self.runner.before_read()  # one model for the epoch's end (as under fit)
         callbacks.on_epoch_end(epoch, logs)
         return logs
 
@@ -301,7 +304,7 @@ class Trainer:
         return self._evaluate(data, steps, callbacks, verbose)
 
     def _evaluate(self, data, steps, callbacks, verbose):
-        self.driver.before_read()
+        self.runner.before_read()
         self._reset_metrics()
         callbacks.on_test_begin()
         self._run_steps(False, iter(data), steps,
@@ -311,51 +314,9 @@ class Trainer:
         return logs
 
     def _run_steps(self, training, iterator, steps, on_begin, on_end, epoch=None):
-        """Runs up to `steps` steps (all the data if None); returns (steps run, exhausted).
-        Steps that trained before the preemption this run resumes from read their data
-        and drop it (`tfdist.step.preemption.skipping`)."""
-        done = 0
-        for batch in (range(steps) if steps is not None else itertools.count()):
-            on_begin(batch)
-            if training and self.coordinator is None and skipping(self.model, epoch, batch):
-                if not self._read_ahead(iterator, 1):
-                    return done, True
-                on_end(batch, {})
-                continue
-            function = (self.driver.function(self._make_train_function) if training
-                        else self._test_function)
-            if training and self.coordinator is None and not self.driver.couples_workers():
-                # islands apart: a finite dataset couples (refused with island_steps)
-                warn_if_input_couples(iterator, self.driver.paced())
-            if training and self.coordinator is None and self.driver.skips_next():
-                self.driver.skip()  # a slower island: this call trains (and reads) nothing
-                done += 1
-                self.driver.end_step()
-                on_end(batch, {})
-                continue
-            logs = {}  # under a coordinator, results stay on the workers until the epoch ends
-            if self.coordinator is not None:
-                if training:
-                    function.schedule(self.coordinator, (iterator,))
-                else:
-                    self.coordinator.schedule(function, args=(iterator,))
-            else:
-                try:
-                    data = next(iterator)
-                except (tf.errors.OutOfRangeError, StopIteration):
-                    return done, True
-                if training:
-                    self._reads += 1
-                logs = function(data)
-            done += 1
-            if training and self.coordinator is None:
-                self.driver.end_step()
-            on_end(batch, logs)
-        if self.coordinator is not None:
-            self.coordinator.join()
-            if training and done:  # the steps ran asynchronously on the workers
-                self.driver.end_step()
-        return done, False
+        """Runs up to `steps` steps (all the data if None); returns (steps run, exhausted)."""
+        loop = _CoordinatedSteps if self.coordinator is not None else _Steps
+        return loop(self, training).run(iterator, steps, on_begin, on_end, epoch)
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -379,7 +340,7 @@ class Trainer:
         training step of islands between synchronisations reads this replica's own (the
         epoch's logs are read across every worker at its end)."""
         tracked = [self.loss_tracker, *self.metrics]
-        if training and self.coordinator is None and not self.driver.couples_workers():
+        if training and self.coordinator is None and self.runner.apart:
             if can_read_at_once(tracked):  # islands apart: this replica's own, no collective
                 return read_at_once(tracked, across=False)
             return {m.name: m.result() for m in tracked}
@@ -418,6 +379,81 @@ class Trainer:
 _COUNTS = {"epochs": functools.partial(checks.integer, minimum=0),
            "initial_epoch": functools.partial(checks.integer, minimum=0)}
 _STEPS = functools.partial(checks.integer, minimum=1)
+
+
+class _Steps:
+    """The synchronous loop: each step call reads its batch, then is run and ended by the
+    runner's rules (`tfdist.loop.runner`), so a loop that reads until the data ends
+    begins no call past it. A call that trained before the preemption this run resumes
+    from reads its batch and drops it; a slower island's call leaves its batch to the
+    next one (`Trainer._waiting`; counted as read when it trains: a backup meanwhile
+    resumes with it)."""
+
+    def __init__(self, trainer, training):
+        self.trainer, self.training = trainer, training
+
+    def run(self, iterator, steps, on_begin, on_end, epoch):
+        trainer, runner, done = self.trainer, self.trainer.runner, 0
+        for batch in range(steps) if steps is not None else itertools.count():
+            on_begin(batch)
+            if self.training and runner.trained_before(epoch, batch):
+                if not trainer._read_ahead(iterator, 1):
+                    return done, True
+                on_end(batch, {})
+                continue
+            data = self._next(iterator)
+            if data is None:
+                return done, True
+            logs = self._step(data, iterator) if self.training else trainer._test_function(data)
+            done += 1
+            on_end(batch, logs)
+        return done, False
+
+    def _next(self, iterator):
+        """The call's batch: the one a slower island's call left, else the next one read
+        (None: the data ended)."""
+        if self.training and self.trainer._waiting is not None:
+            return self.trainer._waiting
+        try:
+            return next(iterator)
+        except (tf.errors.OutOfRangeError, StopIteration):
+            return None
+
+    def _step(self, data, iterator):
+        """One training step call on `data` of `iterator`; returns its logs."""
+        trainer, runner = self.trainer, self.trainer.runner
+        call = runner.begin(trainer._make_train_function)
+        if runner.apart:  # islands apart: a finite dataset couples the workers
+            runner.check_input(iterator)
+        logs, trainer._waiting = {}, None
+        if call is NOTHING:  # a slower island: the batch waits for the next call
+            trainer._waiting = data
+        else:
+            trainer._reads += 1
+            logs = call(data)
+        runner.end(call)
+        return logs
+
+
+class _CoordinatedSteps(_Steps):
+    """Under parameter servers: each step scheduled on a worker (`ClusterCoordinator`),
+    its results kept there until the epoch ends; the steps ran asynchronously, so the
+    hooks' `after_step` runs once, after them."""
+
+    def run(self, iterator, steps, on_begin, on_end, epoch):
+        trainer, runner, call = self.trainer, self.trainer.runner, None
+        for batch in range(steps):
+            on_begin(batch)
+            if self.training:  # the step of the hooks' phase at its scheduling
+                call = runner.begin(trainer._make_train_function)
+                call.schedule(trainer.coordinator, (iterator,))
+            else:
+                trainer.coordinator.schedule(trainer._test_function, args=(iterator,))
+            on_end(batch, {})
+        trainer.coordinator.join()
+        if self.training and steps:
+            runner.end(call)
+        return steps, False
 
 
 def _routed(optimizer, hooks):

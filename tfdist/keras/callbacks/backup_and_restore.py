@@ -6,15 +6,15 @@ import sys
 import keras
 
 from tfdist.checkpoint import CheckpointError, CheckpointStore
+from tfdist.keras.backup import MAX_STEPS, capture, check_json, describe_run, restore
+from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
+from tfdist.keras.written import writing
 from tfdist.seam.loss_scale import inner_of
 from tfdist.seam.optimizer import is_routed
 from tfdist.seam.owned import optimizers_of
 from tfdist.step.preemption import (Preempted, input_position, preemption, resume_at,
                                     seconds_since_signal, skipping, take_advance,
                                     warn_if_unrestorable, watch_input)
-from tfdist.keras.backup import MAX_STEPS, capture, check_json, describe_run, restore
-from tfdist.keras.written import writing
-from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
 from tfdist.strategies.kind import capabilities_of
 from tfdist.strategies.task import barrier
 

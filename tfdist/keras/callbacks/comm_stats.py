@@ -5,9 +5,9 @@ import tensorflow as tf
 
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.seam.owned import named_optimizers
-from tfdist.seam.optimizer import pipeline_of
 from tfdist.keras.callbacks.loss_scale_log import LossScaleLog
+from tfdist.seam.optimizer import pipeline_of
+from tfdist.seam.owned import named_optimizers
 
 
 class CommStats(keras.callbacks.Callback):

@@ -6,8 +6,8 @@ import keras
 
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.seam.optimizer import learning_rate_schedule
 from tfdist.keras.callbacks.worker_scratch import strategy_of
+from tfdist.seam.optimizer import learning_rate_schedule
 
 
 def warmup_rate(step, base_rate, target_rate, warmup_steps):

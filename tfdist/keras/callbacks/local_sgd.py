@@ -1,9 +1,9 @@
 """`LocalSGD`: periodic model averaging for `model.fit` with any optimizer."""
 
-from tfdist.seam.optimizer import with_hook
 from tfdist.keras.callbacks.training_hooks import TrainingHooks
 from tfdist.keras.callbacks.worker_scratch import strategy_of
 from tfdist.local_sgd import ModelAverager
+from tfdist.seam.optimizer import with_hook
 
 
 class LocalSGD(TrainingHooks):

@@ -20,9 +20,6 @@ import tensorflow as tf
 from tfdist.compression.auto import AutoCompression
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.seam.optimizer import pipeline_of
-from tfdist.seam.owned import named_optimizers
-from tfdist.report import logger
 from tfdist.errors import shown
 from tfdist.keras.callbacks.comm_stats import CommStats
 from tfdist.keras.callbacks.log_paths import (check_place, ending_on_error, probe_directory,
@@ -30,6 +27,9 @@ from tfdist.keras.callbacks.log_paths import (check_place, ending_on_error, prob
 from tfdist.keras.callbacks.step_times import EpochStepTimes
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
 from tfdist.local_sgd import ModelAverager
+from tfdist.report import logger
+from tfdist.seam.optimizer import pipeline_of
+from tfdist.seam.owned import named_optimizers
 from tfdist.strategies.task import chief_wrote, task_of
 
 #: The log directory a managed platform gives a job (Vertex AI's custom training).

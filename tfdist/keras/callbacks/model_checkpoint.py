@@ -2,8 +2,8 @@
 
 import keras
 
-from tfdist.keras.written import writing
 from tfdist.keras.callbacks.worker_scratch import WorkerScratch, strategy_of
+from tfdist.keras.written import writing
 from tfdist.loop.driver import before_read
 from tfdist.strategies.task import chief_wrote
 

@@ -8,11 +8,11 @@ import keras
 
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
+from tfdist.keras.callbacks.worker_scratch import strategy_of
+from tfdist.report import logger, say
 from tfdist.seam.optimizer import pipeline_of
 from tfdist.seam.owned import named_optimizers
-from tfdist.report import logger, say
 from tfdist.step.step_clock import PARTS, num_workers, worker_hosts, worker_index
-from tfdist.keras.callbacks.worker_scratch import strategy_of
 from tfdist.step_times_line import StepTimesLine, format_line
 from tfdist.strategies.task import is_chief
 

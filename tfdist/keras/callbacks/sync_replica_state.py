@@ -2,8 +2,8 @@
 
 import keras
 
-from tfdist.seam import replica_state
 from tfdist.keras.callbacks.worker_scratch import strategy_of
+from tfdist.seam import replica_state
 
 
 class SyncReplicaState(keras.callbacks.Callback):

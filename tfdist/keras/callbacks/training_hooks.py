@@ -3,15 +3,13 @@
 import keras
 import tensorflow as tf
 
-from tfdist.loop.driver import HookDriver
-from tfdist.seam.owned import optimizers_of
-from tfdist.step.preemption import skipping
 from tfdist.errors import UnsupportedError
 from tfdist.keras.callbacks.loss_scale_log import LossScaleLog
-from tfdist.local_sgd.islands import warn_if_input_couples
+from tfdist.loop.runner import NOTHING, RunsHooks, StepRunner, check_input
+from tfdist.seam.owned import optimizers_of
 
 
-class TrainingHooks(keras.callbacks.Callback):
+class TrainingHooks(RunsHooks, keras.callbacks.Callback):
     """Calls the Python side of the model optimizer's hooks (`tfdist.TrainingHook`) at the
     moments `tfdist.Trainer` and `tfdist.function` call them: each step gets the train
     step traced for the hooks' phase (a delayed start, local SGD's warm-up, gradient
@@ -36,18 +34,23 @@ class TrainingHooks(keras.callbacks.Callback):
 
     def __init__(self):
         super().__init__()
-        self.driver, self.epoch, self._planned = None, 0, False
+        self.runner, self.epoch, self._planned = None, 0, False
         self._logs = {}  # the last trained step's logs (a call that trains nothing gives them)
         self._loss_scale = LossScaleLog()
 
     def on_train_begin(self, logs=None):
         optimizers = optimizers_of(self.model)
         if not optimizers:
-            self.driver = None
-        elif (self.driver is None or self.driver.optimizers != optimizers
-              or not self.driver.owns(self.model.train_function)):
-            self.driver = HookDriver(self.model)  # first fit, or compiled again
+            self.runner = None
+        elif (self.runner is None or self.runner.driver.optimizers != optimizers
+              or not self.runner.driver.owns(self.model.train_function)):
+            self.runner = StepRunner(self.model)  # first fit, or compiled again
         self._planned = False
+
+    @property
+    def driver(self):
+        """The runner's `HookDriver` (None for a model without a tfdist optimizer)."""
+        return None if self.runner is None else self.runner.driver
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
@@ -56,20 +59,20 @@ class TrainingHooks(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         # fit reads `train_function` at every step; a step that trained before a
         # preemption is left to BackupAndRestore, which reads its data and drops it
-        if self.driver is not None and not self._planned:  # after a backup's restore
-            self.driver.plan(_calls_left(self.params, self.epoch, batch))
+        if self.runner is None:
+            return
+        if not self._planned:  # after a backup's restore
+            self.runner.plan(_calls_left(self.params, self.epoch, batch))
             self._planned = True
-        if self.driver is not None and not skipping(self.model, self.epoch, batch):
-            self.model.train_function = self.driver.function(self._make_train_function)
-            if self.driver.skips_next():  # a slower island: this call trains nothing
-                self.driver.skip()
-                self.model.train_function = self._train_nothing
+        if not self.runner.trained_before(self.epoch, batch):
+            call = self.runner.begin(self._make_train_function)
+            self.model.train_function = self._train_nothing if call is NOTHING else call
 
     def on_train_batch_end(self, batch, logs=None):
         self._logs = logs if logs else self._logs
         self._loss_scale.step(self.model, self.epoch, batch)
-        if self.driver is not None and not skipping(self.model, self.epoch, batch):
-            self.driver.end_step()
+        if self.runner is not None and not self.runner.trained_before(self.epoch, batch):
+            self.runner.end(self.model.train_function)
 
     def on_test_begin(self, logs=None):
         self._before_read()
@@ -83,14 +86,14 @@ class TrainingHooks(keras.callbacks.Callback):
         self._before_read()
 
     def _before_read(self):
-        if self.driver is not None:
-            self.driver.before_read()
+        if self.runner is not None:
+            self.runner.before_read()
 
     def _make_train_function(self):
-        if self.driver.couples_workers():
+        if not self.runner.apart:
             self.model.make_train_function(force=True)
             return self.model.train_function
-        return _train_function_apart(self.model, self.driver.paced())
+        return _train_function_apart(self.model, self.runner.paced)
 
     def _train_nothing(self, iterator):
         """fit's step for a call that trains nothing: no batch is read (the next trained
@@ -131,7 +134,7 @@ def _train_function_apart(model, paced=False):
                                      outputs)
 
     def train_function(iterator):
-        warn_if_input_couples(iterator, paced)
+        check_input(iterator, paced)
         return step(iterator)
 
     return train_function
