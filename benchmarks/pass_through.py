@@ -18,7 +18,7 @@ import math
 import statistics
 import tempfile
 
-import report
+import overhead_pairs
 
 #: Each rung's predecessor in the account (`plain_fresh` is a side rung: a new iterator).
 BEFORE = {"plain_fresh": "plain", "own": "plain", "trainer_step": "own",
@@ -39,7 +39,7 @@ def difference(after, before):
     """Mean of paired differences (ms) and its 95% half-width (Student's t)."""
     pairs = [1000 * (a - b) for a, b in zip(after, before)]
     n = len(pairs)
-    half = report.t_quantile(0.975, n - 1) * statistics.stdev(pairs) / math.sqrt(n)
+    half = overhead_pairs.t_quantile(0.975, n - 1) * statistics.stdev(pairs) / math.sqrt(n)
     return statistics.mean(pairs), half
 
 
@@ -131,12 +131,12 @@ def main():
     parser.add_argument("--rewrite", action="store_true",
                         help="rewrite NAME.md and NAME.png from NAME.json (no measurement)")
     args, flags = parser.parse_known_args()  # the rest: overhead.py's (--rungs, ...)
-    raw = report.RESULTS / f"{args.name}.json"
+    raw = overhead_pairs.RESULTS / f"{args.name}.json"
     if args.rewrite:
         metrics = json.loads(raw.read_text())
     else:
         with tempfile.TemporaryDirectory(prefix="tfdist-pass-through-") as workdir:
-            metrics = report.measure_overhead(args.pairs, args.block, workdir, *flags,
+            metrics = overhead_pairs.measure_overhead(args.pairs, args.block, workdir, *flags,
                                               *(["--profile"] if args.profile else []))
         metrics["overhead_flags"] = flags
         raw.write_text(json.dumps(metrics, indent=1))
@@ -145,7 +145,7 @@ def main():
 
 def write(name, metrics):
     """results/NAME.md (and NAME.png for a ladder) from overhead.py's metrics."""
-    ratio, interval, pairs = report.overhead({"overhead": metrics})
+    ratio, interval, pairs = overhead_pairs.overhead({"overhead": metrics})
     flags = metrics.get("overhead_flags", [])
     lines = [f"# tfdist pass-through against plain tf.distribute ({name})", "",
              *([metrics["note"], ""] if "note" in metrics else []),
@@ -153,7 +153,7 @@ def write(name, metrics):
              f"{ratio - 1:+.1%} (95% interval {interval[0] - 1:+.1%} to {interval[1] - 1:+.1%}, "
              f"{pairs} pairs of {metrics['block_steps']}-step blocks; overhead.py flags: "
              f"{' '.join(flags) or 'none'}).", ""]
-    ratio, interval, pairs = report.fresh_overhead({"overhead": metrics})
+    ratio, interval, pairs = overhead_pairs.fresh_overhead({"overhead": metrics})
     if ratio is not None and interval is not None:
         who = ("`Trainer.fit` called per block" if "trainer_fresh" in metrics.get("rungs", []) else
                "tfdist")
@@ -166,11 +166,11 @@ def write(name, metrics):
                   "of tfdist to the one before, in the same processes, in turns "
                   "(CPU time leaves out waiting for the other worker).", "",
                   *account_lines(metrics), ""]
-        plot(metrics, report.RESULTS / f"{name}.png")
+        plot(metrics, overhead_pairs.RESULTS / f"{name}.png")
     if "profile" in metrics:
         lines += ["One more block of each loop traced by TF's profiler on the chief "
                   "(benchmarks/op_profile.py):", "", *table(metrics["profile"])]
-    (report.RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    (overhead_pairs.RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

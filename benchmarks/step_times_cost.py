@@ -28,8 +28,8 @@ import math
 import statistics
 import tempfile
 
+import overhead_pairs
 import pass_through
-import report
 
 NAME = "step_times_cost"
 RUNGS = "own,own_unclocked,trainer,trainer_logged"
@@ -52,7 +52,7 @@ def ratio_interval(after, before):
     on the logs): (ratio, (low, high))."""
     logs = [math.log(a / b) for a, b in zip(after, before)]
     mean, n = statistics.mean(logs), len(logs)
-    half = report.t_quantile(0.975, n - 1) * statistics.stdev(logs) / math.sqrt(n)
+    half = overhead_pairs.t_quantile(0.975, n - 1) * statistics.stdev(logs) / math.sqrt(n)
     return math.exp(mean), (math.exp(mean - half), math.exp(mean + half))
 
 
@@ -191,8 +191,8 @@ def plot(metrics, path):
 def write(metrics):
     """results/step_times_cost.md and .png from overhead.py's metrics."""
     lines = markdown(metrics)
-    (report.RESULTS / f"{NAME}.md").write_text("\n".join(lines) + "\n")
-    plot(metrics, report.RESULTS / f"{NAME}.png")
+    (overhead_pairs.RESULTS / f"{NAME}.md").write_text("\n".join(lines) + "\n")
+    plot(metrics, overhead_pairs.RESULTS / f"{NAME}.png")
     print("\n".join(lines))
 
 
@@ -204,7 +204,7 @@ def main():
     parser.add_argument("--rewrite", action="store_true",
                         help="rewrite the .md and .png from the .json (no measurement)")
     args = parser.parse_args()
-    raw = report.RESULTS / f"{NAME}.json"
+    raw = overhead_pairs.RESULTS / f"{NAME}.json"
     if args.rewrite:
         metrics = json.loads(raw.read_text())
     else:
@@ -212,7 +212,7 @@ def main():
             parser.error(f"--pairs must be at least 2 and --block at least 1. "
                          f"Received: pairs={args.pairs}, block={args.block}")
         with tempfile.TemporaryDirectory(prefix="tfdist-step-times-cost-") as workdir:
-            metrics = report.measure_overhead(args.pairs, args.block, workdir,
+            metrics = overhead_pairs.measure_overhead(args.pairs, args.block, workdir,
                                               "--rungs", args.rungs)
         metrics["measured"] = datetime.date.today().isoformat()
         metrics["comparisons"] = comparisons(metrics)

@@ -13,6 +13,7 @@ BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import analytic  # noqa: E402
+import overhead_pairs  # noqa: E402
 import report  # noqa: E402
 import time_to_accuracy  # noqa: E402
 
@@ -41,6 +42,12 @@ def test_analytic_bytes_match_what_tfdist_counts(method, workers):
     counted = 2 * (workers - 1) / workers * (sizes["payload"] - gathered) + (workers - 1) * gathered
     shapes = [tuple(v.shape) for v in model.trainable_variables]
     assert analytic.bytes_per_worker(method, shapes, workers) == pytest.approx(counted, rel=1e-9)
+
+
+def results_in(monkeypatch, folder):
+    """The report and its measuring library read and write `folder` as the results."""
+    monkeypatch.setattr(report, "RESULTS", folder)
+    monkeypatch.setattr(overhead_pairs, "RESULTS", folder)
 
 
 def tta_run(method, seed, ious, seconds_per_epoch, rate=10**8, loss=0.1):
@@ -160,7 +167,7 @@ def test_the_report_names_every_missed_target(monkeypatch, tmp_path):
     """A results file where fp16 saves too little and sign costs too much: the generated
     report must say MISSED for exactly those, with the reason (and nothing saved by a
     benchmark run on this machine counts)."""
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    results_in(monkeypatch, tmp_path)
     monkeypatch.setattr(time_to_accuracy, "RESULTS", tmp_path)
     shapes = [[3, 3, 3, 16], [16], [3, 3, 16, 4], [4]]
     wire = lambda method, kb, seconds: {
@@ -273,7 +280,7 @@ def test_the_limits_are_the_best_times_the_shipped_configs_pass_through_and_auto
             tta_run("topk+EF", 0, [0.5, 0.86], 7.0, rate=slow),  # 14 s: the slow link's
             tta_run("auto", 0, [0.86, 0.9], 11.5, rate=fast),  # 11.5 s: within 5% of 11
             tta_run("auto", 0, [0.5, 0.5, 0.86], 7.0, rate=slow)]  # 21 s against 14
-    monkeypatch.setattr(report, "RESULTS", pathlib.Path("/nonexistent"))  # no shipped runs
+    results_in(monkeypatch, pathlib.Path("/nonexistent"))  # no shipped runs
     blocks = {"tfdist": [1.004, 1.006, 1.005, 1.005], "plain tf.distribute": [1.0] * 4}
     rows = {name: (got, met) for name, got, met, _ in report.limit_targets(
         {"time_to_accuracy": {"runs": runs}, "overhead": {"block_median_seconds": blocks}})}
@@ -321,7 +328,7 @@ def test_the_pass_through_in_more_pairs_is_read_only_if_it_measured_the_ladders_
     def save(name, ops, pairs):
         (tmp_path / name).write_text(json.dumps({"graph_ops": {"tfdist": ops}, "pairs": pairs}))
 
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    results_in(monkeypatch, tmp_path)
     assert report.saved_overhead() is None
     save(report.CURRENT_PASS_THROUGH, {"Sum": 50}, 48)
     assert report.saved_overhead()["pairs"] == 48
@@ -463,7 +470,7 @@ def test_a_benchmark_built_on_auto_local_compares_its_own_methods(monkeypatch, t
     assert f"Target: auto, then {slow_link_limit.LOCAL} within 5% of the best fixed method's " \
         "time to accuracy on every link measured: **met**." in text
     (tmp_path / "slow_link_limit.json").write_text(json.dumps(results))
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    results_in(monkeypatch, tmp_path)
     rows = {name: met for name, _, met, _ in report.auto_local_targets("slow_link_limit")}
     against = f"({', '.join(slow_link_limit.FIXED)})"
     assert rows == {  # no row where a candidate did not run (plain auto: nowhere)
@@ -784,7 +791,7 @@ def test_same_day_rows_replace_the_older_limit_and_auto_rows(monkeypatch):
     runs = [tta_run("fp16", 0, [0.86, 0.9], 11.0, rate=fast),
             tta_run("topk+EF", 0, [0.5, 0.86], 7.0, rate=slow),
             tta_run("auto", 0, [0.86, 0.9], 11.5, rate=fast)]
-    monkeypatch.setattr(report, "RESULTS", pathlib.Path("/nonexistent"))
+    results_in(monkeypatch, pathlib.Path("/nonexistent"))
     results = {"time_to_accuracy": {"runs": runs}, "overhead": {"block_median_seconds": {}}}
     older = [name for name, *_ in report.limit_targets(results)]
     assert any(name.startswith("auto at 1000 Mbit/s") for name in older)

@@ -62,3 +62,49 @@ def test_tfdist_core_still_offers_every_name_it_documented():
     for module, found in CORE_FACE.items():
         for name in found:
             assert getattr(tfdist.core, name) is getattr(importlib.import_module(module), name)
+
+
+def benchmark_imports():
+    """{benchmark module: the benchmark modules it imports, anywhere in the file}."""
+    import ast
+    import pathlib
+
+    folder = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+    names = {path.stem for path in folder.glob("*.py")}
+    graph = {}
+    for path in folder.glob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+        graph[path.stem] = found & names - {path.stem}
+    return graph
+
+
+def cycle_in(graph):
+    """One import cycle of `graph` as a list of modules, or None."""
+    state = {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt, path + [nxt])):
+                return found
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node, [node])):
+            return found
+    return None
+
+
+def test_the_benchmarks_import_each_other_without_a_cycle():
+    """The measuring library (e.g. overhead_pairs.py) is imported by the benchmarks, never
+    the other way round: no benchmark module imports one that imports it back."""
+    assert cycle_in(benchmark_imports()) is None, cycle_in(benchmark_imports())
+    assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # it can fail
