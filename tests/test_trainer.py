@@ -285,7 +285,7 @@ def test_metrics_made_outside_the_scope_count_every_replica_and_logs_read_at_onc
     class Compare(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             seen.append(({k: float(v) for k, v in logs.items()},
-                         {k: float(v) for k, v in trainer._results().items()}))
+                         {k: float(v) for k, v in trainer._steps.results().items()}))
 
     x = np.random.default_rng(0).random((64, 4)).astype("float32")
     y = np.random.default_rng(1).integers(0, 3, 64)

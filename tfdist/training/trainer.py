@@ -14,13 +14,12 @@ from tfdist.seam.loss_scale import LossScaleOptimizer, is_loss_scale
 from tfdist.seam.optimizer import pipeline_of, with_gradient_pipeline
 from tfdist.step.hooks import GradientPipeline
 from tfdist.step.preemption import take_advance, warn_if_unrestorable, watch_input
-from tfdist.step.variables import trained_variables, underlying
-from tfdist.strategies import batch_rows
+from tfdist.step.variables import trained_variables
 from tfdist.strategies.kind import capabilities_of
 from tfdist.strategies.task import is_chief
 from tfdist.training.data import distribute, steps_per_epoch_of
-from tfdist.training.losses import as_loss, as_metric, in_scope, update_state, weighed_by
-from tfdist.training.metrics import can_read_at_once, read_at_once, update_metric
+from tfdist.training.losses import as_loss, as_metric, in_scope
+from tfdist.training.step_functions import StepFunctions
 from tfdist.versions import KERAS_FIX, UnsupportedVersionError
 
 
@@ -92,122 +91,17 @@ class Trainer:
         model.optimizer = self.optimizer
         self.completed_steps, self._waiting = 0, None  # a batch a skipped call left
         self.runner = StepRunner(model, self.optimizer)
-        self._test_function = self._make_test_function()
+        self._steps = StepFunctions(self)  # the compiled steps
+        self._test_function = self._steps.test()
 
     @property
     def driver(self):
         """The runner's `HookDriver`."""
         return self.runner.driver
 
-    # --- the compiled steps -----------------------------------------------------------
-
-    def _scaled_loss(self, y, y_pred, sample_weight):
-        """This replica's share of the global loss, as Keras 3 computes it.
-
-        Keras 3 losses divide by `num_replicas_in_sync` under a strategy, so that summing
-        gradients across replicas averages them; model losses (regularisation) get the
-        same share here. Multiply by `num_replicas_in_sync` for the loss itself.
-        """
-        loss = self.loss(y, y_pred, sample_weight)
-        if self.model.losses:
-            loss += tf.add_n(self.model.losses) / self.strategy.num_replicas_in_sync
-        return loss
-
-    def _update_metrics(self, loss, y, y_pred, sample_weight, keep=None):
-        """Updates the loss and the metrics; `keep` (0.0 or 1.0, a tensor) weighs this
-        step's contribution (a step skipped by dynamic loss scaling counts in none). The
-        loss counts as many times as the batch has rows, as under `model.fit` (a partial
-        last batch weighs less)."""
-        update = update_metric if self.coordinator is not None else update_state
-        rows = tf.cast(tf.shape(tf.nest.flatten(y_pred)[0])[0], tf.float32)
-        update(self.loss_tracker, loss, rows if keep is None else rows * keep)
-        for metric in self.metrics:
-            update(metric, y, y_pred, sample_weight)
-
     def _make_train_function(self):
-        strategy, model = self.strategy, self.model
-
-        def weighed_step(data):  # each replica's gradient weighs its rows: batch_rows
-            if self.coordinator is not None:  # parameter servers: each worker steps alone
-                return replica_step(data)
-            with batch_rows.weighing(data):
-                return replica_step(data)
-
-        def replica_step(data):
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-            state = [underlying(v) for v in model.non_trainable_variables]
-            before = [v.read_value() for v in state]  # the forward pass updates some
-            with tf.GradientTape() as tape:
-                y_pred = model(x, training=True)
-                scaled = self._scaled_loss(y, y_pred, sample_weight)
-                if is_loss_scale(self.optimizer):  # dynamic loss scaling (mixed_float16)
-                    scaled_up = self.optimizer.scale_loss(scaled)
-            early = self._logs_before_backward()
-            if early:  # the logs' all-reduce runs beside the backward
-                self._update_metrics(scaled * strategy.num_replicas_in_sync, y, y_pred,
-                                     sample_weight)  # pass, not after the step (issue 33)
-                logs = self._replica_results(training=True)
-            grads = tape.gradient(scaled_up if is_loss_scale(self.optimizer) else scaled,
-                                  self.variables)
-            committed = self.optimizer.apply(grads, self.variables)
-            self._take_back_if_refused(committed, state, before)
-            if early:  # (None: each metric is read on its own afterwards)
-                return logs
-            keep, weight = None, sample_weight
-            if is_loss_scale(self.optimizer):  # a skipped step counts in no metric
-                keep, weight = weighed_by(committed, y_pred, sample_weight)
-            self._update_metrics(scaled * strategy.num_replicas_in_sync, y, y_pred, weight, keep)
-            return self._replica_results(training=True)
-
-        def step_fn(data):
-            return self._step_results(strategy.run(weighed_step, args=(data,)))
-
-        return self._compile(step_fn)
-
-    def _logs_before_backward(self):
-        """Whether a training step updates and reads its metrics right after the forward
-        pass: their all-reduce then overlaps the backward pass instead of adding a
-        collective's latency after the gradients' (measured: benchmarks/pass_through.py).
-        Not under dynamic loss scaling (a skipped step counts in no metric: that waits for
-        the verdict) nor under parameter servers (no per-step read)."""
-        return self.coordinator is None and not is_loss_scale(self.optimizer)
-
-    def _take_back_if_refused(self, committed, variables, values):
-        """Sets `variables` back to `values` if the step was refused (replica context)."""
-        if self.coordinator is None:  # synchronous: every replica writes its own copy
-            for variable, value in zip(variables, values):
-                variable.assign(tf.where(committed, variable.read_value(), value))
-            return
-
-        def take_back():  # parameter servers: other workers write meanwhile, so only then
-            for variable, value in zip(variables, values):
-                variable.assign(value)
-            return tf.constant(False)
-
-        tf.cond(committed, lambda: tf.constant(True), take_back)
-
-    def _make_test_function(self):
-        strategy, model = self.strategy, self.model
-
-        def replica_step(data):
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-            y_pred = model(x, training=False)
-            loss = self._scaled_loss(y, y_pred, sample_weight) * strategy.num_replicas_in_sync
-            self._update_metrics(loss, y, y_pred, sample_weight)
-            return self._replica_results()
-
-        def step_fn(data):
-            return self._step_results(strategy.run(replica_step, args=(data,)))
-
-        return self._compile(step_fn)
-
-    def _compile(self, step_fn):
-        """A tf.function of one step that takes the iterator (scheduled under a coordinator)
-        or, elsewhere, the batch: reading it eagerly ends the data cleanly, before any op of
-        the step runs (inside a graph, ops not fed by the data would still run)."""
-        if self.coordinator is not None:
-            return tf.function(lambda iterator: step_fn(next(iterator)))
-        return tf.function(step_fn, reduce_retracing=True)
+        """The training step, compiled for the hooks' phase (`StepFunctions.train`)."""
+        return self._steps.train()
 
     # --- the loops --------------------------------------------------------------------
 
@@ -331,33 +225,8 @@ class Trainer:
             self._reads += 1
         return True
 
-    def _results(self):
-        return {m.name: m.result() for m in [self.loss_tracker, *self.metrics]}
-
-    def _replica_results(self, training=False):
-        """(replica context) The step's logs from one all-reduce of every metric's state,
-        where that is possible (`tfdist.training.metrics.read_at_once`); else None. A
-        training step of islands between synchronisations reads this replica's own (the
-        epoch's logs are read across every worker at its end)."""
-        tracked = [self.loss_tracker, *self.metrics]
-        if training and self.coordinator is None and self.runner.apart:
-            if can_read_at_once(tracked):  # islands apart: this replica's own, no collective
-                return read_at_once(tracked, across=False)
-            return {m.name: m.result() for m in tracked}
-        if self.coordinator is None and can_read_at_once(tracked):
-            return read_at_once(tracked)
-        return None
-
-    def _step_results(self, per_replica):
-        """(cross-replica context) The step's logs: the first replica's copy of what every
-        replica read at once, else each metric read on its own."""
-        if per_replica is None:
-            return self._results()
-        first = self.strategy.experimental_local_results
-        return tf.nest.map_structure(lambda value: first(value)[0], per_replica)
-
     def _logs(self):
-        return {name: float(value) for name, value in self._results().items()}
+        return {name: float(value) for name, value in self._steps.results().items()}
 
     def _reset_metrics(self):
         for metric in [self.loss_tracker, *self.metrics]:
@@ -475,7 +344,7 @@ _LOSS_SCALING_SEEN = []  # True once a Keras loss was seen to scale on several r
 
 def check_loss_scaling(strategy):
     """Checks, once per process on a strategy with several replicas, that a Keras loss
-    returns each replica's share (1/N) in replica context, as `_scaled_loss` relies on
+    returns each replica's share (1/N) in replica context, as `StepFunctions._scaled_loss` relies on
     (Keras 3.7 and older returned the full loss: the Trainer would sum N gradients).
 
     Raises:
