@@ -72,7 +72,7 @@ def test_a_state_file_whose_arrays_disagree_on_the_replicas_is_another_layout(tm
     """Arrays of different replica counts, or another number of variables, are another
     layout; an array of another shape alone (an exchange between islands, sharded by the
     island's size) is marked as not fitting, the others still carried."""
-    from tfdist.keras.backup import _layout_of
+    from tfdist.keras.replica_state_file import layout_of
 
     state = [types.SimpleNamespace(shape=(2, 3), dtype="float32"),
              types.SimpleNamespace(shape=(5,), dtype="float32")]
@@ -80,16 +80,16 @@ def test_a_state_file_whose_arrays_disagree_on_the_replicas_is_another_layout(tm
     np.savez(good, np.zeros((4, 2, 3)), np.zeros((4, 5)))
     np.savez(bad, np.zeros((4, 2, 3)), np.zeros((3, 5)))
     np.savez(shard, np.zeros((4, 2, 3)), np.zeros((4, 3)))
-    assert _layout_of(good, state) == (4, [True, True])
-    assert _layout_of(bad, state) == (None, None)
-    assert _layout_of(shard, state) == (4, [True, False])
-    assert _layout_of(shard, state[1:]) == (None, None)  # another number of variables
-    assert _layout_of(good, state[:1]) == (None, None)
+    assert layout_of(good, state) == (4, [True, True])
+    assert layout_of(bad, state) == (None, None)
+    assert layout_of(shard, state) == (4, [True, False])
+    assert layout_of(shard, state[1:]) == (None, None)  # another number of variables
+    assert layout_of(good, state[:1]) == (None, None)
     with zipfile.ZipFile(tmp_path / "scalar.npz", "w") as archive:
         archive.writestr("arr_0.npy", b"not an array")
         archive.writestr("arr_1.npy", b"")
     with pytest.raises(ValueError):
-        _layout_of(tmp_path / "scalar.npz", state)
+        layout_of(tmp_path / "scalar.npz", state)
 
 
 def run_job(*args):
@@ -138,7 +138,7 @@ def test_a_backup_of_one_number_of_replicas_restores_onto_another(tmp_path, comp
 def test_a_forged_header_claiming_many_replicas_is_not_read(tmp_path):
     """A replica_state.npz whose header declares 100,000 replicas but holds one row's bytes
     (or is deflated) is another layout: nothing is allocated for what it declares."""
-    from tfdist.keras.backup import _bound, _layout_of, _read_arrays
+    from tfdist.keras.replica_state_file import bound, layout_of, read_arrays
 
     state = [types.SimpleNamespace(shape=(2, 3), dtype="float32")]
     forged = tmp_path / "forged.npz"
@@ -146,11 +146,11 @@ def test_a_forged_header_claiming_many_replicas_is_not_read(tmp_path):
         np.lib.format.write_array_header_1_0(member, {"descr": "<f4", "fortran_order": False,
                                                       "shape": (100_000, 2, 3)})
         member.write(np.zeros((1, 2, 3), "float32").tobytes())
-    old, _ = _layout_of(forged, state)
+    old, _ = layout_of(forged, state)
     assert old == 100_000
-    assert _read_arrays(forged, [((old, 2, 3), np.dtype("float32"))], _bound(state, old)) is None
+    assert read_arrays(forged, [((old, 2, 3), np.dtype("float32"))], bound(state, old)) is None
     deflated = tmp_path / "deflated.npz"
     with zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as archive, \
             archive.open("arr_0.npy", "w") as member:
         np.lib.format.write_array(member, np.zeros((4, 2, 3), "float32"))
-    assert _read_arrays(deflated, [((4, 2, 3), np.dtype("float32"))], _bound(state, 4)) is None
+    assert read_arrays(deflated, [((4, 2, 3), np.dtype("float32"))], bound(state, 4)) is None

@@ -14,7 +14,7 @@ import keras
 import numpy as np
 
 import tfdist
-from tfdist.keras.backup import _replica_rules, _replica_state
+from tfdist.keras.replica_state_file import replica_rules, replica_state
 from tfdist.seam.optimizer import with_hook
 from tfdist.step.variables import gather_replica_values
 
@@ -46,8 +46,8 @@ if args.mode == "save":
     backup.save()
 else:
     assert backup.restore() is not None, "no backup restored"
-rows = gather_replica_values(strategy, _replica_state(model))
-print("STATE " + json.dumps({"rules": _replica_rules(model),
-                             "names": [v.name for v in _replica_state(model)],
+rows = gather_replica_values(strategy, replica_state(model))
+print("STATE " + json.dumps({"rules": replica_rules(model),
+                             "names": [v.name for v in replica_state(model)],
                              "rows": [r.reshape(r.shape[0], -1).tolist() for r in rows]}),
       flush=True)
