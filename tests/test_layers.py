@@ -127,7 +127,6 @@ STILL_OVER = {
     "function tfdist/launch/launcher.py:__init__", "function tfdist/strategies/task.py:barrier",
     "function tfdist/cluster/manifest.py:tfjob_manifest",
     "function tfdist/loop/function.py:function",
-    "function tfdist/seam/routed_step.py:_update_variables",
     "function tfdist/compression/wrappers.py:restricted",
     "function tfdist/launch/resizing.py:_resize",
     "function tfdist/cluster/trainjob.py:trainjob_manifests",

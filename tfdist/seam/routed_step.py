@@ -179,11 +179,18 @@ def _update_step(self, grads, trainable_variables, learning_rate):
 
 def _update_variables(self, distribution, grads_and_vars, learning_rate, committed,
                       preempted=None, guarded=False, clocked=None):
-    """Cross-replica, the update stage: for each variable the pipeline's updater updates
-    (`tfdist.step.update`), what it encodes here crosses to the variable's devices
-    (under parameter servers: the worker's push), where weight decay and the updater's
-    `apply` run if `committed` — `guarded`: after it, which a refused step never reaches
-    (`Decision.fail_first`), else in a `tf.cond`; then the hooks' `on_step_end`."""
+    """Cross-replica, after the exchange: the update stage, then the commit."""
+    pushed = _update_stage(self, distribution, grads_and_vars, learning_rate, committed,
+                           guarded)
+    _commit(self, distribution, committed, pushed, preempted, clocked)
+
+
+def _update_stage(self, distribution, grads_and_vars, learning_rate, committed, guarded):
+    """For each variable the pipeline's updater updates (`tfdist.step.update`): what it
+    encodes here crosses to the variable's devices (under parameter servers: the worker's
+    push), where weight decay and the updater's `apply` run if `committed` — `guarded`:
+    after it, which a refused step never reaches (`Decision.fail_first`), else in a
+    `tf.cond`. Returns the bytes pushed."""
     updater = self._tfdist_pipeline.updater()
 
     def update(variable, *payload_rate_committed, meta=None):
@@ -209,6 +216,12 @@ def _update_variables(self, distribution, grads_and_vars, learning_rate, committ
         pushed += updater.payload_bytes(payload, variable) if pushes else 0
         distribution.extended.update(variable, update, args=(*payload, learning_rate, committed),
                                      kwargs={"meta": meta}, group=False)
+    return pushed
+
+
+def _commit(self, distribution, committed, pushed, preempted, clocked):
+    """The step's end, on every replica and worker alike: what it sent counted, the tasks
+    told to stop recorded, the step clock's account, then the hooks' `on_step_end`."""
     meter = self._tfdist_pipeline.meter
     meter.add(pushed=pushed)
     meter.count()  # what this step sent, each time it runs (skipped steps too)
