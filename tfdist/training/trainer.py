@@ -139,11 +139,8 @@ class Trainer:
         initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
         steps = steps_per_epoch_of(dataset_or_fn, steps_per_epoch)
         self.runner.plan(None if steps is None else max(epochs - initial_epoch, 0) * steps)
-        self._iterator, self._waiting, logs = iter(train_data), None, {}
-        self._reads = 0  # batches the current iterator yielded (a backup's input position)
-        watch_input(self.model, lambda: (self._reads, True))  # renewed before an epoch ends
-        if self.coordinator is None:
-            self._read_ahead(self._iterator, take_advance(self.model))
+        self._start_reading(train_data)
+        logs = {}
         for epoch in range(initial_epoch, epochs):
             logs = self._epoch(epoch, train_data, steps_per_epoch, val_data, validation_steps,
                                callbacks)
@@ -152,6 +149,15 @@ class Trainer:
         self.runner.before_read()
         callbacks.on_train_end(logs)
         return self.model.history
+
+    def _start_reading(self, train_data):
+        """A new iterator over the training data, told to a backup's input position
+        (`watch_input`), advanced past the batches a resumed run already trained."""
+        self._iterator, self._waiting = iter(train_data), None
+        self._reads = 0  # batches the current iterator yielded (a backup's input position)
+        watch_input(self.model, lambda: (self._reads, True))  # renewed before an epoch ends
+        if self.coordinator is None:
+            self._read_ahead(self._iterator, take_advance(self.model))
 
     def _callbacks(self, callbacks, dataset_or_fn, verbose, epochs, steps_per_epoch):
         """The run's `CallbackList` (without `TrainingHooks`: the trainer drives the hooks)."""
