@@ -128,7 +128,7 @@ STILL_OVER = {
     "function tfdist/cluster/manifest.py:tfjob_manifest",
     "function tfdist/loop/function.py:function",
     "function tfdist/compression/wrappers.py:restricted",
-    "function tfdist/launch/resizing.py:_resize",
+    "function tfdist/launch/resizing.py:resize",
     "function tfdist/cluster/trainjob.py:trainjob_manifests",
     "function tfdist/strategies/batch_rows.py:replica_batch_size",
     "function tfdist/training/data.py:distribute", "function tfdist/launch/launcher.py:_supervise",

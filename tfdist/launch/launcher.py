@@ -1,4 +1,43 @@
-"""`tfdist launch`: every task of a cluster on this machine, each with its TF_CONFIG."""
+"""`tfdist launch`: every task of a cluster on this machine, each with its TF_CONFIG
+(`Launcher`).
+
+Output: the tasks' bytes reach `out` prefixed by task, each line at most 64 KiB
+(longer ones are cut into prefixed pieces), through a bounded queue and a writer
+thread per destination (`tfdist.launch.output`). Progress bars that redraw with
+``\\r`` become periodic lines; terminal control is an allow-list (colours on a
+terminal, nothing else): cursor/erase sequences and titles are dropped, every other
+control sequence or control character is shown escaped, and the prefix is never
+overwritten (`tfdist.launch.rendering`).
+TF's reports that a peer has gone (logged when one worker finishes before another,
+"The tasks have crashed") are printed if a task failed (restarted or not), else
+replaced by a one-line note (`tfdist.launch.shutdown_reports`). At the end, one line
+on `err` sums the job up: how each task ended, restarts, wall time and, if a task
+printed `tfdist.callbacks.StepTimes`' line, the last one's slowest worker and the
+others' wait (`tfdist.launch.summary`). A stdout that does not read (a paused pager)
+holds up the tasks' output, never the supervisor: signals and failures are handled
+as usual and, at the end, output gets `DRAIN_SECONDS` to drain before it is dropped.
+A stdout that is closed (``| head``) is reported once on stderr; the tasks go on,
+their output discarded.
+
+What is left behind — promised: when `run` returns (success, failure, a signal, a
+setup error), no process started by the launch is left: each task's process group is
+signalled (also when only its leader exited, and before a restart), and a sweep
+kills every process whose environment carries the launch's tag
+``TFDIST_LAUNCH_DIR`` and every orphan adopted by the launcher, which is a child
+subreaper during the run (grandchildren that called ``setsid`` included; see
+`tfdist.launch.reaper` for why not a cgroup). Tasks also die with the launcher
+(``PR_SET_PDEATHSIG``). Every task gets a private TMPDIR inside the launch's directory
+``$TMPDIR/tfdist-launch-PID-START-RANDOM``, removed at the end.
+
+Not promised: a SIGKILLed launcher cleans nothing; its grandchildren and directory
+survive it. The next launch (same user, same TMPDIR for directories) removes the
+directories of dead launchers and kills the processes still tagged with one, and says
+so in one line. Found through ``/proc``: Linux only; a process that runs as another
+user, or that cleared its environment and also left the tree before the launcher
+adopted it, cannot be found. Used in-process (`launch`), a child that the host
+process itself starts from another thread during the run is taken for an adopted
+orphan and killed.
+"""
 
 import functools
 import os
@@ -20,7 +59,7 @@ from tfdist.config.sections.elastic import ELASTIC_KEYS
 from tfdist.launch import elastic, os_limits, reaper
 from tfdist.launch.errors import LaunchError
 from tfdist.launch.output import Sink
-from tfdist.launch.resizing import DONE, Resizing
+from tfdist.launch.resizing import DONE, Resizer, elastic_places
 from tfdist.launch.summary import summary
 from tfdist.launch.task_process import TaskProcess, exit_code
 
@@ -40,7 +79,7 @@ class _Stopped(BaseException):
         self.signum = signum
 
 
-class Launcher(Resizing):
+class Launcher:
     """Starts the tasks, restarts failed ones up to a budget, and stops them all at the end.
 
     The job succeeds when every task that runs the user's command exits 0; TF server
@@ -62,42 +101,8 @@ class Launcher(Resizing):
     failed task. A task that only waits for the launcher's stdout to take its output is
     not hung.
 
-    Output: the tasks' bytes reach `out` prefixed by task, each line at most 64 KiB
-    (longer ones are cut into prefixed pieces), through a bounded queue and a writer
-    thread per destination (`tfdist.launch.output`). Progress bars that redraw with
-    ``\\r`` become periodic lines; terminal control is an allow-list (colours on a
-    terminal, nothing else): cursor/erase sequences and titles are dropped, every other
-    control sequence or control character is shown escaped, and the prefix is never
-    overwritten (`tfdist.launch.rendering`).
-    TF's reports that a peer has gone (logged when one worker finishes before another,
-    "The tasks have crashed") are printed if a task failed (restarted or not), else
-    replaced by a one-line note (`tfdist.launch.shutdown_reports`). At the end, one line
-    on `err` sums the job up: how each task ended, restarts, wall time and, if a task
-    printed `tfdist.callbacks.StepTimes`' line, the last one's slowest worker and the
-    others' wait (`tfdist.launch.summary`). A stdout that does not read (a paused pager)
-    holds up the tasks' output, never the supervisor: signals and failures are handled
-    as usual and, at the end, output gets `DRAIN_SECONDS` to drain before it is dropped.
-    A stdout that is closed (``| head``) is reported once on stderr; the tasks go on,
-    their output discarded.
-
-    What is left behind — promised: when `run` returns (success, failure, a signal, a
-    setup error), no process started by the launch is left: each task's process group is
-    signalled (also when only its leader exited, and before a restart), and a sweep
-    kills every process whose environment carries the launch's tag
-    ``TFDIST_LAUNCH_DIR`` and every orphan adopted by the launcher, which is a child
-    subreaper during the run (grandchildren that called ``setsid`` included; see
-    `tfdist.launch.reaper` for why not a cgroup). Tasks also die with the launcher
-    (``PR_SET_PDEATHSIG``). Every task gets a private TMPDIR inside the launch's directory
-    ``$TMPDIR/tfdist-launch-PID-START-RANDOM``, removed at the end.
-
-    Not promised: a SIGKILLed launcher cleans nothing; its grandchildren and directory
-    survive it. The next launch (same user, same TMPDIR for directories) removes the
-    directories of dead launchers and kills the processes still tagged with one, and says
-    so in one line. Found through ``/proc``: Linux only; a process that runs as another
-    user, or that cleared its environment and also left the tree before the launcher
-    adopted it, cannot be found. Used in-process (`launch`), a child that the host
-    process itself starts from another thread during the run is taken for an adopted
-    orphan and killed.
+    Its output, what it leaves behind and what it does not promise: the module's
+    docstring.
 
     Args:
         config: a `Config`; without a cluster section, the command runs once, with no
@@ -141,18 +146,18 @@ class Launcher(Resizing):
             rejoin_seconds = given.rejoin_seconds if given is not None else 60.0
         if min_workers is not None:
             _check_options(min_workers=min_workers, rejoin_seconds=rejoin_seconds)
-        self.places = self._elastic_places(config, min_workers, rejoin_seconds, only_task)
+        places = elastic_places(config, min_workers, rejoin_seconds, only_task)
         if discover is None and config.elastic is not None:
             discover = config.elastic.discover
         elif discover is not None:
             discover = check_arguments("launch", ELASTIC_KEYS, discover=discover)["discover"]
-        if discover is not None and self.places is None:
+        if discover is not None and places is None:
             raise LaunchError("--discover is for an elastic job: give --min-workers K too (or "
                               "an elastic: section in the config)")
-        self.discovery = None if discover is None else elastic.Discovery(
-            discover, self.log, register=self._popen_pids_add)
-        self._taking_back = None  # places to take back once the tasks stopped at one step
-        self.resizes = 0
+        self._popen_pids = set()
+        self.resizer = None if places is None else Resizer(self, places, None if (
+            discover is None) else elastic.Discovery(discover, self.log,
+                                                     register=self._popen_pids.add))
         self.config, self.command, self.max_restarts = config, list(command), max_restarts
         self.only_task = only_task
         self.out, self.err = out or sys.stdout, err or sys.stderr
@@ -165,7 +170,6 @@ class Launcher(Resizing):
         self._failed = None  # the task whose failure ended the job
         self.tmpdir = None
         self.tasks = []
-        self._popen_pids = set()
         self._err_sink = self._out_sink = None
 
     # --- the run ------------------------------------------------------------------------
@@ -206,8 +210,8 @@ class Launcher(Resizing):
         finally:
             self._setting_up = False
             self.stop_all()
-            if self.discovery is not None:
-                self.discovery.stop()
+            if self.resizer is not None:
+                self.resizer.stop()
             if self.tmpdir is not None:
                 reaper.sweep(self.tmpdir, adopted_besides=not_adopted | self._popen_pids)
                 shutil.rmtree(self.tmpdir, ignore_errors=True)
@@ -233,7 +237,8 @@ class Launcher(Resizing):
             task.wait_output(0.5)
         if code is not None and any(task.proc for task in self.tasks):
             self.log(summary(self.tasks, seconds=seconds, failed=self._failed,
-                             signum=self._signal, restarts=restarts, resizes=self.resizes,
+                             signum=self._signal, restarts=restarts,
+                             resizes=self.resizer.resizes if self.resizer else 0,
                              step_times=self._last_step_times()))
         self._err_sink.close(max(0.5, deadline - time.monotonic()))
 
@@ -304,10 +309,10 @@ class Launcher(Resizing):
         if cluster is None:
             return [TaskProcess("main", self.command, self._private_tmp(base_env, "main"),
                                 self._out_sink)]
-        if self.places is not None:
-            cluster = elastic.resized(cluster, self.places.size())
+        if self.resizer is not None:
+            cluster = elastic.resized(cluster, self.resizer.places.size())
             selected = cluster.tasks()
-            base_env = elastic.task_env(base_env, self.places)
+            base_env = elastic.task_env(base_env, self.resizer.places)
         addresses = cluster_dict(cluster, pick_free_ports=self.only_task is None)
         tasks = []
         for job, index in selected:
@@ -358,7 +363,7 @@ class Launcher(Resizing):
                           f"exited with code {exit_code(code)}" if code else
                           "exited while the job was still running")
                 task.wait_output()
-                resized = self.places is not None and self._resize(task, code, reason)
+                resized = self.resizer is not None and self.resizer.resize(task, code, reason)
                 if resized == DONE:  # the others finished as it stopped: the job is done
                     finished.update(t.name for t in self.tasks if not t.is_server)
                     break
@@ -375,8 +380,8 @@ class Launcher(Resizing):
                 break
             if all(t.name in finished for t in self.tasks if not t.is_server):
                 return 0
-            if self.places is not None:
-                self._take_back_when_due()
+            if self.resizer is not None:
+                self.resizer.take_back_when_due()
             if time.monotonic() >= next_hang_check:
                 next_hang_check = time.monotonic() + _HANG_CHECK_SECONDS
                 reaper.reap_adopted(self._popen_pids)
@@ -409,13 +414,40 @@ class Launcher(Resizing):
         hung = [task for task in self.tasks
                 if not (task.is_server or task.name in finished or task.poll() is not None
                         or task.seconds_without_progress() < self.hang_seconds)]
-        if self.places is not None and hung:  # its peers wait for it: they are not lost
+        if self.resizer is not None and hung:  # its peers wait for it: they are not lost
             hung = [elastic.first_hung(hung)]
         for task in hung:
             self.log(f"{task.name} is hung: no output and no CPU time for "
                      f"{self.hang_seconds:g}s (pid {task.pid})")
             task.hung = True
             task.signal_group(signal.SIGKILL)
+
+    @property
+    def stopping(self):
+        """Whether a stop signal reached the launcher (the job is being stopped)."""
+        return self._signal is not None
+
+    def kill_all(self):
+        """SIGKILL to every task's group at once: blocked in a collective with a lost peer,
+        they hold nothing the last backup does not."""
+        for task in self.tasks:
+            if task.poll() is None and task.proc is not None:
+                task.stopped = True
+            task.signal_group(signal.SIGKILL)
+            if task.proc is not None:
+                task.proc.wait()
+                task.group_killed = True
+        reaper.sweep(self.tmpdir)
+
+    def restart_tasks(self, keep_reports):
+        """Every task made again for the job's present size (`Resizer`) and started,
+        after the old ones' output ended (TF's peer-gone reports kept if `keep_reports`)."""
+        for task in self.tasks:
+            task.wait_output()
+        self._release_reports(keep=keep_reports)
+        self.tasks = self._make_tasks(None)
+        for task in self.tasks:
+            self._start(task)
 
     def stop_all(self):
         """SIGTERM to every task's process group, SIGKILL after the grace period."""
