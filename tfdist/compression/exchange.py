@@ -18,11 +18,12 @@ import numbers
 
 import tensorflow as tf
 
-from tfdist.compression.buffers import Layout, pack, unpack
+from tfdist.compression.buffers import Layout
 from tfdist.compression.communicator import Communicator
 from tfdist.compression.compressors import Cast, compressor_by_name
 from tfdist.compression.corrections import (EF21, EF21DelayedStart, LocalClip, MomentumCorrection,
                                             ratio_schedule, stage_of)
+from tfdist.compression.push import PushCodec, Pushed
 from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
@@ -31,12 +32,11 @@ from tfdist.config.hyperparameters import (LOCAL_CLIP_NORM, MOMENTUM_CORRECTION,
 from tfdist.config.sections.compression import EXCHANGE_OPTIONS
 from tfdist.errors import UnsupportedError
 from tfdist.seam.frozen_variance import FrozenVariance
-from tfdist.step import gradients, transaction, wire
+from tfdist.step import gradients, transaction
 from tfdist.step.buckets import DEFAULT_BUCKET_BYTES
 from tfdist.step.hooks import TrainingHook, exchange_rows_apart
 from tfdist.step.resize import rule_of_state
 from tfdist.step.tracing import do_not_convert
-from tfdist.step.update import Wrapping
 from tfdist.step.variables import underlying
 from tfdist.strategies.kind import capabilities_of
 
@@ -396,45 +396,3 @@ def _with_ratio(compressor, ratio):
     copy = object.__new__(type(compressor))
     copy.__dict__.update(vars(compressor), ratio=ratio)
     return copy
-
-
-class Pushed(Wrapping):
-    """The update stage under parameter servers with a compressed push: each gradient
-    encoded on the worker (`PushCodec`), decoded inside the variable's update on its
-    server, then `inner`'s update: the payload is what crosses."""
-
-    def __init__(self, codec, inner):
-        super().__init__(inner)
-        self.codec = codec
-
-    def encode(self, grad, variable):
-        return self.codec.encode(grad)
-
-    def payload_bytes(self, payload, variable):
-        return sum(wire.sent_bytes(p) for p in payload)
-
-    def apply(self, optimizer, payload, meta, variable, rate):
-        self.inner.apply(optimizer, (self.codec.decode(payload, meta),), None, variable, rate)
-
-
-class PushCodec:
-    """Compresses one gradient pushed to a parameter server: `encode` runs on the worker,
-    `decode` inside the variable's update on the server (the payload is what crosses)."""
-
-    def __init__(self, compressor):
-        self.compressor = compressor
-
-    def encode(self, grad):
-        """(payload tensors, layout) of `grad`; an `IndexedSlices` pushes its rows (in the
-        cast's dtype for fp16 and bf16, as they are for int8), as TensorFlow pushes it."""
-        if gradients.is_sparse(grad):
-            dtype = (self.compressor.dtype if isinstance(self.compressor, Cast)
-                     else grad.values.dtype)
-            return (gradients.cast(grad, dtype),), None
-        buffer, layout = pack([grad], self.compressor.align)
-        return self.compressor.encode(buffer, layout, None), layout
-
-    def decode(self, payload, layout):
-        if layout is None:  # rows
-            return payload[0]
-        return unpack(self.compressor.decode(payload, layout, None), layout)[0]
