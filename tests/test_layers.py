@@ -124,7 +124,7 @@ STILL_OVER = {
     "class tfdist/launch/launcher.py:Launcher",
     "function tfdist/checkpoint/lock.py:acquire",
     "function tfdist/horovod/optimizer.py:DistributedOptimizer",
-    "function tfdist/launch/launcher.py:__init__", "function tfdist/strategies/task.py:barrier",
+    "function tfdist/strategies/task.py:barrier",
     "function tfdist/cluster/manifest.py:tfjob_manifest",
     "function tfdist/loop/function.py:function",
     "function tfdist/compression/wrappers.py:restricted",
