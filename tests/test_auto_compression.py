@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from tfdist.compression import cost_model
-from tfdist.compression.auto import (COST_SHARE, METHODS, PRIOR_COMPUTE, QUALITY,
-                                     AutoCompression, choose, eligible, prior, worth_timing)
+from tfdist.compression.auto import AutoCompression
+from tfdist.compression.choice import (COST_SHARE, METHODS, PRIOR_COMPUTE, QUALITY, choose,
+                                       eligible, prior)
+from tfdist.compression.link_timer import worth_timing
 from tfdist.compression.compressors import Compressor
 from tfdist.compression.exchange import GradientCompression
 from tfdist.config import ConfigError
@@ -187,7 +189,11 @@ class SlowLinkAuto(AutoCompression):
         self.steps_done = steps_done
         super().after_step(model, steps_done)
 
-    def _time_all_reduces(self):
+    def build(self, strategy, variables):
+        super().build(strategy, variables)
+        self.timer.samples = self.link_samples  # the all-reduces the link would take
+
+    def link_samples(self):
         sizes = [cost_model.ring(4 * n, self.workers) for n in (1 << 12, 1 << 16, 1 << 20)]
         return [(b, 2, cost_model.exchange_seconds(b, 2, self.true_link())) for b in sizes]
 
@@ -495,9 +501,9 @@ def test_a_decision_on_a_link_too_noisy_to_fit_is_saved_and_restored(capsys):
 
     hook = AutoCompression(probe_steps=6)
     hook.chief = True
-    hook.choice, hook._stage = "topk+EF", "kept"
-    hook.decisions = [{"step": 6, "link": cost_model.Link(float("inf"), 0.0),
-                       "measured": 0.1, "choice": "topk+EF"}]
+    hook.chooser.choice, hook.chooser.stage = "topk+EF", "kept"
+    hook.chooser.decisions = [{"step": 6, "link": cost_model.Link(float("inf"), 0.0),
+                               "measured": 0.1, "choice": "topk+EF"}]
     state = json.loads(json_text(hook.checkpoint_state()))
     resumed = AutoCompression(probe_steps=6)
     resumed.chief = True
@@ -533,3 +539,38 @@ def test_a_backup_restored_onto_another_number_of_replicas_measures_again(capsys
     same, auto = pipeline()
     assert same.saved_state.restore_checkpoint_states([saved, None])
     assert auto.choice == "topk+EF" and auto.decisions[-1]["restored"]
+
+
+def test_the_chooser_goes_through_its_stages_from_the_numbers_it_is_told():
+    """The pure decision without a strategy or a clock: the prior for a slow link, a trial
+    of the method predicted faster, measured slower than predicted and so rejected (the
+    prior back, kept), then a drift seen only past `drift`; a window shortened to what
+    `probe_seconds` allows is asked for the step time once."""
+    from tfdist.compression.choice import Chooser
+
+    methods = eligible()
+    chooser = Chooser(methods, probe_steps=20, probe_seconds=1.0, check_every=10, drift=0.3,
+                      min_gain=0.05)
+    link = cost_model.Link(20e6, 1e-3)
+    exchange = {m: (0.5 if m == "none" else 0.2) for m in methods}
+    first = chooser.start(link, exchange)
+    assert first == prior(exchange) != "none" and chooser.stage == "prior"
+    asked = []
+    chooser.size_window(6, lambda: asked.append(1) or 0.1)  # 0.1 s a step: 10 steps
+    chooser.size_window(7, lambda: asked.append(1) or 0.1)
+    assert chooser.window == 10 and asked == [1]
+    assert [chooser.due(n) for n in (9, 10)] == [None, "decide"]
+    decision = chooser.decide(10, 0.4, {**exchange, "none": 0.0})  # a free link after all
+    assert decision["choice"] == chooser.choice == "none" and chooser.stage == "trial"
+    line = chooser.confirm(20, 0.5)  # none measured slower than the prior's 0.4 s
+    assert chooser.choice == first and chooser.kept and "back to " + first in line
+    assert decision["rejected"] == "none" and decision["measured"] == 0.4
+    assert [chooser.due(n) for n in (9, 10, 15, 20)] == [None, "check", None, "check"]
+    assert not chooser.drifted(0.5) and chooser.drifted(0.53)
+    saved = chooser.saved(1 << 16)
+    again = Chooser(methods, probe_steps=20, probe_seconds=1.0, check_every=10, drift=0.3,
+                    min_gain=0.05)
+    assert again.restore(json.loads(json.dumps(saved))) and again.kept
+    assert (again.choice, again.link) == (first, link)
+    assert not Chooser(methods, probe_steps=20, probe_seconds=1.0, check_every=10, drift=0.3,
+                       min_gain=0.05).restore({**saved, "measured": -1.0})

@@ -224,7 +224,7 @@ def test_the_readme_own_loop_example_learns_with_one_model_on_both_replicas(tmp_
     (tmp_path / "loop.py").write_text(loop + REPORT)
     run = subprocess.run([sys.executable, "loop.py"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (report,) = report_of(run.stdout)
     assert all(len(v) == 2 and v[0] == v[1] for v in report["weights"]), report["weights"]
     assert report["history"] > 0.8, report["history"]  # chance: 0.5

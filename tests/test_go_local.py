@@ -14,16 +14,17 @@ import numpy as np
 import pytest
 
 import tfdist
-from tfdist.compression import auto as auto_module
+from tfdist.compression import choice
 from tfdist.compression import cost_model
 from tfdist.compression.auto import METHODS, AutoCompression
+from tfdist.compression.link_timer import LinkTimer
 from tfdist.config import ConfigError, config_from_dict
 from tfdist.local_sgd import go_local
 from tfdist.local_sgd.averager import NOT_YET
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "jobs_path")
 PERIOD, STEPS = 4, 16
-QUALITY_STEPS = auto_module.QUALITY["steps"]
+QUALITY_STEPS = choice.QUALITY["steps"]
 
 
 def auto():
@@ -35,7 +36,7 @@ def auto():
 def fixed_link(monkeypatch):
     """A fixed link measurement (1 Gbit/s, 0.1 ms): auto's first choice is the same in
     every run (it is timed on the in-process link otherwise)."""
-    monkeypatch.setattr(AutoCompression, "_time_link",
+    monkeypatch.setattr(LinkTimer, "time",
                         lambda self: (cost_model.Link(1e9, 1e-4), 0.0))
 
 
@@ -138,7 +139,7 @@ def test_the_judgement_reads_autos_measurements_and_the_models_bytes(strategies)
     assert judged["sync_seconds"] == pytest.approx(sync)
     assert judged["local_seconds"] == pytest.approx(local)
     assert judged["remaining_steps"] is None  # no length planned: the rates alone
-    going = local * go_local.LOCAL_STEPS < 0.95 * 0.1 * auto_module.QUALITY["steps"]["topk+EF"]
+    going = local * go_local.LOCAL_STEPS < 0.95 * 0.1 * choice.QUALITY["steps"]["topk+EF"]
     assert judged["local"] is going is True and averager.warmup_steps == 20
     averager.warmup.judge(steps_done=24)  # judged once per auto decision
     assert len(averager.going_local) == 1
@@ -165,7 +166,7 @@ def test_the_judgement_weighs_the_switch_over_the_steps_the_run_plans(strategies
     judged = averager.going_local[-1]
     assert judged["remaining_steps"] == planned - 20
     assert judged["switch_seconds"] == pytest.approx(5.0 * go_local.SWITCH_TRACES)
-    factor = auto_module.QUALITY["steps"]["topk+EF"]
+    factor = choice.QUALITY["steps"]["topk+EF"]
     local = (judged["switch_seconds"] + (planned - 20) / factor * go_local.LOCAL_STEPS
              * judged["local_seconds"])
     assert judged["to_target"] == pytest.approx((local, (planned - 20) * 0.1))
@@ -186,7 +187,7 @@ def test_local_from_the_first_step_must_win_whatever_a_step_computes():
     # the best synchronous method is the bar, not the first: fp16 at 0.01 s
     going, ratio = go_local.starts_local({"none": 1.0, "fp16": 0.01}, 0.0, 16,
                                          computes=(1.0,))
-    fp16 = (1.0 * (1 + auto_module.COST_SHARE["fp16"]) + 0.01) * QUALITY_STEPS["fp16"]
+    fp16 = (1.0 * (1 + choice.COST_SHARE["fp16"]) + 0.01) * QUALITY_STEPS["fp16"]
     assert ratio == pytest.approx(factor / fp16) and going is (ratio < 0.95)
     # what the overlap does not hide of a synchronisation counts: 4 fragments of 0.5 s
     # each beside 2 steps of 0.1 s, every 16 steps
@@ -206,7 +207,7 @@ def test_only_the_measured_shape_may_begin_at_the_first_step(outer, period, meas
 def slow_link(monkeypatch):
     """A 1 Mbit/s link with 50 ms a message: local steps from the first step win even for
     the tests' small model."""
-    monkeypatch.setattr(AutoCompression, "_time_link",
+    monkeypatch.setattr(LinkTimer, "time",
                         lambda self: (cost_model.Link(1e6, 0.05), 0.0))
 
 

@@ -177,7 +177,7 @@ def run_horovod_job(tmp_path, workers, *flags, launcher=(), launched=()):
     run = subprocess.run([sys.executable, "-m", "tfdist", "launch", "-n", str(workers),
                           *launcher, "--", sys.executable, JOB, str(tmp_path), *flags,
                           *launched], capture_output=True, text=True, timeout=400)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     single = subprocess.run([sys.executable, JOB, str(tmp_path), "--single", str(workers),
                              *flags], capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]

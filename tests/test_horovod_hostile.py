@@ -36,7 +36,7 @@ def outcomes(tmp_path_factory):
     run = subprocess.run([sys.executable, "-m", "tfdist", "launch", "-n", "2", "--grace-seconds",
                           "5", "--", sys.executable, str(JOB), str(out)], capture_output=True,
                          text=True, timeout=240)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return [json.loads((out / f"{rank}.json").read_text()) for rank in range(2)]
 
 

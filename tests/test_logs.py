@@ -46,7 +46,7 @@ def launch_logs_job(tmp_path, workers, *runs):
                           sys.executable, "runs.py", "logs_job.py",
                           *(json.dumps(f) for f in flags.values())],
                          cwd=JOBS, capture_output=True, text=True, timeout=500)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return {loop: (tmp_path / loop, [json.loads((tmp_path / loop / "out" / f"worker-{i}.json")
                                                 .read_text()) for i in range(workers)])
             for loop in runs}
@@ -301,7 +301,7 @@ def in_a_small_disk(tmp_path, scenario, size="64k"):
     run = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", str(mount),
                           sys.executable, PLACES_JOB, scenario],
                          cwd=JOBS, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert os.listdir(mount) == []  # written inside the tmpfs only
     return json.loads(run.stdout.strip().splitlines()[-1])
 

@@ -10,7 +10,7 @@ from tensorflow.python.framework import op_callbacks
 
 import tfdist
 from tfdist.compression import cost_model
-from tfdist.compression.auto import AutoCompression
+from tfdist.compression.link_timer import LinkTimer
 from tfdist.config.hyperparameters import NAMES
 from tfdist.seam.optimizer import pipeline_of
 
@@ -94,7 +94,7 @@ def assert_phases_pure(hooks, capfd):
 @pytest.fixture
 def timed_link(monkeypatch):
     """auto's link as a slow one (its first choice compresses): timing it is no phase's."""
-    monkeypatch.setattr(AutoCompression, "_time_link",
+    monkeypatch.setattr(LinkTimer, "time",
                         lambda self: (cost_model.Link(20e6, 1e-4), 0.0))
 
 

@@ -51,7 +51,7 @@ def test_a_multi_worker_strategy_made_after_a_dataset_says_create_it_first():
                  "task": {"type": "worker", "index": 1}}
     run = subprocess.run([sys.executable, "-c", DATASET_FIRST], capture_output=True, text=True,
                          timeout=120, env=dict(os.environ, TF_CONFIG=json.dumps(tf_config)))
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     told = json.loads(run.stdout.strip().splitlines()[-1])
     assert told["tensorflow"] == ["RuntimeError",
                                   "Collective ops must be configured at program startup"]

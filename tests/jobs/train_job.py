@@ -73,8 +73,9 @@ class FixedLink(tfdist.compression.AutoCompression):
         super().__init__(**options)
         self.mbit = mbit
 
-    def _time_link(self):
-        return cost_model.Link(self.mbit * 1e6, 0.05), 0.0
+    def build(self, strategy, variables):
+        super().build(strategy, variables)
+        self.timer.time = lambda: (cost_model.Link(self.mbit * 1e6, 0.05), 0.0)
 
 
 def parse():

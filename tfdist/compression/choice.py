@@ -1,6 +1,11 @@
 """Which exchange `compression: auto` chooses, from measurements: each method's measured
 quality and cost (benchmarks/results), the time to accuracy a step's compute and the link
-predict for it, and the choice before any step is timed (a minimax prior). Pure Python."""
+predict for it, the choice before any step is timed (a minimax prior), and the stages a
+choice goes through as steps are timed (`Chooser`). Pure Python."""
+
+import math
+
+from tfdist.compression import cost_model
 
 #: Quality at convergence: final validation mean IoU minus `none`'s, in points, and final
 #: training loss against `none`'s (benchmarks/results/time_to_accuracy.json, 1 Gbit/s).
@@ -72,3 +77,161 @@ def prior(exchange, computes=PRIOR_COMPUTE):
         for method, seconds in to_target.items():
             worst[method] = max(worst[method], seconds / best)
     return min(exchange, key=lambda m: (worst[m], list(exchange).index(m)))
+
+
+SHORTEST_WINDOW = 6  # steps: the first 3 (a new trace) are not timed
+#: What a saved decision can mean: a step count and a bucket (1 TiB) no run reaches.
+_MAX_STEP, _MAX_BUCKET_BYTES = 2**62, 2**40
+
+
+class Chooser:
+    """auto's choice through its stages, told each measurement (pure: no clock, no
+    TensorFlow): the prior timed over a window of steps, then kept or another method tried
+    over as many; the trial kept, or the prior back; a kept choice checked for drift every
+    `check_every` steps.
+
+    Attributes:
+        choice: the method in use ("probe" before `start`).
+        stage: "prior", "trial" or "kept".
+        window: the steps the method in use is timed over.
+        link: the `cost_model.Link` decided on.
+        decisions: one dict per decision (`AutoCompression`'s docstring).
+    """
+
+    def __init__(self, methods, *, probe_steps, probe_seconds, check_every, drift,
+                 min_gain):
+        self.methods, self.probe_steps, self.probe_seconds = methods, probe_steps, probe_seconds
+        self.check_every, self.drift, self.min_gain = check_every, drift, min_gain
+        self.choice, self.stage, self.window = "probe", "prior", probe_steps
+        self.link, self.decisions = None, []
+
+    @property
+    def kept(self):
+        """Whether the method in use was measured and kept (not a prior or a trial being
+        timed)."""
+        return self.stage == "kept"
+
+    def start(self, link, exchange):
+        """Before the first step: the prior for `link` ({method: its exchange's seconds})."""
+        self.link, self.choice = link, prior(exchange)
+        self.stage, self.window = "prior", self.probe_steps
+        return self.choice
+
+    def size_window(self, ran, step_seconds):
+        """After `SHORTEST_WINDOW` steps of a method being timed: its window shortened to
+        last about `probe_seconds`, from `step_seconds()` (asked only then)."""
+        if self.stage != "kept" and ran == SHORTEST_WINDOW < self.probe_steps:
+            self.window = min(self.probe_steps, max(
+                SHORTEST_WINDOW, math.ceil(self.probe_seconds / step_seconds())))
+
+    def due(self, ran):
+        """What `ran` steps since the last decision call for: "decide", "confirm",
+        "check" or None."""
+        if self.stage != "kept":
+            return None if ran < self.window else "decide" if self.stage == "prior" else "confirm"
+        return "check" if ran >= self.check_every and ran % self.check_every == 0 else None
+
+    def decide(self, steps_done, measured, exchange, **noted):
+        """From `measured` seconds per step of the method in use and `exchange` on the
+        link: the compute time, each method's prediction and the choice (a trial, if not
+        the method in use); returns the decision (`noted` kept in it)."""
+        current = self.choice
+        compute = max(measured - exchange[current], 0.0) / (1 + COST_SHARE.get(current, 0.0))
+        predicted, to_target = predict(compute, exchange)
+        to_target[current] = measured * QUALITY["steps"][current]  # measured, not predicted
+        self.choice = choose(to_target, self.min_gain, keep=current)
+        kept = self.choice == current
+        self.decisions.append({"step": steps_done, "link": self.link, "prior": current,
+                               "prior_seconds": measured, "compute_seconds": compute,
+                               "predicted": predicted, "to_target": to_target,
+                               "choice": self.choice, "measured": measured if kept else None,
+                               **noted})
+        self.stage, self.window = ("kept" if kept else "trial"), self.probe_steps
+        return self.decisions[-1]
+
+    def confirm(self, steps_done, measured):
+        """Keeps the trial if its `measured` step, times its steps to accuracy, beats what
+        the method before it measured; else that method comes back. Returns the line."""
+        decision, trial = self.decisions[-1], self.choice
+        self.stage, self.window = "kept", self.probe_steps
+        before = decision["prior"]
+        said = (f"at step {steps_done}: {trial} measured {measured:.3f} s/step")
+        if measured * QUALITY["steps"][trial] < decision["prior_seconds"] * QUALITY["steps"][before]:
+            decision["measured"] = measured
+            return f"{said} against {decision['prior_seconds']:.3f} with {before}; keeping it"
+        decision.update(measured=decision["prior_seconds"], rejected=trial,
+                        rejected_seconds=measured)
+        self.choice = before
+        return (f"{said} (x {QUALITY['steps'][trial]:.2f} steps to accuracy), not under "
+                f"{decision['prior_seconds']:.3f} with {before} (x "
+                f"{QUALITY['steps'][before]:.2f}); back to {before}")
+
+    def drifted(self, measured):
+        """Whether `measured` seconds per step are off what was measured by over `drift`."""
+        expected = self.decisions[-1]["measured"]
+        return abs(measured - expected) > self.drift * expected
+
+    def saved(self, bucket_bytes):
+        """A kept choice as a backup keeps it (None while its prior or a trial is timed:
+        that is measured again)."""
+        if self.stage != "kept" or not self.decisions:
+            return None
+        decision = self.decisions[-1]
+        return {"choice": self.choice, "step": decision["step"],
+                "measured": decision["measured"], "link": _saved_link(decision["link"]),
+                "bucket_bytes": bucket_bytes}
+
+    def restore(self, state):
+        """Takes up `saved`'s `state`, kept; False (nothing changed) if it is not one."""
+        if not _valid_state(state, self.methods):
+            return False
+        self.choice, self.stage, self.link = state["choice"], "kept", _loaded_link(state["link"])
+        self.decisions.append({"step": state["step"], "link": self.link,
+                               "choice": self.choice, "measured": state["measured"],
+                               "bucket_bytes": state["bucket_bytes"], "restored": True})
+        return True
+
+
+def decision_line(decision):
+    """What a decision says: its measurement, the predictions and the verdict."""
+    current, to_target, predicted = decision["prior"], decision["to_target"], decision["predicted"]
+    shown = ", ".join(f"{m} {predicted[m]:.3f} x {QUALITY['steps'][m]:.2f}"
+                      for m in sorted(to_target, key=to_target.get))
+    verdict = (f"keeping {current}" if decision["choice"] == current else
+               f"trying {decision['choice']} (all-reduce buckets of "
+               f"{decision['bucket_bytes'] >> 10} KiB)")
+    return (f"at step {decision['step']}: {current} measured {decision['prior_seconds']:.3f} "
+            f"s/step, compute {decision['compute_seconds']:.3f} s/step on link "
+            f"{decision['link']}; predicted s/step x steps to accuracy against none: {shown}; "
+            f"{verdict}")
+
+
+def _valid_state(state, methods):
+    """Whether `state` is what `Chooser.saved` writes, for these methods: finite, positive
+    measurements, a step and a bucket size a run can mean."""
+    def number(value, low=0.0):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(value) and value >= low
+
+    return (isinstance(state, dict) and state.get("choice") in methods
+            and type(state.get("step")) is int and 0 <= state["step"] < _MAX_STEP
+            and number(state.get("measured"))
+            and isinstance(state.get("link"), list) and len(state["link"]) == 2
+            and (state["link"][0] is None or number(state["link"][0]) and state["link"][0] > 0)
+            and number(state["link"][1])
+            and (state.get("bucket_bytes") is None or (
+                type(state["bucket_bytes"]) is int
+                and 0 <= state["bucket_bytes"] <= _MAX_BUCKET_BYTES)))
+
+
+def _saved_link(link):
+    """A link as a backup's JSON holds it: [bits per second, latency], the bandwidth None
+    for the free link taken when the timings were too noisy to fit (JSON has no inf)."""
+    bandwidth = link.bandwidth_bits if math.isfinite(link.bandwidth_bits) else None
+    return [bandwidth, link.latency]
+
+
+def _loaded_link(saved):
+    """The `cost_model.Link` of `_saved_link`'s form."""
+    bandwidth, latency = saved
+    return cost_model.Link(float("inf") if bandwidth is None else bandwidth, latency)

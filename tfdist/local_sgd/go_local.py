@@ -19,12 +19,12 @@ Where the local steps are plain local SGD (no outer optimizer, a period of at mo
 made after a step is traced costs a trace that is thrown away, ≥ 15% of a short run. Right
 after auto has timed the link, before any step, they do when they are predicted to reach
 accuracy `min_gain` sooner than every synchronous method auto may choose, whatever the
-step's compute time (the range auto's prior weighs, `tfdist.compression.auto.PRIOR_COMPUTE`),
+step's compute time (the range auto's prior weighs, `tfdist.compression.choice.PRIOR_COMPUTE`),
 and their measured quality is within auto's `max_quality_loss` (`starts_local`).
 """
 
 from tfdist.compression import cost_model
-from tfdist.compression.auto import PRIOR_COMPUTE, predict
+from tfdist.compression.choice import PRIOR_COMPUTE, predict
 from tfdist.local_sgd.islands import exchanged_shapes
 
 #: Steps to validation mean IoU 0.85 of auto's synchronous warm-up (20 steps) then

@@ -9,7 +9,8 @@ or once auto has measured the method it keeps. Its judgements are logged
 (`tfdist.report`).
 """
 
-from tfdist.compression.auto import QUALITY, AutoCompression
+from tfdist.compression.auto import AutoCompression
+from tfdist.compression.choice import QUALITY
 from tfdist.local_sgd import go_local
 from tfdist.report import say
 from tfdist.strategies.task import is_chief
