@@ -232,6 +232,27 @@ def test_bad_options_are_refused_with_their_name(options, match):
         ModelAverager(8, **options)
 
 
+@pytest.mark.parametrize("arguments, key", [
+    (lambda: dict(outer=keras.optimizers.SGD(0.1, clipnorm=1.0)), "outer"),
+    (lambda: dict(outer=keras.optimizers.Adamax(0.1)), "outer"),
+    (lambda: dict(compression=tfdist.compression.build("topk", start_step=4)),
+     "compression.start_step"),
+    (lambda: dict(warmup_steps="auto", warmup_compression=tfdist.compression.build("topk")),
+     "warmup_steps"),
+    (lambda: dict(warmup_steps=4, warmup_compression=tfdist.compression.build(
+        "topk", ratio_warmup_steps=4, ratio_warmup_start=0.5)), "warmup_compression"),
+], ids=["clipped-outer", "another-class", "delayed-compression", "auto-without-auto",
+        "phased-warmup"])
+def test_an_object_it_cannot_take_is_a_config_error_naming_its_argument(arguments, key):
+    """Objects no config file can hold (a Keras optimizer, a compression hook) are checked
+    where they are used, with the config's one error type, naming the argument."""
+    from tfdist.config import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        ModelAverager(8, **arguments())
+    assert (refused.value.file, refused.value.key) == ("ModelAverager()", key)
+
+
 def test_the_outer_optimizer_is_built_from_a_name_a_mapping_or_an_instance():
     from tfdist.local_sgd.outer import is_plain_average, outer_optimizer
 

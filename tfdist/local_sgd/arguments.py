@@ -30,6 +30,7 @@ def compression_hook(compression):
     if not hook.compressor.compresses:
         return None
     if getattr(hook, "start_step", 0) > 0:
-        raise ValueError("a compressed model average has no delayed start; warm up with "
-                         f"warmup_steps instead. Received: start_step={hook.start_step}")
+        raise Source.of_call("ModelAverager").error(
+            ("compression", "start_step"), "a compressed model average has no delayed start; "
+            f"warm up with warmup_steps instead. Received: start_step={hook.start_step}")
     return hook

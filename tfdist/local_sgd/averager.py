@@ -94,7 +94,7 @@ class ModelAverager(TrainingHook):
         self.compression = compression_hook(compression)
         self.outer = None if is_plain_average(outer) else outer
         if self.outer is not None:
-            outer_optimizer(self.outer)  # an unknown name or option fails here, not in build
+            outer_optimizer(self.outer)  # an optimizer object it cannot take fails here
         self.warmup = Warmup(checked.warmup_steps, compression_hook(  # auto implies auto's
             checked.warmup_compression if warmup_compression is None else warmup_compression),
             self)

@@ -11,6 +11,8 @@ from tfdist.config import checks
 from tfdist.config.hyperparameters import OUTER_OPTIMIZERS
 from tfdist.config.yaml_source import Source
 
+#: Where an outer optimizer object comes from: `ModelAverager`'s (or `DiLoCo`'s) `outer`.
+_ARGUMENTS = Source.of_call("ModelAverager")
 #: The paper's outer optimizer, the default of `outer: {name: nesterov}`.
 NESTEROV = {"learning_rate": 0.7, "momentum": 0.9}
 
@@ -30,27 +32,21 @@ def is_plain_average(spec):
 
 def outer_optimizer(spec):
     """A new Keras optimizer from `spec`: a name of `OUTER_OPTIMIZERS` ("nesterov" — the
-    paper's —, "sgd", "adam", ...), a mapping {name, **options} with that optimizer's
-    options, or a Keras optimizer of one of those classes (copied from its config). Call
-    it under the strategy's scope.
+    paper's —, "sgd", "adam", ...) or a mapping {name, **options}, as the `local_sgd:`
+    section's checks passed them (`tfdist.config.sections.local_sgd`: names and options are
+    checked there, once), or a Keras optimizer of one of those classes (copied from its
+    config, checked here: no config file can hold one). Call it under the strategy's scope.
 
     Raises:
-        ValueError: an unknown name or option, or (an instance) clipping or weight decay,
-            which Keras applies around the update rule the outer step calls.
+        ConfigError: an instance of another class, or with clipping or weight decay, which
+            Keras applies around the update rule the outer step calls.
     """
     if isinstance(spec, keras.optimizers.Optimizer):
         return _copy(spec)
     if isinstance(spec, str):
         spec = {"name": spec}
-    name = spec.get("name")
-    if name not in OUTER_OPTIMIZERS:
-        raise ValueError(f"outer optimizer name must be one of [{', '.join(OUTER_OPTIMIZERS)}]. "
-                         f"Received: {name!r}")
+    name = spec["name"]
     options = {k: v for k, v in spec.items() if k != "name"}
-    unknown = sorted(set(options) - set(OUTER_OPTIMIZERS[name]))
-    if unknown:
-        raise ValueError(f"outer optimizer {name} takes [{', '.join(OUTER_OPTIMIZERS[name])}]. "
-                         f"Received: {unknown[0]!r}")
     if name == "nesterov":
         return keras.optimizers.SGD(**{**NESTEROV, **options, "nesterov": True})
     return keras.optimizers.get({"class_name": name, "config": options})
@@ -60,14 +56,16 @@ def _copy(optimizer):
     names = {type(keras.optimizers.get(n)): n for n in OUTER_OPTIMIZERS if n != "nesterov"}
     config = optimizer.get_config()
     if type(optimizer) not in names:
-        raise ValueError(f"an outer optimizer must be one of [{', '.join(names.values())}]. "
-                         f"Received: {type(optimizer).__name__}")
+        raise _ARGUMENTS.error(("outer",), f"an outer optimizer must be one of "
+                               f"[{', '.join(names.values())}]. Received: "
+                               f"{type(optimizer).__name__}")
     if isinstance(config.get("learning_rate"), (int, float)):  # else a schedule
         checks.number(Source.of_call(f"outer {type(optimizer).__name__}"), ("learning_rate",),
                       config["learning_rate"], minimum=0)
     around = [k for k in ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay")
               if config.get(k)]
     if around:
-        raise ValueError(f"the outer step runs the optimizer's update rule only; {around[0]} "
-                         f"would not apply. Received: {around[0]}={config[around[0]]!r}")
+        raise _ARGUMENTS.error(("outer",), f"the outer step runs the optimizer's update rule "
+                               f"only; {around[0]} would not apply. Received: "
+                               f"{around[0]}={config[around[0]]!r}")
     return type(optimizer).from_config(config)

@@ -11,12 +11,15 @@ or once auto has measured the method it keeps. Its judgements are logged
 
 from tfdist.compression.auto import AutoCompression
 from tfdist.compression.choice import QUALITY
+from tfdist.config.yaml_source import Source
 from tfdist.local_sgd import go_local
 from tfdist.report import say
 from tfdist.strategies.task import is_chief
 
 #: `warmup_steps` while `warmup_steps: auto` has not decided (a count no run reaches).
 NOT_YET = 1 << 62
+#: Where a warm-up's objects come from: `ModelAverager`'s arguments.
+_ARGUMENTS = Source.of_call("ModelAverager")
 
 
 class Warmup:
@@ -37,13 +40,14 @@ class Warmup:
         self.going_local = []  # auto: one dict per judgement
         if (exchange is not None and exchange.phased
                 and not isinstance(exchange, AutoCompression)):
-            raise ValueError("the warm-up's exchange has no phases of its own (no ratio "
-                             "warm-up); warmup_steps is its schedule. Received: "
-                             f"warmup_compression={exchange!r}")
+            raise _ARGUMENTS.error(("warmup_compression",), "the warm-up's exchange has no "
+                                   "phases of its own (no ratio warm-up); warmup_steps is "
+                                   f"its schedule. Received: warmup_compression={exchange!r}")
         if self.auto and not isinstance(exchange, AutoCompression):
-            raise ValueError("warmup_steps='auto' decides from compression: auto's "
-                             "measurements, so the warm-up exchanges as auto chooses. "
-                             f"Received: warmup_compression={exchange!r}")
+            raise _ARGUMENTS.error(("warmup_steps",), "warmup_steps='auto' decides from "
+                                   "compression: auto's measurements, so the warm-up "
+                                   "exchanges as auto chooses. Received: "
+                                   f"warmup_compression={exchange!r}")
 
     @property
     def chooses(self):
