@@ -347,8 +347,8 @@ def test_a_bar_redrawn_a_million_times_is_a_few_lines_in_bounded_memory(tmp_path
 # Server tasks (worker, ps) run the user's command instead of a TF server: the launcher's
 # restart logic is the same, without starting TensorFlow.
 NO_TF_SERVERS = """
-import tfdist.launch.launcher as launcher
-launcher.task_argv = lambda strategy, job, command, python="python": list(command)
+import tfdist.launch.task_set as task_set
+task_set.task_argv = lambda strategy, job, command, python="python": list(command)
 """
 
 
@@ -428,11 +428,11 @@ def test_a_signal_during_setup_removes_everything(tmp_path, write_config, launch
     marker = tmp_path / "in-setup"
     pause = f"""
         import os, pathlib, time
-        import tfdist.launch.launcher as launcher
+        import tfdist.launch.task_set as task_set
         def slow(cluster, **kwargs):
             pathlib.Path({str(marker)!r}).write_text(" ".join(os.listdir(os.environ["TMPDIR"])))
             time.sleep(60)
-        launcher.{stage} = slow
+        task_set.{stage} = slow
     """
     proc = subprocess.Popen(wrapped(pause, "launch", config, "--", *task("pass", tmp_path)),
                             env=launch_env, cwd=tmp_path, stdout=subprocess.PIPE,

@@ -155,8 +155,8 @@ class Chooser:
         decision, trial = self.decisions[-1], self.choice
         self.stage, self.window = "kept", self.probe_steps
         before = decision["prior"]
-        said = (f"at step {steps_done}: {trial} measured {measured:.3f} s/step")
-        if measured * QUALITY["steps"][trial] < decision["prior_seconds"] * QUALITY["steps"][before]:
+        said, steps = f"at step {steps_done}: {trial} measured {measured:.3f} s/step", QUALITY["steps"]
+        if measured * steps[trial] < decision["prior_seconds"] * steps[before]:
             decision["measured"] = measured
             return f"{said} against {decision['prior_seconds']:.3f} with {before}; keeping it"
         decision.update(measured=decision["prior_seconds"], rejected=trial,
