@@ -36,8 +36,8 @@ test-fast: venv
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not multiprocess"
 
 ## The documentation site, docs/_build/html: warnings are errors (a public name without a
-## docstring, a broken internal link, a docstring rst cannot read); tests/test_docs.py
-## builds it in the suite.
+## docstring, a broken internal link, a docstring rst cannot read);
+## tests/unit/project/test_docs.py builds it in the suite.
 docs: venv
 	$(BIN)/python -m sphinx -E -W --keep-going -q -b html docs docs/_build/html
 	@echo "Built: docs/_build/html/index.html"

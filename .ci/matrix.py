@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from tfdist.versions import KERAS_CHECKED, TESTED  # noqa: E402  (imports no TensorFlow)
 
 ENVS = ROOT / ".venv-matrix"
-UNET_EXAMPLE = ("tests/test_unet_training.py::test_every_config_runs_a_few_steps"
+UNET_EXAMPLE = ("tests/e2e/test_unet_training.py::test_every_config_runs_a_few_steps"
                 "[unet_compression_topk.yaml]")
 #: A Keras below the floor and the TensorFlow that shipped it (issue 28: trained silently
 #: wrong before tfdist refused it).
@@ -113,7 +113,7 @@ def pytest(python, *selection):
 
 def matrix_files():
     """The test files holding tests marked `matrix` (collecting only them saves seconds)."""
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
                   if "pytest.mark.matrix" in p.read_text())
 
 
@@ -123,12 +123,13 @@ def check_pair(tensorflow, keras, python):
         # the oldest TensorFlow with the newest Keras: the seam canaries and the UNet
         # example (a 2-worker launch); the other `matrix` tests run on this TensorFlow
         # with the lowest Keras and on this Keras with the newest TensorFlows
-        pytest(python, "tests/test_keras_seams.py", UNET_EXAMPLE)
+        pytest(python, "tests/unit/seam/test_keras_seams.py", UNET_EXAMPLE)
     elif tensorflow != TESTED[0][0]:
         # a newer TensorFlow: the seam canaries and the version checks (the behaviour on
         # TensorFlow's collectives runs on the oldest TensorFlow and, with the whole
         # suite, on the newest in .venv)
-        pytest(python, "tests/test_keras_seams.py", "tests/test_versions.py")
+        pytest(python, "tests/unit/seam/test_keras_seams.py",
+               "tests/unit/project/test_versions.py")
     else:
         pytest(python, "-m", "matrix", "--deselect", UNET_EXAMPLE, *matrix_files())
 
@@ -137,7 +138,7 @@ def check_keras_between(python, releases):
     """The seam canaries on each Keras release in `releases`, swapped into `python`'s venv."""
     for release in releases:
         with keras_installed(python, release):
-            pytest(python, "tests/test_keras_seams.py")
+            pytest(python, "tests/unit/seam/test_keras_seams.py")
 
 
 def check_below_floor(python):

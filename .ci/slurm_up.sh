@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A one-machine SLURM (munge + slurmctld + slurmd) for tests/test_slurm.py.
+# A one-machine SLURM (munge + slurmctld + slurmd) for tests/e2e/test_slurm.py.
 #
 # Installs Debian's slurm-wlm and munge if missing, writes a slurm.conf for this host with
 # SLURM_CPUS task slots (default 8, more than the cores: tasks oversubscribe them), starts

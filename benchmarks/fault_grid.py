@@ -3,7 +3,7 @@ to worker:1 after step 1 of epoch 1, 3 workers under `tfdist launch --max-restar
 the seconds from the signal to the relaunched job's first training step, the steps lost,
 and how long after the signal the workers saved.
 
-Runs tests/test_fault_grid.py (which asserts each cell's outcome: the job finishes, each
+Runs tests/e2e/test_fault_grid.py (which asserts each cell's outcome: the job finishes, each
 step trains once after a SIGTERM, the workers end identical, the loss is that of an
 uninterrupted run) with $TFDIST_GRID_REPORT set, so each cell also reports its timings.
 
@@ -27,14 +27,14 @@ def run_grid():
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp, "grid.jsonl")
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "tests/test_fault_grid.py"], cwd=HERE.parent, check=True,
+                        "tests/e2e/test_fault_grid.py"], cwd=HERE.parent, check=True,
                        env=dict(os.environ, TFDIST_GRID_REPORT=str(path)))
         return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def table(rows):
     lines = ["# The fault-injection grid", "",
-             "`benchmarks/fault_grid.py`: tests/test_fault_grid.py on 3 workers (a small "
+             "`benchmarks/fault_grid.py`: tests/e2e/test_fault_grid.py on 3 workers (a small "
              "model, 3 epochs of 4 steps), worker:1 signalled after step 1 of epoch 1 (the "
              "validation cell: during epoch 0's validation), "
              "`tfdist launch --max-restarts 1`. Every cell passed: the job finished, the "

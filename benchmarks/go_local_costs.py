@@ -17,7 +17,7 @@ step timed on the chief. Per seed:
 
     sudo python benchmarks/go_local_costs.py [--seeds 0 1 2]
 
-Writes results/go_local_costs.{json,md,png}; tests/test_benchmarks.py checks that
+Writes results/go_local_costs.{json,md,png}; tests/unit/project/test_benchmarks.py checks that
 go_local's constants are these medians.
 """
 

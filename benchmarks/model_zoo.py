@@ -1,6 +1,6 @@
 """The model zoo's table: each family users bring x each loop x each exchange, measured.
 
-Trains every family of tests/jobs/zoo.py (a text transformer, a GRU/LSTM text model, a
+Trains every family of tests/e2e/jobs/zoo.py (a text transformer, a GRU/LSTM text model, a
 convolutional net with BatchNormalization and Dropout, a multi-input multi-output model, a
 frozen base fine-tuned after a recompile, a shared layer with an unused head) on 2 logical
 CPUs through tfdist:
@@ -25,7 +25,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "jobs"))
+sys.path.insert(0, str(ROOT / "tests" / "e2e" / "jobs"))
 RESULTS = ROOT / "benchmarks" / "results"
 
 LOOPS = ("fit", "fit_dataset", "trainer", "own")

@@ -1,5 +1,6 @@
 """tfdist's layers, from its own import graph: `python docs/architecture.py` draws
-docs/concepts/architecture.png; `tests/test_layers.py` checks the same graph against `LAYERS`.
+docs/concepts/architecture.png; `tests/unit/project/test_layers.py` checks the same graph
+against `LAYERS`.
 
 A module may import from its own layer's earlier packages and from lower layers, never
 from a higher one; nothing imports tfdist inside a function (no hidden cycle).

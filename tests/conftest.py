@@ -1,16 +1,28 @@
-"""Shared fixtures: config files in a temporary folder."""
+"""Shared fixtures, for every room of tests/ (unit/<room>/, e2e/, hostile/): config files
+in a temporary folder, the strategies of the session, the folders the tests import from."""
 
 import os
 import resource
 import shlex
 import shutil
 import subprocess
+import sys
 import textwrap
 import time
 
 import pytest
 
+from paths import TESTS  # tests/ is on sys.path: pyproject.toml's pytest `pythonpath`
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+#: Every folder of test files on sys.path, as tests/ alone was when they were one folder:
+#: a test module imports another's helpers and fixtures by its basename from any room
+#: (`from test_multiworker_training import launch`). Basenames are unique across the rooms
+#: (pytest needs that too, as does SLOWEST_FIRST below).
+for _folder in sorted({str(p.parent) for p in TESTS.rglob("test_*.py")} - {str(TESTS)}):
+    if _folder not in sys.path:
+        sys.path.append(_folder)
 
 #: The slowest test files, slowest first (seconds in a CI run: 1370, 1260, 1110, 820, 610,
 #: 440, 380, 340, 300, 180, 150, 120, 100; the model zoo's, measured alone: ~400, ~350,
@@ -115,7 +127,7 @@ def strategies(two_cpus):
     """strategies(name) -> one shared strategy per name for the whole session.
 
     Shared for speed only: tfdist's mirrored strategies take fresh collective keys per
-    instance, so a new one per test works too (tests/test_strategy_lifetimes.py).
+    instance, so a new one per test works too (tests/unit/strategies/test_strategy_lifetimes.py).
     """
     from tfdist.strategies import get_strategy
 
@@ -135,8 +147,8 @@ def tensorflows_mirrored(two_cpus):
     TensorFlow's own class, on collective keys of its own. TensorFlow numbers every
     instance's collectives from the same keys, so a second one in this process whose
     first all-reduce has another shape aborts every collective of the process (the canary
-    in tests/test_strategy_lifetimes.py); tfdist's subclass takes fresh keys the same way
-    (tfdist/strategies/collective_keys.py)."""
+    in tests/unit/strategies/test_strategy_lifetimes.py); tfdist's subclass takes fresh
+    keys the same way (tfdist/strategies/collective_keys.py)."""
     import tensorflow as tf
 
     from tfdist.strategies.collective_keys import next_key_base
@@ -153,10 +165,9 @@ def tensorflows_mirrored(two_cpus):
 @pytest.fixture(scope="session")
 def unet_path():
     """Puts examples/unet_segmentation on sys.path (its modules import each other)."""
-    import pathlib
-    import sys
+    from paths import ROOT
 
-    examples = pathlib.Path(__file__).parent.parent / "examples"
+    examples = ROOT / "examples"
     path = str(examples / "unet_segmentation")
     for entry in (str(examples), path):  # examples/: the modules they share (common/)
         if entry not in sys.path:
@@ -166,11 +177,10 @@ def unet_path():
 
 @pytest.fixture(scope="session")
 def jobs_path():
-    """Puts tests/jobs on sys.path (models shared with the launched jobs)."""
-    import pathlib
-    import sys
+    """Puts tests/e2e/jobs on sys.path (models shared with the launched jobs)."""
+    from paths import JOBS
 
-    path = str(pathlib.Path(__file__).parent / "jobs")
+    path = str(JOBS)
     if path not in sys.path:
         sys.path.insert(0, path)
     return path

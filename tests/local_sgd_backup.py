@@ -1,5 +1,5 @@
 """A Streaming DiLoCo backup taken mid-period, with an exchange in flight, written by one
-version of tfdist and resumed by another (`tests/test_local_sgd_parts.py`).
+version of tfdist and resumed by another (`tests/unit/local_sgd/test_local_sgd_parts.py`).
 
 The backup in `tests/data/local_sgd_backup_v0/` was written before local SGD was taken
 apart into its parts (tfdist at 9b1d7e1), with the weights of every replica of a run

@@ -26,7 +26,7 @@ KERAS = ((3, 10), (3, 15))
 TESTED = (("2.16.2", "3.10.0"), ("2.16.2", "3.15.1"), ("2.17.1", "3.15.1"),
           ("2.18.1", "3.15.1"), ("2.19.1", "3.15.1"), ("2.20.0", "3.15.1"),
           ("2.21.0", "3.15.1"))
-#: Keras releases whose seams CI checked (tests/test_keras_seams.py on each).
+#: Keras releases whose seams CI checked (tests/unit/seam/test_keras_seams.py on each).
 KERAS_CHECKED = ("3.10.0", "3.11.3", "3.12.4", "3.13.2", "3.14.1", "3.15.1")
 
 

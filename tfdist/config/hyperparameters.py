@@ -83,7 +83,7 @@ EF21_COMPRESSORS = ("int8", "int4", "qsgd", "sign", "topk", "randomk")
 #: DiLoCo's outer optimizers (`local_sgd: outer:`), by Keras name, with the options of each
 #: that its `update_step` reads — the outer step calls it directly, so Keras' gradient
 #: clipping and weight decay (applied around it) would not apply and are not offered.
-#: "nesterov" is SGD with nesterov=True, the paper's (tests/test_keras_seams.py checks
+#: "nesterov" is SGD with nesterov=True, the paper's (tests/unit/seam/test_keras_seams.py checks
 #: these names against Keras' signatures).
 OUTER_OPTIMIZERS = {
     "nesterov": ("learning_rate", "momentum"),

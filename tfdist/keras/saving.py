@@ -14,7 +14,7 @@ Keras looks the registered name up first, so where tfdist's routing is imported 
 rebuilds the `DistributedOptimizer`. Without tfdist the name is unknown, Keras imports
 `module` and builds the plain class, whose `__init__` accepts `decay` and ignores it with
 a warning ("Argument `decay` is no longer supported"): the model loads and trains with
-Keras' own all-reduce. `tests/test_keras_seams.py` checks both Keras behaviours.
+Keras' own all-reduce. `tests/unit/seam/test_keras_seams.py` checks both Keras behaviours.
 Error-feedback residuals and PowerSGD's Qs are not saved: they restart from zero / Q0.
 A model whose class overrides `compile` (KerasHub's `CausalLM`) is not compiled from the
 file by `keras.models.load_model` (Keras skips `compile_from_config` for it), so saving it

@@ -3,6 +3,6 @@ runs a step through the pipeline (`optimizer`, `routed`), dynamic loss scaling i
 transactional step (`loss_scale`), every tfdist optimizer a model owns (`owned`), Keras'
 gradient accumulation under replicas (`accumulation`), one model on every replica
 (`replica_state`), 1-bit Adam's frozen variance (`frozen_variance`) and the checks of the
-Keras behaviour the seam relies on (`seam_check`). tests/test_keras_seams.py holds its
+Keras behaviour the seam relies on (`seam_check`). tests/unit/seam/test_keras_seams.py holds its
 canary tests.
 """

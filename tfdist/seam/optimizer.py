@@ -8,7 +8,7 @@ all-reduces the gradients in replica context (the loss already scaled by 1/repli
 updates each variable through `merge_call` and `strategy.extended.update`. tfdist gives
 the optimizer it is given a subclass of its own class — no global patch; the object kept
 as it is (its schedule, its subclass's attributes, its variables), not rebuilt from its
-config — that overrides `OVERRIDDEN` and calls `CALLED`; `tests/test_keras_seams.py`
+config — that overrides `OVERRIDDEN` and calls `CALLED`; `tests/unit/seam/test_keras_seams.py`
 checks their behaviour on every Keras version in `tfdist.versions.KERAS_CHECKED`, and
 `routed_class` refuses a Keras that lost one or whose behaviour tfdist relies on changed
 (`check_seam`, run once per class on the real one):
@@ -25,7 +25,7 @@ checks their behaviour on every Keras version in `tfdist.versions.KERAS_CHECKED`
   the step is traced once for each branch and the loop's driver picks the right one.
 
 The hidden mechanics, all on tfdist's own objects (nothing patched in Keras), each with
-the canary in `tests/test_keras_seams.py` that fails if Keras moves under it:
+the canary in `tests/unit/seam/test_keras_seams.py` that fails if Keras moves under it:
 
     mechanic                          where                 canary
     a subclass of the optimizer's     `routed_class`        test_optimizer_seams_are_where_

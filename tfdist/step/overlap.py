@@ -11,7 +11,7 @@ Python thread would draw keys in a different order on each device and worker.
 
 The executor is TensorFlow's (`tensorflow.python.eager.executor`, the one
 `tf.experimental.async_scope` uses), scoped to the caller's thread and to the block;
-`tests/test_keras_seams.py` fails if it moves.
+`tests/unit/seam/test_keras_seams.py` fails if it moves.
 """
 
 import contextlib

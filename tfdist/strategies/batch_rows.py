@@ -153,7 +153,8 @@ class WeighsTrainSteps:
 
 def keras_train_step(fn):
     """Whether `fn` is the `train_step` of a Keras model, which Keras' TensorFlow trainer
-    hands to `strategy.run` (3.10-3.15; tests/test_keras_seams.py checks it still does)."""
+    hands to `strategy.run` (3.10-3.15; tests/unit/seam/test_keras_seams.py checks it still
+    does)."""
     import keras
 
     return (getattr(fn, "__name__", None) == "train_step"

@@ -18,7 +18,7 @@ dataset is distributed:
   tfdist cannot know, are reported once, in one line, with what to change.
 
 The seed and the fingerprints travel through TensorFlow's coordination service (its
-key-value store, private API watched by tests/test_keras_seams.py); where a job has none,
+key-value store, private API watched by tests/unit/seam/test_keras_seams.py); where a job has none,
 the seed is derived from the cluster every worker shares and nothing is compared.
 """
 

@@ -47,7 +47,7 @@ def called_from_keras_trainer(function=None, depth=4):
     """True if Keras' TensorFlow trainer module (its `function`, if given) is among the
     `depth` callers of the strategy method calling this one: the seam by which tfdist's
     strategies tell Keras' calls from a user's (subclasses wrapping the method add
-    frames). tests/test_keras_seams.py checks that each use still sees Keras."""
+    frames). tests/unit/seam/test_keras_seams.py checks that each use still sees Keras."""
     frame = sys._getframe(2)
     for _ in range(depth):
         if frame is None:
@@ -65,7 +65,7 @@ KERAS_ENTRY_POINTS = ("fit", "evaluate", "predict")
 
 def keras_entry_point(depth=8):
     """The Keras 3 trainer method (`fit`, `evaluate` or `predict`) among the `depth`
-    callers of the strategy method calling this one, or None (tests/test_keras_seams.py
+    callers of the strategy method calling this one, or None (tests/unit/seam/test_keras_seams.py
     checks that each is still found)."""
     frame = sys._getframe(2)
     for _ in range(depth):

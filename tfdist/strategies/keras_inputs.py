@@ -12,7 +12,7 @@ arrays, a pass counter for a PyDataset), and differs from pass to pass as Keras'
 
 They read the adapters' private attributes (`_inputs`, `_batch_size`, `_shuffle`,
 `py_dataset`, `shuffle`, `_output_signature`, `_standardize_batch`): a seam of Keras',
-watched by tests/test_keras_seams.py.
+watched by tests/unit/seam/test_keras_seams.py.
 """
 
 import hashlib

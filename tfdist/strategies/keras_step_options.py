@@ -36,7 +36,7 @@ def compiled_by_xla(if_unknown=True):
     """Whether the graph being traced will be compiled by XLA (`tf.function(jit_compile=
     True)`, Keras' `jit_compile`), through TensorFlow's private `control_flow_util` (the
     context TF itself checks); `if_unknown` if that seam is gone (the transaction takes
-    True, the safe side; tests/test_transaction.py checks it)."""
+    True, the safe side; tests/unit/step/test_transaction.py checks it)."""
     try:
         from tensorflow.python.ops import control_flow_util
     except ImportError:

@@ -11,7 +11,7 @@ Two mistakes of the tutorials' shape reach the user as TensorFlow's own words:
 
 `RawErrors` is a mixin of tfdist's strategies that tells each in one line, where the
 strategy sees it (its constructor, the end of its ``scope()`` block); every other error
-passes unchanged. The matched texts are TensorFlow's; tests/test_keras_seams.py fails if
+passes unchanged. The matched texts are TensorFlow's; tests/unit/seam/test_keras_seams.py fails if
 they change.
 """
 

@@ -7,7 +7,7 @@ def unseeded_shuffles(dataset):
     draws theirs at random each run, so no backup can say which batches come next, and
     no two workers read the same order).
     Walks tf.data's own links (`_inputs()`, a shuffle's `_seed` and `_seed2`: a seam of
-    TensorFlow's, watched by tests/test_input_position.py), never the graph (a pipeline
+    TensorFlow's, watched by tests/unit/step/test_input_position.py), never the graph (a pipeline
     over a large array would be copied); a pipeline it cannot walk is not judged."""
     found = []
     for node in pipeline_nodes(dataset):

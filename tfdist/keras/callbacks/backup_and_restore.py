@@ -115,7 +115,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         resume_at(self.model, 0, 0)
         # Keras never resets the epoch a restore resumes at: a second fit of the same model
         # (keras-io's fine-tuning: unfreeze, compile, fit again) would skip as many epochs
-        # (a seam of Keras', watched by tests/test_keras_seams.py)
+        # (a seam of Keras', watched by tests/unit/seam/test_keras_seams.py)
         self.model._initial_epoch = None
         if self._scratch.path is None and self.delete_checkpoint:
             self._store.remove()  # its own files only
@@ -265,7 +265,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 def keras_epoch_iterator():
     """The `EpochIterator` of the Keras `fit` calling this callback's `on_train_begin`, or
     None (not under Keras' fit). A seam of Keras' (its `fit` keeps it as the local
-    `epoch_iterator`), watched by tests/test_keras_seams.py."""
+    `epoch_iterator`), watched by tests/unit/seam/test_keras_seams.py."""
     from keras.src.trainers.epoch_iterator import EpochIterator
 
     frame = sys._getframe(1)
@@ -281,7 +281,7 @@ def keras_epoch_iterator():
 
 def keras_input_dataset(epoch_iterator):
     """The dataset `fit` was given, as its `EpochIterator`'s data adapter keeps it (a seam
-    of Keras', watched by tests/test_input_position.py), or None."""
+    of Keras', watched by tests/unit/step/test_input_position.py), or None."""
     return getattr(getattr(epoch_iterator, "data_adapter", None), "_dataset", None)
 
 
