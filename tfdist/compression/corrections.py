@@ -33,7 +33,10 @@ import math
 
 import tensorflow as tf
 
-from tfdist.compression.wrappers import DelayedStart, Wrapper
+from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize, Wrapper
+from tfdist.config.hyperparameters import (LOCAL_CLIP_NORM, MOMENTUM_CORRECTION,
+                                           RATIO_WARMUP_START, RATIO_WARMUP_STEPS)
+from tfdist.config.yaml_source import Source
 
 STAGES = 4  # ratio warm-up stages after the start ratio (DGC used 4)
 
@@ -117,3 +120,53 @@ def ratio_schedule(ratio, start, steps, stages=STAGES):
 def stage_of(schedule, step):
     """Index of the stage of `schedule` that optimizer step `step` is in."""
     return max((i for i, (first, _) in enumerate(schedule) if step >= first), default=0)
+
+
+def checked_corrections(compressor, error_feedback, corrections):
+    """`corrections` ({momentum_correction, local_clip_norm, ratio_warmup_steps,
+    ratio_warmup_start}) checked for `compressor` as the config loader checks a file's.
+
+    Raises:
+        ConfigError: a correction out of its range, one this compressor does not take, or
+            one without what it needs.
+    """
+    source, checked = Source.of_call("GradientCompression"), {}
+    for parameter in (MOMENTUM_CORRECTION, LOCAL_CLIP_NORM, RATIO_WARMUP_STEPS,
+                      RATIO_WARMUP_START):
+        value = checked[parameter.name] = parameter.check(corrections[parameter.name],
+                                                          "GradientCompression")
+        if value != parameter.default and compressor.name not in parameter.compressors:
+            raise source.error((parameter.name,), f"{parameter.name} applies only to "
+                               f"[{', '.join(parameter.compressors)}]. Received: "
+                               f"compressor={compressor!r}, {parameter.name}={value!r}")
+    if checked["momentum_correction"] and error_feedback is not True:
+        raise source.error(("momentum_correction",), "momentum_correction accumulates the "
+                           "velocity in error feedback's residual (Lin et al. 2018): it needs "
+                           f"error_feedback=True. Received: error_feedback={error_feedback!r}")
+    start = checked["ratio_warmup_start"]
+    if checked["ratio_warmup_steps"] and start <= compressor.ratio:
+        raise source.error(("ratio_warmup_start",), "the ratio warm-up falls from "
+                           "ratio_warmup_start to the compressor's ratio "
+                           f"({compressor.ratio!r}): the start must be above it. Received: "
+                           f"ratio_warmup_start={start!r}")
+    return checked
+
+
+def transform_of(compressor, error_feedback, corrections, start_step, min_size):
+    """MinSize(DelayedStart(LocalClip(MomentumCorrection(ErrorFeedback(compressor))))),
+    each part only if asked (`corrections` as `checked_corrections` gives them); EF21 in
+    place of ErrorFeedback (and its delayed start keeps EF21's estimates current:
+    `EF21DelayedStart`)."""
+    inner = compressor
+    if error_feedback == "ef21":
+        inner = EF21(inner)
+    elif error_feedback:
+        inner = ErrorFeedback(inner)
+    if corrections["momentum_correction"]:
+        inner = MomentumCorrection(inner, corrections["momentum_correction"])
+    if corrections["local_clip_norm"]:
+        inner = LocalClip(inner, corrections["local_clip_norm"])
+    if start_step > 0:
+        inner = (EF21DelayedStart if error_feedback == "ef21" else DelayedStart)(inner,
+                                                                               start_step)
+    return MinSize(inner, min_size)

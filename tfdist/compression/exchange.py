@@ -14,6 +14,7 @@ crosses between replicas: the casts and int8 compress each gradient *push* inste
 (`PushCodec`, used by the optimizer seam in `tfdist.seam.optimizer`).
 """
 
+import functools
 import numbers
 
 import tensorflow as tf
@@ -21,15 +22,14 @@ import tensorflow as tf
 from tfdist.compression.buffers import Layout
 from tfdist.compression.communicator import Communicator
 from tfdist.compression.compressors import Cast, compressor_by_name
-from tfdist.compression.corrections import (EF21, EF21DelayedStart, LocalClip, MomentumCorrection,
-                                            ratio_schedule, stage_of)
+from tfdist.compression.corrections import (checked_corrections, ratio_schedule, stage_of,
+                                            transform_of)
 from tfdist.compression.push import PushCodec, Pushed
-from tfdist.compression.wrappers import DelayedStart, ErrorFeedback, MinSize
+from tfdist.compression.slots import Slots
 from tfdist.config import checks
 from tfdist.config.checks import check_arguments
-from tfdist.config.hyperparameters import (LOCAL_CLIP_NORM, MOMENTUM_CORRECTION,
-                                           RATIO_WARMUP_START, RATIO_WARMUP_STEPS)
 from tfdist.config.sections.compression import EXCHANGE_OPTIONS
+from tfdist.config.yaml_source import Source
 from tfdist.errors import UnsupportedError
 from tfdist.seam.frozen_variance import FrozenVariance
 from tfdist.step import gradients, transaction
@@ -37,12 +37,12 @@ from tfdist.step.buckets import DEFAULT_BUCKET_BYTES
 from tfdist.step.hooks import TrainingHook, exchange_rows_apart
 from tfdist.step.resize import rule_of_state
 from tfdist.step.tracing import do_not_convert
-from tfdist.step.variables import underlying
 from tfdist.strategies.kind import capabilities_of
 
 #: The exchange's arguments, checked as the config's compression section is; the seed
 #: of random compressors (random-k, QSGD's rounding) is any 64-bit integer.
 ARGUMENTS = {**EXCHANGE_OPTIONS, "seed": checks.integer}
+_ARGUMENTS = Source.of_call("GradientCompression")
 
 
 class GradientCompression(TrainingHook):
@@ -80,7 +80,7 @@ class GradientCompression(TrainingHook):
             warm-up that learns it.
 
     Raises:
-        ValueError: an option out of its range, or one the compressor does not take.
+        ConfigError: an option out of its range, or one the compressor does not take.
 
     Attributes (once built):
         state: {name: tf.Variable} of the transformation's state, per replica.
@@ -96,8 +96,8 @@ class GradientCompression(TrainingHook):
                  momentum_correction=0.0, local_clip_norm=0.0, ratio_warmup_steps=0,
                  ratio_warmup_start=0.25, bucket_bytes=None, freeze_variance=False):
         if error_feedback not in (True, False, "ef21"):
-            raise ValueError("error_feedback must be True, False or 'ef21'. "
-                             f"Received: error_feedback={error_feedback!r}")
+            raise _ARGUMENTS.error(("error_feedback",), "expected True, False or 'ef21'. "
+                                   f"Received: error_feedback={error_feedback!r}")
         checked = check_arguments(
             "GradientCompression", ARGUMENTS, start_step=start_step, min_size=min_size,
             seed=seed, freeze_variance=freeze_variance,
@@ -109,62 +109,23 @@ class GradientCompression(TrainingHook):
                             "local_clip_norm": local_clip_norm,
                             "ratio_warmup_steps": ratio_warmup_steps,
                             "ratio_warmup_start": ratio_warmup_start}
-        self._check_corrections()
+        self.corrections = checked_corrections(compressor, error_feedback, self.corrections)
         self.freeze_variance = checked["freeze_variance"]
         if self.freeze_variance and self.start_step <= 0:
-            raise ValueError("freeze_variance keeps Adam's second moment as it was at "
-                             "start_step (1-bit Adam, Tang et al. 2021): it needs a warm-up "
-                             f"that learns it, start_step > 0. Received: start_step="
-                             f"{self.start_step}")
+            raise _ARGUMENTS.error(("freeze_variance",), "freeze_variance keeps Adam's "
+                                   "second moment as it was at start_step (1-bit Adam, Tang "
+                                   "et al. 2021): it needs a warm-up that learns it, "
+                                   f"start_step > 0. Received: start_step={self.start_step}")
         ratio = getattr(compressor, "ratio", None)
         self.schedule = (ratio_schedule(ratio, self.corrections["ratio_warmup_start"],
                                         self.corrections["ratio_warmup_steps"])
                          if ratio is not None else [(0, None)])
-        self.transforms = [self._transform(_with_ratio(compressor, r)) for _, r in self.schedule]
+        self.transforms = [transform_of(_with_ratio(compressor, r), error_feedback, self.corrections,
+                                       self.start_step, self.min_size)
+                           for _, r in self.schedule]
         self.transform = self.transforms[-1]  # every stage has its layout and state
         self.phased = self.start_step > 0 or len(self.schedule) > 1
         self.state = {}
-
-    def _check_corrections(self):
-        """ValueError for a correction out of range or one this compressor does not take
-        (the config loader says the same of a config file)."""
-        name = self.compressor.name
-        for parameter in (MOMENTUM_CORRECTION, LOCAL_CLIP_NORM, RATIO_WARMUP_STEPS,
-                          RATIO_WARMUP_START):
-            value = parameter.check(self.corrections[parameter.name], "GradientCompression")
-            self.corrections[parameter.name] = value
-            if value != parameter.default and name not in parameter.compressors:
-                raise ValueError(f"{parameter.name} applies only to "
-                                 f"[{', '.join(parameter.compressors)}]. Received: "
-                                 f"compressor={self.compressor!r}, {parameter.name}={value!r}")
-        if self.corrections["momentum_correction"] and self.error_feedback is not True:
-            raise ValueError("momentum_correction accumulates the velocity in error "
-                             "feedback's residual (Lin et al. 2018): it needs "
-                             f"error_feedback=True. Received: error_feedback="
-                             f"{self.error_feedback!r}")
-        start = self.corrections["ratio_warmup_start"]
-        if self.corrections["ratio_warmup_steps"] and start <= self.compressor.ratio:
-            raise ValueError("the ratio warm-up falls from ratio_warmup_start to the "
-                             f"compressor's ratio ({self.compressor.ratio!r}): the start must "
-                             f"be above it. Received: ratio_warmup_start={start!r}")
-
-    def _transform(self, compressor):
-        """MinSize(DelayedStart(LocalClip(MomentumCorrection(ErrorFeedback(compressor))))),
-        each part only if asked; EF21 in place of ErrorFeedback (and its delayed start
-        keeps EF21's estimates current: `corrections.EF21DelayedStart`)."""
-        inner = compressor
-        if self.error_feedback == "ef21":
-            inner = EF21(inner)
-        elif self.error_feedback:
-            inner = ErrorFeedback(inner)
-        if self.corrections["momentum_correction"]:
-            inner = MomentumCorrection(inner, self.corrections["momentum_correction"])
-        if self.corrections["local_clip_norm"]:
-            inner = LocalClip(inner, self.corrections["local_clip_norm"])
-        if self.start_step > 0:
-            delayed = EF21DelayedStart if self.error_feedback == "ef21" else DelayedStart
-            inner = delayed(inner, self.start_step)
-        return MinSize(inner, self.min_size)
 
     def phase(self, step):
         """Compressing (True) from `start_step` on; with a ratio warm-up, (compressing, the
@@ -219,10 +180,7 @@ class GradientCompression(TrainingHook):
             ValueError: `build` would not make this compressor from those options (a
                 compressor class of your own, or one made with other arguments).
         """
-        params = {k: getattr(self.compressor, k) for k in ("ratio", "rank", "levels")
-                  if hasattr(self.compressor, k)}
-        if getattr(self.compressor, "block_size", 0):  # sign's scales per block
-            params["block_size"] = self.compressor.block_size
+        params = _described(self.compressor, self.error_feedback)
         defaults = {"momentum_correction": 0.0, "local_clip_norm": 0.0, "ratio_warmup_steps": 0,
                     "ratio_warmup_start": 0.25}
         corrections = {k: v for k, v in self.corrections.items() if v != defaults[k]}
@@ -231,15 +189,10 @@ class GradientCompression(TrainingHook):
         if self.freeze_variance:
             corrections["freeze_variance"] = True
         error_feedback = "ef21" if self.error_feedback == "ef21" else bool(self.error_feedback)
-        config = {"name": self.compressor.name, **params, **corrections,
+        config = {"name": self.compressor.name, **(params or {}), **corrections,
                   "error_feedback": error_feedback, "start_step": self.start_step,
                   "min_size": self.min_size, "seed": self.seed}
-        try:
-            rebuilt = compressor_by_name(self.compressor.name, **params,
-                                         error_feedback=self.error_feedback)
-        except (KeyError, TypeError, ValueError):
-            rebuilt = None
-        if type(rebuilt) is not type(self.compressor) or vars(rebuilt) != vars(self.compressor):
+        if params is None:
             raise ValueError("this compression cannot be described by build()'s options, so "
                              "it cannot be saved with the model; use a compressor by name. "
                              f"Received: compressor={self.compressor!r}, config={config}")
@@ -264,9 +217,9 @@ class GradientCompression(TrainingHook):
                 f"error_feedback={self.error_feedback}, start_step={self.start_step}")
         self.push_codec = (PushCodec(self.compressor)
                            if self.push and self.compressor.compresses else None)
-        self.slots = {id(underlying(v)): i for i, v in enumerate(variables)}
         self.shapes = (_checked_shapes(shapes) if shapes is not None
                        else [tuple(v.shape) for v in variables])
+        self.slots = Slots(variables, self.shapes)
         small, large, self.large_layout = self.transform.split(self.shapes)
         self.small_size = Layout(tuple(self.shapes[i] for i in small)).size
         local = dict(trainable=False, aggregation=tf.VariableAggregation.NONE)
@@ -291,40 +244,15 @@ class GradientCompression(TrainingHook):
         sent densely (the rows a step did not touch) never crosses."""
         if self.push:  # nothing crosses between replicas; the push is compressed instead
             return list(grads)
+        exchange = functools.partial(self.exchange_dense, step=step)
         if not any(gradients.is_sparse(g) for g in grads):
-            return self._exchange_densified(grads, variables, step)
+            return self.slots.exchange_all(exchange, grads, variables)
         dense_variables = [v for g, v in zip(grads, variables) if not gradients.is_sparse(g)]
+        rows_dtype = (self.compressor.dtype  # rows cross in the cast's dtype, compressing
+                      if self.compressing and isinstance(self.compressor, Cast) else None)
         return exchange_rows_apart(
-            grads, lambda dense: self._exchange_present(dense, dense_variables, step),
-            sparse_dtype=self._rows_dtype(), context=self.context)
-
-    def _rows_dtype(self):
-        """The dtype an `IndexedSlices`' rows cross in: the cast's while it compresses."""
-        if self.compressing and isinstance(self.compressor, Cast):
-            return self.compressor.dtype
-        return None
-
-    def _exchange_present(self, dense, variables, step):
-        """The sums of `dense`, the gradients of `variables` (some of those built)."""
-        if not dense:
-            return []
-        slots = [self.slots[id(underlying(v))] for v in variables]
-        order = sorted(range(len(slots)), key=slots.__getitem__)
-        summed = self.exchange_dense([tf.convert_to_tensor(dense[i]) for i in order], step,
-                                     present=[slots[i] for i in order])
-        result = [None] * len(dense)
-        for k, i in enumerate(order):
-            result[i] = tf.cast(summed[k], dense[i].dtype)
-        return result
-
-    def _exchange_densified(self, grads, variables, step):
-        dense = [None] * len(self.shapes)
-        for grad, variable in zip(grads, variables):
-            dense[self.slots[id(underlying(variable))]] = tf.convert_to_tensor(grad)
-        dense = [tf.zeros(s, tf.float32) if d is None else d for d, s in zip(dense, self.shapes)]
-        summed = self.exchange_dense(dense, step)
-        return [tf.cast(summed[self.slots[id(underlying(v))]], g.dtype)
-                for g, v in zip(grads, variables)]
+            grads, lambda dense: self.slots.exchange_present(exchange, dense, dense_variables),
+            sparse_dtype=rows_dtype, context=self.context)
 
     @do_not_convert
     def exchange_dense(self, dense, step, context=None, present=None):
@@ -344,16 +272,11 @@ class GradientCompression(TrainingHook):
         state, put_back = whole, lambda new: new
         if len(present) < len(self.shapes):  # the others cross as rows
             state, put_back = transform.restricted(self.shapes, present, whole)
-        summed, state = transform.exchange(dense, state, comm, self._seeds(comm, step))
+        summed, state = transform.exchange(dense, state, comm, _seeds(self.seed, comm, step))
         state = put_back(state)
         for key, value in state.items():
             transaction.assign(self.state[key], value)
         return summed
-
-    def _seeds(self, comm, step):
-        shared = tf.stack([tf.cast(self.seed, tf.int64), tf.cast(step, tf.int64)])
-        return {"shared": shared,
-                "local": tf.random.experimental.stateless_fold_in(shared, comm.replica_id)}
 
     # --- statistics -----------------------------------------------------------------
 
@@ -369,6 +292,29 @@ class GradientCompression(TrainingHook):
         gather = self.compressing and self.compressor.collective == "gather"
         return {"payload": 4 * self.small_size + large, "dense": dense,
                 "gathered": large if gather else 0}
+
+
+def _described(compressor, error_feedback):
+    """The options (ratio, rank, levels, block_size: those it has) that rebuild `compressor`
+    by name (`compressor_by_name`), or None if they do not (a class of your own, or one
+    made with other arguments)."""
+    params = {k: getattr(compressor, k) for k in ("ratio", "rank", "levels")
+              if hasattr(compressor, k)}
+    if getattr(compressor, "block_size", 0):  # sign's scales per block
+        params["block_size"] = compressor.block_size
+    try:
+        rebuilt = compressor_by_name(compressor.name, **params, error_feedback=error_feedback)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return params if type(rebuilt) is type(compressor) and vars(rebuilt) == vars(compressor) \
+        else None
+
+
+def _seeds(seed, comm, step):
+    """The step's random seeds: one every replica shares, one of this replica's own."""
+    shared = tf.stack([tf.cast(seed, tf.int64), tf.cast(step, tf.int64)])
+    return {"shared": shared,
+            "local": tf.random.experimental.stateless_fold_in(shared, comm.replica_id)}
 
 
 def _checked_shapes(shapes):
