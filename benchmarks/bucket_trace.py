@@ -22,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 import tfdist  # noqa: E402
 import data  # noqa: E402
 from model import unet  # noqa: E402
-from op_profile import events  # noqa: E402
+from measure.op_profile import events  # noqa: E402
 from train_config import train_config  # noqa: E402
 
 flags.DEFINE_string("config", None, "job config", required=True)
