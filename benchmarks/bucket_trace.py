@@ -12,8 +12,8 @@ import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples",
-                                "unet_segmentation"))
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
+sys.path[:0] = [os.path.join(EXAMPLES, "unet_segmentation"), EXAMPLES]  # EXAMPLES: common/
 
 from absl import app, flags  # noqa: E402
 import keras  # noqa: E402
@@ -22,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 import tfdist  # noqa: E402
 import data  # noqa: E402
 from model import unet  # noqa: E402
-from op_profile import events  # noqa: E402
+from measure.op_profile import events  # noqa: E402
 from train_config import train_config  # noqa: E402
 
 flags.DEFINE_string("config", None, "job config", required=True)

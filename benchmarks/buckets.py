@@ -1,6 +1,6 @@
 """Do gradient buckets overlap the exchange with the backward pass? Step time of `none`
-on the UNet example, 2 workers as 2 hosts on a capped link (slow_network.py), with one
-fused buffer against buckets of several sizes, in alternating repeats.
+on the UNet example, 2 workers as 2 hosts on a capped link (measure/slow_network.py), with
+one fused buffer against buckets of several sizes, in alternating repeats.
 
     sudo python benchmarks/buckets.py [--rate 100] [--repeats 3] [--steps 40] [--trace]
 
@@ -17,9 +17,9 @@ import shutil
 import statistics
 import tempfile
 
-import slow_network
-from methods import ONE_CORE
-from netns import ROOT
+from measure import slow_network
+from measure.methods import ONE_CORE
+from measure.netns import ROOT
 from tfdist.step.buckets import DEFAULT_BUCKET_BYTES
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -24,7 +24,7 @@ import shutil
 import sys
 import tempfile
 
-from netns import ROOT, bytes_per_step
+from measure.netns import ROOT, bytes_per_step
 
 RESULTS = ROOT / "benchmarks" / "results"
 COMPRESSORS = {  # name -> compression section (None: no compression at all)

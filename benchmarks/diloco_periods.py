@@ -25,7 +25,7 @@ PERIODS = (8, 16, 32, 64, 128)
 
 
 def names(period):
-    """(plain local SGD, DiLoCo) method names at `period` (benchmarks/methods.py)."""
+    """(plain local SGD, DiLoCo) method names at `period` (benchmarks/measure/methods.py)."""
     return f"local SGD {period}, warm-up 80", f"DiLoCo {period}"
 
 

@@ -151,7 +151,7 @@ def _step_times():
 # --- the measurement ----------------------------------------------------------------------
 
 def measure(exchange, short, long):
-    from netns import ROOT, run_in_namespace
+    from measure.netns import ROOT, run_in_namespace
 
     workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"tfdist-embedding-{exchange}-"))
     try:

@@ -28,8 +28,8 @@ import re
 import statistics
 import tempfile
 
-import slow_network
 import time_to_accuracy as tta
+from measure import slow_network
 
 NAME = "go_local_costs"
 RATE = tta.SLOW

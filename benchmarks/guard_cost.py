@@ -22,8 +22,8 @@ runs the 2 workers with `tfdist launch` (one core each) and writes
 import json
 import types
 
-import alternating_blocks
-from alternating_blocks import RESULTS, launch_workers, plot_blocks, timed_blocks
+from measure import alternating_blocks
+from measure.alternating_blocks import RESULTS, launch_workers, plot_blocks, timed_blocks
 
 
 def worker(args):

@@ -1,6 +1,7 @@
 """DiLoCo across islands, on the language model (examples/char_lm), on an emulated topology:
 2 islands x 2 workers. Each island is a network namespace (its two workers talk over its
-own free link); the islands are joined by a veth pair capped by `tc tbf` (slow_network.py).
+own free link); the islands are joined by a veth pair capped by `tc tbf`
+(measure/slow_network.py).
 
 Methods: flat synchronous training, flat top-k + EF, flat DiLoCo (every worker its own
 DiLoCo worker), island DiLoCo and island Streaming DiLoCo (`islands: host`). For each:
@@ -30,8 +31,8 @@ import tempfile
 import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from slow_network import HOSTS, NAMESPACES, capped_link  # noqa: E402
-from workloads import WORKLOADS  # noqa: E402
+from measure.slow_network import HOSTS, NAMESPACES, capped_link  # noqa: E402
+from measure.workloads import WORKLOADS  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PORTS = (23456, 23457)

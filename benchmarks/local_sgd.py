@@ -1,7 +1,7 @@
 """Local SGD on the UNet example, 2 workers: bytes on the wire and training loss by period.
 
 Each run is the UNet on 2 local workers (MultiWorkerMirroredStrategy, model.fit) in a
-private network namespace, counting loopback bytes (see netns.py).
+private network namespace, counting loopback bytes (see measure/netns.py).
 
 - Sweep: synchronous training and local SGD with period 1, 2, 4, 8, 16, 32 (after a
   warm-up of 8 synchronous steps); bytes per step after the warm-up from two runs of
@@ -25,7 +25,7 @@ import shutil
 import sys
 import tempfile
 
-from netns import ROOT, bytes_per_step, run_job
+from measure.netns import ROOT, bytes_per_step, run_job
 
 RESULTS = ROOT / "benchmarks" / "results"
 PERIODS = (1, 2, 4, 8, 16, 32)

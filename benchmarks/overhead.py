@@ -44,7 +44,7 @@ loops that are epochs of the one fit, each epoch's wall time per step (its epoch
 epoch-end hooks included); the graph ops each compiled step runs, by type; whether each
 routed loop's step clock was active; the Trainer's host milliseconds per step outside its
 compiled step; with --profile, one more block of each traced by TF's profiler
-(op_profile.py).
+(measure/op_profile.py).
 """
 
 import argparse
@@ -59,8 +59,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import op_profile
 import plain_tf_distribute as plain  # noqa: F401  (puts the example on sys.path)
+from measure import op_profile
 import data
 import metrics
 from model import unet

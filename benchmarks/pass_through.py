@@ -14,11 +14,11 @@ on the chief (TF's profiler, which slows the step: for ranking only), op ms by t
 
 import argparse
 import json
-import math
 import statistics
 import tempfile
 
-import overhead_pairs
+from measure import overhead_pairs
+from measure.overhead_pairs import NAMES, difference
 
 #: Each rung's predecessor in the account (`plain_fresh` is a side rung: a new iterator).
 BEFORE = {"plain_fresh": "plain", "own": "plain", "trainer_step": "own",
@@ -32,17 +32,6 @@ ADDS = {"plain_fresh": "a new input iterator per block (what each `fit` call sta
         "trainer_input": "the Trainer's input (no autotuning thread, plain iterators)",
         "trainer": "Trainer.fit: its Python loop and callbacks (one fit, one input iterator)",
         "trainer_fresh": "a `fit` call per block: a new input iterator each"}
-NAMES = {"plain": "plain tf.distribute", "trainer": "tfdist"}
-
-
-def difference(after, before):
-    """Mean of paired differences (ms) and its 95% half-width (Student's t)."""
-    pairs = [1000 * (a - b) for a, b in zip(after, before)]
-    n = len(pairs)
-    half = overhead_pairs.t_quantile(0.975, n - 1) * statistics.stdev(pairs) / math.sqrt(n)
-    return statistics.mean(pairs), half
-
-
 def account(metrics):
     """[(rung, predecessor, wall (mean, half), cpu (mean, half), ops added, top op types)]."""
     wall, cpu = metrics["block_median_seconds"], metrics["block_cpu_seconds_per_step"]
@@ -169,7 +158,7 @@ def write(name, metrics):
         plot(metrics, overhead_pairs.RESULTS / f"{name}.png")
     if "profile" in metrics:
         lines += ["One more block of each loop traced by TF's profiler on the chief "
-                  "(benchmarks/op_profile.py):", "", *table(metrics["profile"])]
+                  "(benchmarks/measure/op_profile.py):", "", *table(metrics["profile"])]
     (overhead_pairs.RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -22,7 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "unet_segmentation"))
 
 import tfdist  # noqa: E402
-from methods import METHODS  # noqa: E402
+from measure.methods import METHODS  # noqa: E402
 
 QUALITY_METHODS = [m for m, spec in METHODS.items() if spec is not None]
 QUICK_METHODS = ["none", "sign+EF", "sign", "topk+EF"]  # topk without EF: the full run

@@ -4,9 +4,9 @@ tf.distribute, from one command.
     sudo python benchmarks/report.py           # everything (hours on 2 cores: see the report)
     sudo python benchmarks/report.py --quick   # fewer methods and steps (under 15 minutes)
 
-Parts (each in its own module):
-  wire.py          bytes per step on 2 and 3 workers in a private network namespace,
-                   next to the analytic figure (analytic.py) and tfdist's CommStats
+Parts (each in its own module; measure/ is the measuring library they share):
+  measure/wire.py  bytes per step on 2 and 3 workers in a private network namespace,
+                   next to the analytic figure (measure/analytic.py) and tfdist's CommStats
   overhead.py      step time of tfdist.Trainer in pass-through mode against plain
                    tf.distribute, alternating blocks in the same 2 worker processes
   compression_cost.py   compress + decompress time as a share of a step
@@ -14,7 +14,7 @@ Parts (each in its own module):
   time_to_accuracy.py  2 hosts joined by a veth link capped with tc (20 Mbit/s, 100 Mbit/s,
                    1 Gbit/s), the full schedule, 3 seeds: time to validation mean IoU
                    0.85 and 0.90, final mean IoU, step time, bytes (the report's head)
-  analytic.py      projection to 8 and 64 workers at 1, 10 and 100 Gbit/s
+  measure/analytic.py  projection to 8 and 64 workers at 1, 10 and 100 Gbit/s
 
 Writes benchmarks/results/report.json and report.csv (raw), report_*.png (plots) and
 docs/benchmarks.md (generated; do not edit by hand).
@@ -34,13 +34,12 @@ import sys
 import tempfile
 import time
 
-import analytic
 import time_to_accuracy
-import wire
-from methods import METHODS
-from netns import ROOT
-from overhead_pairs import (CURRENT_PASS_THROUGH, CURRENT_PASS_THROUGH_PAIRS, RESULTS,
-                            fresh_overhead, measure_overhead, overhead, saved_overhead)
+from measure import analytic, wire
+from measure.methods import METHODS
+from measure.netns import ROOT
+from measure.overhead_pairs import (CURRENT_PASS_THROUGH, CURRENT_PASS_THROUGH_PAIRS, RESULTS,
+                                    fresh_overhead, measure_overhead, overhead, saved_overhead)
 
 DOC = ROOT / "docs" / "benchmarks.md"
 COST_NAMES = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "qsgd": "qsgd", "sign+EF": "sign",

@@ -20,8 +20,8 @@ runs the workers with `tfdist launch` and writes
 import json
 import types
 
-import alternating_blocks
-from alternating_blocks import RESULTS, launch_workers, plot_blocks, timed_blocks
+from measure import alternating_blocks
+from measure.alternating_blocks import RESULTS, launch_workers, plot_blocks, timed_blocks
 
 NAMES = ("unweighed (each replica's mean)", "weighed by rows (tfdist)")
 

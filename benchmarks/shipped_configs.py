@@ -23,8 +23,8 @@ import tempfile
 
 import yaml
 
-from methods import ONE_CORE
-from netns import ROOT, TRAIN, run_in_namespace
+from measure.methods import ONE_CORE
+from measure.netns import ROOT, TRAIN, run_in_namespace
 
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ROOT / "configs"

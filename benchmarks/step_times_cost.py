@@ -28,8 +28,8 @@ import math
 import statistics
 import tempfile
 
-import overhead_pairs
-import pass_through
+from measure import overhead_pairs
+from measure.overhead_pairs import NAMES, difference
 
 NAME = "step_times_cost"
 RUNGS = "own,own_unclocked,trainer,trainer_logged"
@@ -62,10 +62,10 @@ def comparisons(metrics):
     rows = []
     for key, what, without, with_, figure in COMPARISONS:
         blocks = metrics.get(figure, {})
-        a, b = pass_through.NAMES.get(with_, with_), pass_through.NAMES.get(without, without)
+        a, b = NAMES.get(with_, with_), NAMES.get(without, without)
         if a not in blocks or b not in blocks:
             continue
-        ms, half = pass_through.difference(blocks[a], blocks[b])
+        ms, half = difference(blocks[a], blocks[b])
         ratio, interval = ratio_interval(blocks[a], blocks[b])
         rows.append({"key": key, "what": what, "without": without, "with": with_,
                      "figure": figure, "base_ms": 1000 * statistics.median(blocks[b]),
@@ -89,7 +89,7 @@ def added_ops(metrics, without, with_):
     """(graph ops `with_`'s step has more than `without`'s, [(op type, count)] of the
     differences)."""
     ops = metrics["graph_ops"]
-    a, b = ops[pass_through.NAMES.get(with_, with_)], ops[pass_through.NAMES.get(without, without)]
+    a, b = ops[NAMES.get(with_, with_)], ops[NAMES.get(without, without)]
     by_type = {k: a.get(k, 0) - b.get(k, 0) for k in set(a) | set(b)}
     return sum(by_type.values()), sorted(((k, n) for k, n in by_type.items() if n),
                                          key=lambda kn: (-abs(kn[1]), kn[0]))
@@ -119,10 +119,9 @@ def markdown(metrics):
     lines += ["", f"Within {LIMIT:.0%}: the 95% interval's high end at most {LIMIT:.0%} of "
               "the step without it."]
     cpu = metrics.get("block_cpu_seconds_per_step", {})
-    shown = [(r, pass_through.difference(*(cpu[pass_through.NAMES.get(k, k)]
-                                           for k in (r["with"], r["without"]))))
+    shown = [(r, difference(*(cpu[NAMES.get(k, k)] for k in (r["with"], r["without"]))))
              for r in rows if r["figure"] == "block_median_seconds"
-             and {pass_through.NAMES.get(k, k) for k in (r["with"], r["without"])} <= set(cpu)]
+             and {NAMES.get(k, k) for k in (r["with"], r["without"])} <= set(cpu)]
     if shown:
         lines += ["", "CPU time per step (the process's, which leaves out waiting for the "
                   "other worker; the whole block's, epoch ends included): " + "; ".join(
@@ -147,7 +146,7 @@ def markdown(metrics):
             count, kinds = added_ops(metrics, r["without"], r["with"])
             lines += ["", f"Graph ops the clock adds to `{r['with']}`'s step: {count:+d} ("
                       + ", ".join(f"{k} {n:+d}" for k, n in kinds[:8]) + ")."]
-    rung = {name: r for r, name in pass_through.NAMES.items()}
+    rung = {name: r for r, name in NAMES.items()}
     active = metrics.get("clock_active", {})
     if active:
         lines += ["", "Step clock active, per routed loop (checked after the run): " + ", ".join(

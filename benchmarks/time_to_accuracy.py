@@ -1,7 +1,7 @@
 """Time to accuracy on a real capped link: what a user on a slow network buys.
 
 Each run trains the UNet example (or the language model, `--workload lm`) on 2 workers as 2 hosts (network namespaces joined by a
-veth pair capped by `tc tbf`, slow_network.py) over the full schedule, validating after
+veth pair capped by `tc tbf`, measure/slow_network.py) over the full schedule, validating after
 every epoch. Per method, link speed and seed it records the training seconds (every step
 and all that runs between steps — averages, phase switches, tracing — validation left
 out) at which validation mean IoU (perplexity) first reaches each target, its final value, the
@@ -26,10 +26,10 @@ import statistics
 import tempfile
 import time
 
-import slow_network
-from methods import METHODS
-from netns import ROOT
-from workloads import WORKLOADS
+from measure import slow_network
+from measure.methods import METHODS
+from measure.netns import ROOT
+from measure.workloads import WORKLOADS
 
 RESULTS = ROOT / "benchmarks" / "results"
 UNET = WORKLOADS["unet"]

@@ -24,7 +24,7 @@ QUALITY = {
               "sign+EF": None},
 }
 #: How each method is built (`tfdist.compression.build` options): as `QUALITY` measured it
-#: (benchmarks/methods.py), the error-fed ones on every tensor (`min_size` 0). With the
+#: (benchmarks/measure/methods.py), the error-fed ones on every tensor (`min_size` 0). With the
 #: default `min_size` the small tensors take one more all-reduce a step, beside the
 #: compressed exchange: 3 ms a step more for top-k + EF on the UNet at 20 Mbit/s.
 METHODS = {

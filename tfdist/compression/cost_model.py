@@ -1,5 +1,5 @@
 """How long an exchange takes on a link: the cost model `compression: auto` chooses with,
-and the benchmark report checks against a capped link (benchmarks/analytic.py).
+and the benchmark report checks against a capped link (benchmarks/measure/analytic.py).
 
 A ring all-reduce of S bytes sends 2 (N - 1) / N x S per worker in 2 (N - 1) sequential
 messages; an all-gather of a P-byte payload sends (N - 1) x P in N - 1 messages (Patarasuk

@@ -136,13 +136,13 @@ def test_the_link_is_timed_up_to_the_size_expected_to_take_a_twentieth_of_a_seco
 
 
 def test_auto_builds_each_candidate_as_its_quality_was_measured():
-    """QUALITY and its steps to accuracy come from benchmarks/methods.py's runs: auto's
-    candidates are built with the same options (the error-fed ones on every tensor, no
-    all-reduce of the small ones beside), so what it predicts is what it runs."""
+    """QUALITY and its steps to accuracy come from benchmarks/measure/methods.py's runs:
+    auto's candidates are built with the same options (the error-fed ones on every tensor,
+    no all-reduce of the small ones beside), so what it predicts is what it runs."""
     import sys
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    import methods
+    from measure import methods
 
     for name, options in METHODS.items():
         assert options == (methods.METHODS[name] or {}).get("compression", {"name": "none"})

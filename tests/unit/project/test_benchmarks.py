@@ -13,10 +13,9 @@ from paths import ROOT
 BENCHMARKS = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-import analytic  # noqa: E402
-import overhead_pairs  # noqa: E402
 import report  # noqa: E402
 import time_to_accuracy  # noqa: E402
+from measure import analytic, overhead_pairs  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("two_cpus", "unet_path")
 
@@ -28,7 +27,7 @@ def test_analytic_bytes_match_what_tfdist_counts(method, workers):
     import tensorflow as tf
 
     import tfdist
-    from methods import METHODS
+    from measure.methods import METHODS
     from model import unet
 
     model = unet(32, 4, 16, 3, 0.1)

@@ -65,20 +65,40 @@ def test_tfdist_core_still_offers_every_name_it_documented():
 
 
 def benchmark_imports():
-    """{benchmark module: the benchmark modules it imports, anywhere in the file}."""
+    """{benchmark module: the benchmark modules it imports, anywhere in the file}: the
+    programs of benchmarks/ by their names, the measuring library of benchmarks/measure/ as
+    `measure` (its __init__) and `measure.<name>` (what a program imports as `from measure
+    import x`, `from measure.x import ...`; the library's own `from . import x`)."""
     import ast
 
     folder = ROOT / "benchmarks"
-    names = {path.stem for path in folder.glob("*.py")}
+    programs = {path.stem: path for path in folder.glob("*.py")}
+    library = {f"measure.{path.stem}": path for path in (folder / "measure").glob("*.py")}
+    library["measure"] = library.pop("measure.__init__")
+    names = set(programs) | set(library)
+
+    def imported(node, importer):
+        if isinstance(node, ast.Import):
+            return {a.name if a.name in library else a.name.split(".")[0] for a in node.names}
+        if not isinstance(node, ast.ImportFrom):
+            return set()
+        if node.level:  # relative: inside the library (its __init__ is the package itself)
+            package = importer.split(".")[:None if importer == "measure" else -1]
+            package = package[:len(package) - node.level + 1]
+            base = ".".join(package + ([node.module] if node.module else []))
+        else:
+            base = node.module or ""
+        found = {f"{base}.{a.name}" for a in node.names}  # `from measure import x`
+        if node.module:  # (`from . import x` in the library names its module only)
+            found.add(base if base in library else base.split(".")[0])
+        return found
+
     graph = {}
-    for path in folder.glob("*.py"):
+    for name, path in {**programs, **library}.items():
         found = set()
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                found |= {a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                found.add(node.module.split(".")[0])
-        graph[path.stem] = found & names - {path.stem}
+            found |= imported(node, name)
+        graph[name] = found & names - {name}
     return graph
 
 
@@ -103,9 +123,18 @@ def cycle_in(graph):
 
 
 def test_the_benchmarks_import_each_other_without_a_cycle():
-    """The measuring library (e.g. overhead_pairs.py) is imported by the benchmarks, never
-    the other way round: no benchmark module imports one that imports it back."""
-    assert cycle_in(benchmark_imports()) is None, cycle_in(benchmark_imports())
+    """The measuring library (benchmarks/measure/) is imported by the benchmark programs
+    (benchmarks/*.py), never the other way round, and no benchmark module imports one that
+    imports it back."""
+    graph = benchmark_imports()
+    assert cycle_in(graph) is None, cycle_in(graph)
+    library = {name for name in graph if name.split(".")[0] == "measure"}
+    upward = sorted(f"{name} -> {imported}" for name in library
+                    for imported in graph[name] - library)
+    assert upward == [], "the library imports a benchmark program"
+    # the graph sees every form of import: the library's relative ones, a program's own
+    assert {"measure.analytic", "measure.netns"} <= graph["measure.wire"]
+    assert {"measure.overhead_pairs", "time_to_accuracy"} <= graph["report"]
     assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # it can fail
 
 

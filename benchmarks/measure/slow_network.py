@@ -11,7 +11,7 @@ import pathlib
 import subprocess
 import sys
 
-from methods import command, job_config
+from .methods import command, job_config
 
 HOSTS = ("10.77.0.1", "10.77.0.2")
 NAMESPACES = ("tfdist-slow0", "tfdist-slow1")

@@ -11,7 +11,7 @@ import shlex
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # the checkout
 TRAIN = ROOT / "examples" / "unet_segmentation" / "train.py"
 
 

@@ -3,7 +3,7 @@ is better) and the language model (perplexity, lower is better)."""
 
 import pathlib
 
-EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
 
 class Workload:

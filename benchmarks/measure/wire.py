@@ -3,9 +3,9 @@ namespace (loopback counters read by the chief after every step)."""
 
 import pathlib
 
-import analytic
-from methods import command, job_config
-from netns import bytes_between, run_in_namespace
+from . import analytic
+from .methods import command, job_config
+from .netns import bytes_between, run_in_namespace
 
 WARMUP = 2  # local SGD's synchronous steps; compression starts at step 0
 

@@ -9,8 +9,8 @@ import sys
 import tempfile
 import time
 
-HERE = pathlib.Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[1]  # the benchmark programs' folder
+RESULTS = BENCHMARKS / "results"
 
 
 def timed_blocks(variants, pairs, block):
@@ -45,7 +45,7 @@ def launch_workers(script, workers, *flags):
         one_core = ["env", "TF_NUM_INTRAOP_THREADS=1", "TF_NUM_INTEROP_THREADS=2"]
         subprocess.run([sys.executable, "-m", "tfdist", "launch", str(config), "--",
                         *one_core, sys.executable, str(script), "--worker", "--out", str(out),
-                        *map(str, flags)], check=True, cwd=HERE)
+                        *map(str, flags)], check=True, cwd=BENCHMARKS)
         return json.loads(out.read_text())
 
 
@@ -84,7 +84,7 @@ def main(doc, worker, drive, add_arguments=lambda parser: None):
     args = parser.parse_args()
     if args.worker:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        sys.path.insert(0, str(HERE))
+        sys.path.insert(0, str(BENCHMARKS))
         worker(args)
     else:
         drive(args)

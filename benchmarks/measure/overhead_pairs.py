@@ -1,6 +1,7 @@
 """tfdist.Trainer against plain tf.distribute in alternating blocks of steps in the same
-2 worker processes (overhead.py), and the figures drawn from such pairs: the measuring
-library the report, pass_through.py and step_times_cost.py share.
+2 worker processes (overhead.py), and the figures drawn from such pairs (the ratio and its
+interval, the paired difference in ms): what the report, pass_through.py and
+step_times_cost.py share.
 """
 
 import json
@@ -9,8 +10,8 @@ import pathlib
 import statistics
 import sys
 
-from methods import ONE_CORE, job_config
-from netns import ROOT, run_in_namespace
+from .methods import ONE_CORE, job_config
+from .netns import ROOT, run_in_namespace
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -75,6 +76,18 @@ def fresh_overhead(results):
     return overhead({"overhead": {"block_median_seconds": {
         "tfdist": blocks.get("trainer_fresh", blocks["tfdist"]),
         "plain tf.distribute": blocks["plain_fresh"]}}})
+
+
+#: overhead.py's name of a rung's figures where it is not the rung's own (`plain`, `trainer`).
+NAMES = {"plain": "plain tf.distribute", "trainer": "tfdist"}
+
+
+def difference(after, before):
+    """Mean of paired differences (ms) and its 95% half-width (Student's t)."""
+    pairs = [1000 * (a - b) for a, b in zip(after, before)]
+    n = len(pairs)
+    half = t_quantile(0.975, n - 1) * statistics.stdev(pairs) / math.sqrt(n)
+    return statistics.mean(pairs), half
 
 
 def t_quantile(p, df):

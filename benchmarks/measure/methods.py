@@ -8,7 +8,7 @@ UNet example for it; `command` is what every task runs.
 import json
 import sys
 
-from netns import ROOT, TRAIN
+from .netns import ROOT, TRAIN
 
 PLAIN = ROOT / "benchmarks" / "plain_tf_distribute.py"
 EF = {"error_feedback": True, "min_size": 0}
