@@ -18,7 +18,6 @@ islands' agreement (`agreement`); docs/concepts/architecture.md draws them.
 """
 
 from tfdist.capabilities import names_with
-from tfdist.checkpoint import CheckpointError
 from tfdist.compression.auto import AutoCompression
 from tfdist.compression.factory import build
 from tfdist.errors import UnsupportedError
@@ -30,6 +29,7 @@ from tfdist.local_sgd.arguments import checked_arguments, compression_hook
 from tfdist.local_sgd.islands import IslandReduce, exchanged_shapes
 from tfdist.local_sgd.outer import is_plain_average, outer_optimizer
 from tfdist.local_sgd.rounds import Rounds
+from tfdist.local_sgd.saved import LocalSGDState
 from tfdist.local_sgd.schedule import Schedule
 from tfdist.local_sgd.synchroniser import Anchors, FragmentSync, Replicas
 from tfdist.local_sgd.warmup import NOT_YET, Warmup
@@ -102,6 +102,7 @@ class ModelAverager(TrainingHook):
         self.schedule = Schedule(self.period, self.fragments, self.overlap_steps)
         self.strategy = self.anchors = self.outer_optimizer = self.groups = self.across = None
         self.island_reduce, self.agreement, self.pace = None, NoIslands(), None
+        self.stateful = LocalSGDState(self)  # what a backup keeps (`tfdist.step.saved_state`)
 
     @classmethod
     def from_config(cls, config, **overrides):
@@ -172,69 +173,6 @@ class ModelAverager(TrainingHook):
     def replicas_of(self, strategy):
         """How the synchronisations reach the replicas: `strategy`'s (`Replicas`)."""
         return Replicas(strategy, self.wire_meter)
-
-    def saveables(self):
-        """The outer optimizer (its momentum and step): `BackupAndRestore` resumes it."""
-        return [self.outer_optimizer] if self.outer_optimizer is not None else []
-
-    def replica_state(self):
-        """Each replica's own weights, the anchors, an overlapped exchange's buffers and
-        the compressed exchanges' state: a backup between two synchronisations resumes
-        every replica where it was."""
-        hooks = [h for h in [*self.exchanges, self.warmup.exchange] if h is not None]
-        syncs = self.rounds.synchronisers
-        return [*self.weights, *(self.anchors.tensors if self.anchors else []),
-                *(v for s in syncs for v in s.sent), *(v for s in syncs for v in s.received),
-                *(v for hook in hooks for v in hook.replica_state()),
-                *(s.rows for s in syncs)]
-
-    def replica_state_rules(self):
-        """How `replica_state()` goes onto another number of replicas (`tfdist.step.resize`):
-        the weights, what an exchange sent and the rows trained since the last
-        synchronisation, by their mean (a synchronisation's); the
-        anchors, and what an exchange received, kept (everyone's: DiLoCo's outer state);
-        the compressed exchanges' state by its own rules — afresh between islands, where it
-        is held by shard (`IslandReduce.shard`)."""
-        hooks = [h for h in [*self.exchanges, self.warmup.exchange] if h is not None]
-        syncs = self.rounds.synchronisers
-        return (["mean"] * len(self.weights) + ["shared"] * len(self.anchors or [])
-                + ["mean"] * sum(len(s.sent) for s in syncs)
-                + ["shared"] * sum(len(s.received) for s in syncs)
-                + [rule if self.across is None else "afresh" for hook in hooks
-                   for rule in hook.replica_state_rules()]
-                + ["mean"] * len(syncs))
-
-    def checkpoint_state(self):
-        """Where the synchronisation schedule stands (the same on every worker)."""
-        return {**self.schedule.state(), **self.agreement.state(), **self.warmup.state()}
-
-    def restore_checkpoint_state(self, state):
-        """Takes back `checkpoint_state()`; anything else is a one-line CheckpointError."""
-        parts = (self.schedule, self.agreement, self.warmup)
-        if not (isinstance(state, dict) and set(state) == set(self.checkpoint_state())
-                and all(part.valid(state) for part in parts)):
-            raise CheckpointError(f"the backup's local SGD schedule cannot be used with "
-                                  f"{self.schedule.count} fragment(s): {str(state)[:200]}")
-        for part in parts:
-            part.restore(state)
-
-    def restore_resized_checkpoint_state(self, state, old, new):
-        """A backup of `old` replicas into this run's `new`: the schedule (where the
-        synchronisations and the warm-up stand) is kept; heterogeneous islands' counts
-        start again from `island_steps` (measured again under "auto": the islands
-        changed), as does the warm-up exchange's `compression: auto` choice."""
-        pace = self.agreement.pacing
-        if isinstance(state, dict):  # this run's own, for what was measured on the old one
-            state = {**state, **({"pace": pace.pace.state()} if pace is not None else {}),
-                     **({"auto": None} if self.warmup.chooses else {})}
-        self.restore_checkpoint_state(state)
-        again = ([f"island_steps starts again from "
-                  f"{'a new measurement' if pace.pace.measured else 'its counts'}"]
-                 if pace is not None else []) + (
-            ["the warm-up's compression: auto measures again"] if self.warmup.chooses else [])
-        if again:
-            print(f"tfdist: local SGD was on {old} replicas and this run has {new}: "
-                  + "; ".join(again), flush=True)
 
     def prepare(self, step):
         self.warmup.prepare(step)

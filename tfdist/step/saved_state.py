@@ -1,6 +1,7 @@
 """What a backup keeps of the hooks — the `Stateful` protocol, apart from the hook
-contract (`tfdist.step.hooks`): a hook that holds state defines any of its methods, and
-`SavedState` reads each one it has (the others mean "nothing to keep").
+contract (`tfdist.step.hooks`): a hook that holds state defines any of its methods — or
+gives an object that does as its `stateful` attribute, looked up the way `abilities` are —
+and `SavedState` reads each one it has (the others mean "nothing to keep").
 
     saveables()               Keras objects whose state a checkpoint of the optimizer
                               must hold (DiLoCo's outer optimizer), after `build`
@@ -37,8 +38,13 @@ class Stateful(Protocol):
     def restore_resized_checkpoint_state(self, state, old, new): ...
 
 
+def stateful(hook):
+    """What holds `hook`'s saved state: its `stateful` attribute, else the hook itself."""
+    return getattr(hook, "stateful", None) or hook
+
+
 def _call(hook, name, default, *args):
-    method = getattr(hook, name, None)
+    method = getattr(stateful(hook), name, None)
     return default if method is None else method(*args)
 
 
@@ -82,9 +88,9 @@ def restore_resized(hook, state, old, new):
     """A `checkpoint_state()` of a run on `old` replicas into this one on `new`: the
     hook's own `restore_resized_checkpoint_state` if it has one, else as it was saved —
     unless it `measures_the_cluster`: then it measures again, which it says in one line."""
-    if hasattr(hook, "restore_resized_checkpoint_state"):
-        return hook.restore_resized_checkpoint_state(state, old, new)
-    if not getattr(hook, "measures_the_cluster", False):
+    if hasattr(stateful(hook), "restore_resized_checkpoint_state"):
+        return stateful(hook).restore_resized_checkpoint_state(state, old, new)
+    if not getattr(stateful(hook), "measures_the_cluster", False):
         return _call(hook, "restore_checkpoint_state", None, state)
     print(f"tfdist: {type(hook).__name__}'s kept choice was measured on {old} replicas "
           f"and this run has {new}: it measures again", flush=True)

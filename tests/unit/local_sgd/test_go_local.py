@@ -233,7 +233,7 @@ def test_on_a_slow_link_plain_local_steps_begin_at_the_first_step(strategies, sl
     reference, fixed = fit(strategy, **shape)
     assert averager.averages == fixed.averages > 0
     assert_same_everywhere(strategy, model, reference)
-    assert averager.checkpoint_state()["warmup_steps"] == 0
+    assert averager.stateful.checkpoint_state()["warmup_steps"] == 0
 
 
 @pytest.mark.parametrize("link, outer", [("fixed_link", None), ("slow_link", "nesterov")])
@@ -284,7 +284,7 @@ def test_staying_synchronous_trains_exactly_as_autos_choice(strategies, fixed_li
     reference, _ = fit(strategy, period=PERIOD, warmup_steps=STEPS,
                        warmup_compression=METHODS[choice])
     assert_same_everywhere(strategy, model, reference)
-    assert averager.checkpoint_state()["warmup_steps"] is None
+    assert averager.stateful.checkpoint_state()["warmup_steps"] is None
 
 
 @pytest.mark.parametrize("policy", [None, "mixed_float16"])
@@ -304,7 +304,7 @@ def test_local_steps_begin_at_the_step_judged(strategies, fixed_link, verdict, p
                            **diloco)
     assert averager.averages == fixed.averages > 0
     assert_same_everywhere(strategy, model, reference)
-    assert averager.checkpoint_state()["warmup_steps"] == 4
+    assert averager.stateful.checkpoint_state()["warmup_steps"] == 4
 
 
 def test_a_fixed_warm_up_exchanged_by_auto_measures_and_trains_as_its_choice(strategies,
@@ -319,7 +319,7 @@ def test_a_fixed_warm_up_exchanged_by_auto_measures_and_trains_as_its_choice(str
     assert auto_hook.kept and auto_hook.decisions[0]["step"] == 4 and not averager.going_local
     reference, _ = fit(strategy, warmup_compression=METHODS[auto_hook.choice], **diloco)
     assert_same_everywhere(strategy, model, reference)
-    assert averager.checkpoint_state()["auto"]["choice"] == auto_hook.choice
+    assert averager.stateful.checkpoint_state()["auto"]["choice"] == auto_hook.choice
 
 
 @pytest.mark.parametrize("when", ["after auto's steps", "from the first step"])
@@ -375,13 +375,13 @@ def test_a_backup_with_an_impossible_decision_is_refused():
     averager.groups = [[0]]
     good = {"averages": 0, "anchored": False, "differ": [], "in_flight": [],
             "warmup_steps": 8, "auto": None}
-    averager.restore_checkpoint_state(good)
+    averager.stateful.restore_checkpoint_state(good)
     assert averager.warmup_steps == 8
     for bad in (-1, "8", 2.5, True):
         with pytest.raises(CheckpointError, match="local SGD schedule"):
-            averager.restore_checkpoint_state({**good, "warmup_steps": bad})
+            averager.stateful.restore_checkpoint_state({**good, "warmup_steps": bad})
     with pytest.raises(CheckpointError, match="local SGD schedule"):
-        averager.restore_checkpoint_state({k: v for k, v in good.items() if k != "auto"})
+        averager.stateful.restore_checkpoint_state({k: v for k, v in good.items() if k != "auto"})
 
 
 # --- the config ---------------------------------------------------------------------------

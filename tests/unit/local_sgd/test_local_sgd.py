@@ -113,11 +113,11 @@ def test_a_backup_schedule_it_cannot_use_is_one_line(strategies, state):
     model, _ = fit(strategy, [local := tfdist.callbacks.LocalSGD(period=2, fragments=2)],
                    steps=1)
     averager = local.averager
-    good = averager.checkpoint_state()
-    averager.restore_checkpoint_state(good)
-    assert averager.checkpoint_state() == good
+    good = averager.stateful.checkpoint_state()
+    averager.stateful.restore_checkpoint_state(good)
+    assert averager.stateful.checkpoint_state() == good
     with pytest.raises(CheckpointError, match="local SGD schedule cannot be used") as error:
-        averager.restore_checkpoint_state(state)
+        averager.stateful.restore_checkpoint_state(state)
     assert "\n" not in str(error.value)
 
 
@@ -135,14 +135,14 @@ def test_an_islands_backup_needs_its_count_of_attempted_steps(strategies, attemp
     _, _ = fit(strategy, [local := tfdist.callbacks.LocalSGD(period=2)], steps=1)
     averager = local.averager
     averager.agreement = IslandAgreement(strategy, islands=None)  # as islands of workers
-    good = {**averager.checkpoint_state(), "attempts": 5}
-    averager.restore_checkpoint_state(good)
-    assert averager.checkpoint_state() == good and int(averager.agreement.attempts.numpy()) == 5
+    good = {**averager.stateful.checkpoint_state(), "attempts": 5}
+    averager.stateful.restore_checkpoint_state(good)
+    assert averager.stateful.checkpoint_state() == good and int(averager.agreement.attempts.numpy()) == 5
     bad = {k: v for k, v in good.items() if k != "attempts" or attempts is not None}
     if attempts is not None:
         bad["attempts"] = attempts
     with pytest.raises(CheckpointError, match="local SGD schedule cannot be used") as error:
-        averager.restore_checkpoint_state(bad)
+        averager.stateful.restore_checkpoint_state(bad)
     assert "\n" not in str(error.value)
 
 
