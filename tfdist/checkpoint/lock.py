@@ -60,36 +60,49 @@ def acquire(directory, run_id):
     with _held_guard:
         held = _held.get(key)
         if held is not None:
-            if held.run_id != run_id:
-                raise LockedByAnother(f"{directory} is in use by another run of this process "
-                                      f"(run {held.run_id}); give this run another directory")
-            held.users += 1
-            return held
-        path = os.path.join(directory, LOCK)
-        while True:
-            descriptor = _open_lock_file(path)
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as error:
-                os.close(descriptor)
-                if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise LockedByAnother(f"{directory} is in use by another run "
-                                          f"({_holder(path)}): only one run writes a backup "
-                                          "directory at a time; give this run another "
-                                          "directory") from None
-                raise
-            # the holder before us may have removed the file as it let go: lock the file
-            # that is at the path now
-            try:
-                same = os.fstat(descriptor).st_ino == os.lstat(path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(descriptor)
+            return _share(held, directory, run_id)
+        descriptor = _lock_file(directory, os.path.join(directory, LOCK))
         _write_holder(descriptor, run_id)
         lock = _held[key] = _Lock(directory, descriptor, run_id)
         return lock
+
+
+def _share(held, directory, run_id):
+    """The lock this process holds, one more user of it if it is held for `run_id`."""
+    if held.run_id != run_id:
+        raise LockedByAnother(f"{directory} is in use by another run of this process "
+                              f"(run {held.run_id}); give this run another directory")
+    held.users += 1
+    return held
+
+
+def _lock_file(directory, path):
+    """A descriptor of the lock file `path` of `directory`, locked without waiting."""
+    while True:
+        descriptor = _open_lock_file(path)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            os.close(descriptor)
+            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise LockedByAnother(f"{directory} is in use by another run "
+                                      f"({_holder(path)}): only one run writes a backup "
+                                      "directory at a time; give this run another "
+                                      "directory") from None
+            raise
+        # the holder before us may have removed the file as it let go: lock the file that
+        # is at the path now
+        if _is_at(descriptor, path):
+            return descriptor
+        os.close(descriptor)
+
+
+def _is_at(descriptor, path):
+    """Whether the open file `descriptor` is the file at `path` now."""
+    try:
+        return os.fstat(descriptor).st_ino == os.lstat(path).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _open_lock_file(path):

@@ -25,7 +25,7 @@ import numpy as np
 
 from tfdist.checkpoint import CheckpointError, CheckpointStore
 from tfdist.checkpoint.files import check_path
-from tfdist.checkpoint.store import check_json
+from tfdist.checkpoint.json_values import check_json
 from tfdist.keras import replica_state_file as replica_file
 from tfdist.keras.written import writing
 from tfdist.loop.driver import before_backup

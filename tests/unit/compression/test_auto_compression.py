@@ -497,7 +497,7 @@ def test_a_decision_on_a_link_too_noisy_to_fit_is_saved_and_restored(capsys):
     a preempted job died saving it) and come back as that same free link."""
     import math
 
-    from tfdist.checkpoint.store import json_text
+    from tfdist.checkpoint.json_values import json_text
 
     hook = AutoCompression(probe_steps=6)
     hook.chief = True
