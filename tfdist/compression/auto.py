@@ -80,10 +80,9 @@ def _hook(options, seed):
     return GradientCompression(compressor, error_feedback=error_feedback, seed=seed, **exchange)
 
 
-def _chooser_attribute(name):
+def _chooser_attribute(name, doc):
     """The chooser's `name`, read through the hook."""
-    return property(lambda self: getattr(self.chooser, name),
-                    doc=f"`Chooser.{name}` of the hook's chooser.")
+    return property(lambda self: getattr(self.chooser, name), doc=doc)
 
 
 class AutoCompression(Switching):
@@ -104,22 +103,20 @@ class AutoCompression(Switching):
             the method measured.
         max_quality_loss: points of mean IoU a method may lose against `none` (`QUALITY`).
         seed: seed of the candidates' random choices.
-
-    Attributes:
-        choice: the method in use ("probe" before the link is timed, at the first step).
-        decisions: one dict per decision: step, link, the method measured (`prior`) and
-            its `prior_seconds` per step, compute seconds, predictions, choice, the step
-            time measured with it (and a choice `rejected` by its measurement).
     """
 
     replaces_exchange = True
     #: What strategy checks read of a compression hook (its name, and that it compresses).
     compressor = types.SimpleNamespace(name="auto", compresses=True)
     measures_the_cluster = True
-    choice = _chooser_attribute("choice")
-    decisions = _chooser_attribute("decisions")
-    link = _chooser_attribute("link")
-    kept = _chooser_attribute("kept")
+    choice = _chooser_attribute("choice", "The method in use (\"probe\" before the link is "
+                                "timed, at the first step).")
+    decisions = _chooser_attribute(
+        "decisions", "One dict per decision: step, link, the method measured (`prior`) and "
+        "its `prior_seconds` per step, compute seconds, predictions, choice, the step time "
+        "measured with it (and a choice `rejected` by its measurement).")
+    link = _chooser_attribute("link", "The `cost_model.Link` decided on (None before).")
+    kept = _chooser_attribute("kept", "Whether the method in use was measured and kept.")
 
     def __init__(self, *, probe_steps=20, probe_seconds=5.0, check_every=200, drift=0.3,
                  max_quality_loss=1.0, min_gain=0.05, seed=0):
