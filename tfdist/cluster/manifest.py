@@ -113,19 +113,29 @@ def tfjob_manifest(config, *, image, command, name=None, namespace="default", ma
     if config.cluster is None:
         raise ClusterError("the config has no cluster: section to turn into a TFJob")
     name = _checked_name(config, name)
+    _check_arguments(namespace, image, command, max_restarts, grace_seconds)
+    replicas = _replica_specs(config, image, command, grace_seconds,
+                              "ExitCode" if max_restarts > 0 else "Never")
+    return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"runPolicy": _run_policy(max_restarts), "tfReplicaSpecs": replicas}}
+
+
+def _check_arguments(namespace, image, command, max_restarts, grace_seconds):
+    """Raises `ClusterError` unless the TFJob's arguments besides its name are valid."""
     dns_name(namespace, "--namespace")
     check_image(image)
     check_argv(command)
     check_max_restarts(max_restarts, "backoffLimit")
     check_grace_seconds(grace_seconds)
-    replicas = _replica_specs(config, image, command, grace_seconds,
-                              "ExitCode" if max_restarts > 0 else "Never")
+
+
+def _run_policy(max_restarts):
+    """The TFJob's runPolicy: running pods cleaned up, and a backoff limit if restarted."""
     run_policy = {"cleanPodPolicy": "Running"}
     if max_restarts > 0:
         run_policy["backoffLimit"] = int(max_restarts)
-    return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"runPolicy": run_policy, "tfReplicaSpecs": replicas}}
+    return run_policy
 
 
 def _checked_name(config, name):

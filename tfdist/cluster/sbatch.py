@@ -52,6 +52,15 @@ def batch_script(config, command, *, ntasks=None, options=(), tfdist=None,
         ClusterError: not a slurm config, too few tasks, or a value that is not one
             visible-ASCII word.
     """
+    ntasks = _checked_ntasks(config, ntasks)
+    check_grace_seconds(grace_seconds)
+    lines = _directives(config, ntasks, options, grace_seconds)
+    srun_line = _srun_line(config, command, tfdist)
+    return "\n".join(lines + ["set -uo pipefail", *_PREEMPTIBLE(srun_line)]) + "\n"
+
+
+def _checked_ntasks(config, ntasks):
+    """The script's task count: `ntasks`, by default the fewest the slurm config fits."""
     slurm = config.cluster
     if getattr(slurm, "scheduler", None) != "slurm":
         raise ClusterError(f"tfdist sbatch needs a config with `cluster: {{slurm: {{...}}}}`; "
@@ -62,26 +71,34 @@ def batch_script(config, command, *, ntasks=None, options=(), tfdist=None,
         raise ClusterError(f"--ntasks must be at least {slurm.minimum_tasks} for this config "
                            f"(chief {slurm.chief}, ps {slurm.ps}, evaluator {slurm.evaluator} "
                            f"and one worker). Received: --ntasks={ntasks}")
-    check_grace_seconds(grace_seconds)
+    return ntasks
+
+
+def _directives(config, ntasks, options, grace_seconds):
+    """The script's head: the shebang, a comment on the layout and the #SBATCH lines."""
     name = one_line(config.path or "a config").encode("ascii", "backslashreplace").decode()
     size = [f"#SBATCH --ntasks={ntasks}"] if config.elastic is None else \
         _elastic_size(config, ntasks, options)
     lines = ["#!/bin/bash", f"# Written by tfdist sbatch for {name}: "
              f"{'up to ' if config.elastic else ''}{ntasks} TF task(s), "
-             f"{_layout(slurm, ntasks)}.",
+             f"{_layout(config.cluster, ntasks)}.",
              *size, f"#SBATCH --signal=B:TERM@{grace_seconds}",
              "#SBATCH --requeue", "#SBATCH --open-mode=append"]  # a requeued run's log after
     # the preempted one's, not over it
     lines += [f"#SBATCH --{name}={_checked(name, value)}" for name, value in options
               if value is not None]
+    return lines
+
+
+def _srun_line(config, command, tfdist):
+    """The srun command that starts every task, as one line of bash words."""
     config_path = os.path.abspath(config.path) if config.path else "CONFIG"
     tfdist = list(tfdist or (sys.executable, "-m", "tfdist"))
     srun = ["srun", *SRUN_OPTIONS, *tfdist, "exec", config_path, "--", *command]
     nul = next((word for word in srun if "\0" in word), None)
     if nul is not None:  # no command line can carry one
         raise ClusterError(f"a command argument cannot hold a NUL character. Received: {nul!r}")
-    srun_line = " ".join(shell_word(word) for word in srun)
-    return "\n".join(lines + ["set -uo pipefail", *_PREEMPTIBLE(srun_line)]) + "\n"
+    return " ".join(shell_word(word) for word in srun)
 
 
 def shell_word(text):

@@ -186,11 +186,28 @@ def check_matches(cluster, parsed, config_name="the config", places=None):
     if isinstance(parsed, str):
         parsed = parse_tf_config(parsed)
     if parsed is None:
-        if len(cluster.tasks()) == 1:
-            return
+        _check_alone(cluster, config_name)
+        return
+    task, name, actual = _described_task(parsed)
+    if getattr(cluster, "scheduler", None):  # cluster: slurm: the step's workers are the rest
+        cluster = cluster.with_workers(len(actual.get("worker", ())))
+    elif places is not None:
+        cluster = _elastic_size(cluster, places, name, config_name)
+    expected = cluster.jobs()
+    _check_counts(expected, actual, task, name, config_name)
+    _check_addresses(expected, actual, name, config_name)
+
+
+def _check_alone(cluster, config_name):
+    """Raises `ClusterError` unless a process without TF_CONFIG is the cluster's one task."""
+    if len(cluster.tasks()) != 1:
         raise ClusterError(f"{config_name} describes a cluster of {len(cluster.tasks())} tasks "
                            "but TF_CONFIG is not set, so this process would train alone; run "
                            "it under `tfdist launch` (or the Kubeflow operator)")
+
+
+def _described_task(parsed):
+    """(task, its ``type:index`` name, {job: addresses}) of a parsed TF_CONFIG."""
     try:
         task = parsed["task"]
         name = f"{task['type']}:{int(task['index'])}"
@@ -198,18 +215,26 @@ def check_matches(cluster, parsed, config_name="the config", places=None):
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ClusterError(f"TF_CONFIG is not a valid task description ({e}). "
                            f"Received: TF_CONFIG={shown(json.dumps(parsed))}") from None
-    if getattr(cluster, "scheduler", None):  # cluster: slurm: the step's workers are the rest
-        cluster = cluster.with_workers(len(actual.get("worker", ())))
-    elif places is not None:
-        cluster = _elastic_size(cluster, places, name, config_name)
-    expected = cluster.jobs()
-    counts = lambda jobs: {job: len(addresses) for job, addresses in jobs.items() if addresses}
-    if counts(actual) != counts(expected):
+    return task, name, actual
+
+
+def _counts(jobs):
+    """{job: task count} of the jobs that have tasks."""
+    return {job: len(addresses) for job, addresses in jobs.items() if addresses}
+
+
+def _check_counts(expected, actual, task, name, config_name):
+    """Raises `ClusterError` unless TF_CONFIG has the config's task counts and the task."""
+    if _counts(actual) != _counts(expected):
         raise ClusterError(f"TF_CONFIG of task {name} disagrees with {config_name}: its cluster "
-                           f"has {counts(actual)} tasks, the config {counts(expected)}")
+                           f"has {_counts(actual)} tasks, the config {_counts(expected)}")
     if int(task["index"]) >= len(actual.get(task["type"], ())):
         raise ClusterError(f"TF_CONFIG names task {name}, which is not in its cluster "
-                           f"{counts(actual)}")
+                           f"{_counts(actual)}")
+
+
+def _check_addresses(expected, actual, name, config_name):
+    """Raises `ClusterError` if TF_CONFIG moves a task whose address the config fixes."""
     for job, addresses in expected.items():
         for index, address in enumerate(addresses):
             if address.port is None:

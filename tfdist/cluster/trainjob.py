@@ -36,9 +36,8 @@ def longest_pod_suffix(counts):
     return max(len(f"-{job}-0-{count - 1}") for job, count in counts.items()) + POD_NAME_RANDOM
 
 
-def trainjob_manifests(config, *, image, command, config_path, name=None,
-                       namespace="default", max_restarts=0,
-                       grace_seconds=DEFAULT_GRACE_SECONDS):
+def trainjob_manifests(config, *, image, command, config_path, name=None, namespace="default",
+                       max_restarts=0, grace_seconds=DEFAULT_GRACE_SECONDS):
     """The TrainingRuntime and TrainJob for `config`'s cluster.
 
     Args:
@@ -69,17 +68,27 @@ def trainjob_manifests(config, *, image, command, config_path, name=None,
     """
     counts = task_counts(config)
     name = _checked_name(config, name, counts)
-    dns_name(namespace, "--namespace")
-    check_image(image, MAX_IMAGE_LENGTH)
-    check_max_restarts(max_restarts, "failurePolicy.maxRestarts")
-    check_grace_seconds(grace_seconds)
-    argv = ["tfdist", "exec", *check_argv([str(config_path)], "the config path"), "--",
-            *check_argv(command)]
+    _check_arguments(namespace, image, max_restarts, grace_seconds)
+    argv = _exec_argv(config_path, command)
     trainer_job = "worker" if "worker" in counts else next(iter(counts))
     runtime = training_runtime(config, counts, image=image, argv=argv, name=f"tfdist-{name}",
                                namespace=namespace, trainer_job=trainer_job,
                                max_restarts=max_restarts, grace_seconds=grace_seconds)
     return [runtime, _train_job(name, namespace, runtime, image, argv, counts[trainer_job])]
+
+
+def _check_arguments(namespace, image, max_restarts, grace_seconds):
+    """Raises `ClusterError` unless the namespace, image and limits are valid."""
+    dns_name(namespace, "--namespace")
+    check_image(image, MAX_IMAGE_LENGTH)
+    check_max_restarts(max_restarts, "failurePolicy.maxRestarts")
+    check_grace_seconds(grace_seconds)
+
+
+def _exec_argv(config_path, command):
+    """Every container's argv: ``tfdist exec CONFIG -- COMMAND``, each argument checked."""
+    return ["tfdist", "exec", *check_argv([str(config_path)], "the config path"), "--",
+            *check_argv(command)]
 
 
 def _train_job(name, namespace, runtime, image, argv, nodes):

@@ -211,7 +211,18 @@ def clean_stale(tmp_root):
     Returns:
         (directories removed, processes killed).
     """
-    uid, dirs, dead = os.getuid(), 0, {}
+    dead = _dead_launch_dirs(tmp_root)
+    killed = _kill_tagged_by_dead(tmp_root)
+    dirs = 0
+    for path in dead:
+        shutil.rmtree(path, ignore_errors=True)
+        dirs += not os.path.lexists(path)
+    return dirs, killed
+
+
+def _dead_launch_dirs(tmp_root):
+    """The private directories under `tmp_root` of this user's launchers that are dead."""
+    uid, dead = os.getuid(), []
     try:
         entries = os.listdir(tmp_root)
     except OSError:
@@ -225,10 +236,15 @@ def clean_stale(tmp_root):
             st = os.lstat(path)
         except OSError:
             continue
-        if (st.st_uid != uid or not _is_dir(st.st_mode)
-                or _launcher_alive(int(match[1]), int(match[2]))):
-            continue
-        dead[path] = True
+        if st.st_uid == uid and _is_dir(st.st_mode) and not _launcher_alive(int(match[1]),
+                                                                            int(match[2])):
+            dead.append(path)
+    return dead
+
+
+def _kill_tagged_by_dead(tmp_root):
+    """SIGKILLs every process (but this one) tagged by a dead launcher under `tmp_root`;
+    returns how many."""
     me, killed = os.getpid(), 0
     for pid in _table():
         if pid == me:
@@ -244,10 +260,7 @@ def clean_stale(tmp_root):
                 killed += 1
             except OSError:
                 pass
-    for path in dead:
-        shutil.rmtree(path, ignore_errors=True)
-        dirs += not os.path.lexists(path)
-    return dirs, killed
+    return killed
 
 
 def _is_dir(mode):

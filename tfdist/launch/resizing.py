@@ -49,34 +49,54 @@ class Resizer:
         size (a loss, or the agreed stop of a take-back), `DONE` if a task finished
         training meanwhile (`_finished_meanwhile`), False to handle it as any job."""
         if (self._taking_back and elastic.stop_code(code)) or code == elastic.PREEMPTED:
-            if not self._taking_back:  # preempted from outside: all save at an agreed step
-                self.job.log(f"{task.name} {reason} (preempted: every task saves at an agreed "
-                         "step); restarting the job, not counted against --max-restarts")
-            self._wait_for_stop()
-            if self._finished_meanwhile(task):
-                return DONE
-            return self._restart_resized(taking_back=True)
+            return self._stopped_together(task, reason)
         if self._taking_back and code == 0:
             return False  # the job's end: as always
         self._taking_back = None
-        settle = time.monotonic() + elastic.SETTLE_SECONDS  # failures of the same moment
-        while time.monotonic() < settle and any(t.poll() is None for t in self.job.tasks if t.proc):
-            time.sleep(_POLL_SECONDS)
+        self._settle()
         lost = elastic.lost_tasks(self.job.tasks, task)
+        said = self._what_was_lost(task, reason, lost)
+        self.job.kill_all()  # what is left holds nothing the last backup does not
+        if self.discovery is not None:
+            self.discovery.forget()
+        if self.places.size() - len(lost) < self.places.min_workers:
+            self.job.log(f"{task.name} {reason}; {self.places.size() - len(lost)} of "
+                         f"{self.places.members} workers left, fewer than --min-workers "
+                         f"{self.places.min_workers}")
+            return False
+        self._lose(lost, said)
+        return self._restart_resized(taking_back=False)
+
+    def _stopped_together(self, task, reason):
+        """`task` stopped at the agreed step (a take-back, or a preemption): the job
+        restarts with the places due, or is `DONE` if a task finished meanwhile."""
+        if not self._taking_back:  # preempted from outside: all save at an agreed step
+            self.job.log(f"{task.name} {reason} (preempted: every task saves at an agreed "
+                         "step); restarting the job, not counted against --max-restarts")
+        self._wait_for_stop()
+        if self._finished_meanwhile(task):
+            return DONE
+        return self._restart_resized(taking_back=True)
+
+    def _settle(self):
+        """Waits a moment for the failures of the same moment (`elastic.SETTLE_SECONDS`)."""
+        settle = time.monotonic() + elastic.SETTLE_SECONDS
+        while time.monotonic() < settle and any(
+                t.poll() is None for t in self.job.tasks if t.proc):
+            time.sleep(_POLL_SECONDS)
+
+    def _what_was_lost(self, task, reason, lost):
+        """The log's account of the `lost` tasks (indices), `task` among them or not."""
         said = "; ".join(f"{self.job.tasks[i].name} " + (
             reason if self.job.tasks[i] is task else "was frozen (stopped)"
             if self.job.tasks[i].poll() is None else
             f"exited with code {exit_code(self.job.tasks[i].poll())}") for i in lost)
         if task not in [self.job.tasks[i] for i in lost]:
             said += f" ({task.name} {reason}: its collectives lost a peer)"
-        self.job.kill_all()  # what is left holds nothing the last backup does not
-        if self.discovery is not None:
-            self.discovery.forget()
-        if self.places.size() - len(lost) < self.places.min_workers:
-            self.job.log(f"{task.name} {reason}; {self.places.size() - len(lost)} of "
-                     f"{self.places.members} workers left, fewer than --min-workers "
-                     f"{self.places.min_workers}")
-            return False
+        return said
+
+    def _lose(self, lost, said):
+        """Loses the `lost` places (and takes back those due), and logs when they return."""
         now = time.monotonic()
         places = self.places.lose(lost, now)
         self.places.take_back(now, self._room(now))  # due meanwhile: back with this restart
@@ -84,9 +104,8 @@ class Resizer:
         when = f"in {offered:.0f} s" + (", once --discover reports room for it"
                                          if self.discovery is not None else "")
         self.job.log(f"{said}; going on with {self.places.size()} of "
-                 f"{self.places.members} workers (--min-workers {self.places.min_workers}) "
-                 f"from the last backup; the lost place is offered back {when}")
-        return self._restart_resized(taking_back=False)
+                     f"{self.places.members} workers (--min-workers {self.places.min_workers}) "
+                     f"from the last backup; the lost place is offered back {when}")
 
     def take_back_when_due(self):
         """A lost place whose time has come: asks every task to stop at one agreed step."""

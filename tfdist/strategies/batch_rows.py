@@ -105,15 +105,8 @@ def replica_batch_size(context, global_batch_size):
             number of replicas, or is not divided by the replicas of one pipeline (several
             replicas of one pipeline take batches of one size).
     """
-    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, numbers.Integral):
-        raise ValueError("replica_batch_size needs the global batch as a whole number of "
-                         f"rows. Received: global_batch_size={global_batch_size!r}")
-    try:
-        replicas, pipelines = context.num_replicas_in_sync, context.num_input_pipelines
-        pipeline = context.input_pipeline_id
-    except AttributeError:
-        raise TypeError("replica_batch_size needs the tf.distribute.InputContext a dataset "
-                        f"function receives. Received: context={context!r:.80}") from None
+    _check_whole(global_batch_size)
+    replicas, pipelines, pipeline = _pipelines(context)
     if global_batch_size < replicas:
         raise ValueError(f"a global batch of {global_batch_size} rows leaves a replica of "
                          f"{replicas} without any: use at least {replicas}. Received: "
@@ -127,6 +120,23 @@ def replica_batch_size(context, global_batch_size):
                          f"{replicas}. Received: global_batch_size={global_batch_size}")
     share, more = divmod(int(global_batch_size), pipelines)
     return share + (pipeline < more)
+
+
+def _check_whole(global_batch_size):
+    """Raises `ValueError` unless `global_batch_size` is an integer (not a bool)."""
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, numbers.Integral):
+        raise ValueError("replica_batch_size needs the global batch as a whole number of "
+                         f"rows. Received: global_batch_size={global_batch_size!r}")
+
+
+def _pipelines(context):
+    """(replicas, input pipelines, this pipeline's id) of an input `context`."""
+    try:
+        replicas, pipelines = context.num_replicas_in_sync, context.num_input_pipelines
+        return replicas, pipelines, context.input_pipeline_id
+    except AttributeError:
+        raise TypeError("replica_batch_size needs the tf.distribute.InputContext a dataset "
+                        f"function receives. Received: context={context!r:.80}") from None
 
 
 def _stack():

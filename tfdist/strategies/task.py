@@ -133,6 +133,11 @@ def barrier(strategy, timeout_seconds=BARRIER_SECONDS):
         tf.function(lambda: strategy.reduce(
             "SUM", strategy.run(lambda: tf.constant(1.0)), axis=None))()
         return
+    _wait_at_barrier(strategy, resolver, timeout_seconds)
+
+
+def _wait_at_barrier(strategy, resolver, timeout_seconds):
+    """The coordination service's barrier of this call (its id counted per strategy)."""
     key = getattr(strategy, "_collective_key_base", id(strategy))
     _BARRIERS[key] += 1
     barrier_id = f"tfdist/barrier/{key}/{_BARRIERS[key]}"
