@@ -110,40 +110,12 @@ class MinSize(Wrapper):
         `per_tensor_state` prefixes: PowerSGD's Q) renumbered; the rest shared."""
         _, large, layout = self.split(shapes)
         keep = [large.index(i) for i in present if i in large]
-        ends = np.cumsum((0, *layout.padded_sizes))
-        positions = tf.constant(np.concatenate(
-            [np.arange(ends[k], ends[k + 1]) for k in keep] or [np.zeros(0, int)]), tf.int32)
+        positions = _buffer_positions(layout, keep)
         prefixes = getattr(self.inner, "per_tensor_state", ())
-
-        def renamed(key, numbering):
-            for prefix in prefixes:
-                if key.startswith(prefix) and key[len(prefix):].isdigit():
-                    number = int(key[len(prefix):])
-                    return None if number not in numbering else f"{prefix}{numbering[number]}"
-            return key
-
         forward = {old: new for new, old in enumerate(keep)}
-        part = {}
-        for key, value in state.items():
-            if value.shape.rank == 1 and value.shape[0] == layout.size and key == renamed(
-                    key, forward):
-                part[key] = tf.gather(value, positions)
-            elif renamed(key, forward) is not None:
-                part[renamed(key, forward)] = value
-
-        def put_back(new):
-            whole = dict(state)
-            backward = dict(enumerate(keep))
-            for key, value in new.items():
-                original = renamed(key, backward)
-                if original in state and state[original].shape != value.shape:
-                    whole[original] = tf.tensor_scatter_nd_update(
-                        state[original], positions[:, None], value)
-                else:
-                    whole[original] = value
-            return whole
-
-        return part, put_back
+        part = _state_part(state, layout.size, positions, forward, prefixes)
+        backward = dict(enumerate(keep))
+        return part, lambda new: _put_back(state, new, positions, backward, prefixes)
 
     def exchange(self, tensors, state, comm, seeds):
         """(the summed tensors, the new state)."""
@@ -172,3 +144,47 @@ class MinSize(Wrapper):
             summed.update(zip(chosen, unpack(total, layout)))
         summed.update(zip(small, comm.all_reduce_fused([tensors[i] for i in small])))
         return [summed[i] for i in range(len(tensors))]
+
+
+def _buffer_positions(layout, keep):
+    """The buffer positions (tf.int32) of the tensors `keep` (indices into `layout`)."""
+    ends = np.cumsum((0, *layout.padded_sizes))
+    return tf.constant(np.concatenate(
+        [np.arange(ends[k], ends[k + 1]) for k in keep] or [np.zeros(0, int)]), tf.int32)
+
+
+def _renamed(key, numbering, prefixes):
+    """`key` with the tensor number after one of `prefixes` renumbered by `numbering`
+    (None: a tensor `numbering` leaves out); any other key as it is."""
+    for prefix in prefixes:
+        if key.startswith(prefix) and key[len(prefix):].isdigit():
+            number = int(key[len(prefix):])
+            return None if number not in numbering else f"{prefix}{numbering[number]}"
+    return key
+
+
+def _state_part(state, size, positions, numbering, prefixes):
+    """The entries of `state` for the kept tensors: flat ones (`size` values) gathered at
+    `positions`, per-tensor ones renumbered by `numbering`, the rest shared."""
+    part = {}
+    for key, value in state.items():
+        if value.shape.rank == 1 and value.shape[0] == size and key == _renamed(
+                key, numbering, prefixes):
+            part[key] = tf.gather(value, positions)
+        elif _renamed(key, numbering, prefixes) is not None:
+            part[_renamed(key, numbering, prefixes)] = value
+    return part
+
+
+def _put_back(state, new, positions, numbering, prefixes):
+    """`state` with the restricted state `new` put in (`numbering`: back to the whole
+    state's tensor numbers; flat entries scattered back at `positions`)."""
+    whole = dict(state)
+    for key, value in new.items():
+        original = _renamed(key, numbering, prefixes)
+        if original in state and state[original].shape != value.shape:
+            whole[original] = tf.tensor_scatter_nd_update(
+                state[original], positions[:, None], value)
+        else:
+            whole[original] = value
+    return whole

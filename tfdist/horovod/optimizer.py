@@ -211,21 +211,31 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     """
     basics.size()  # Horovod's error before init
     check_options(None, num_groups, groups, process_set, gradient_predivide_factor)
-    passes = backward_passes_per_step
+    passes = _checked_passes(backward_passes_per_step)
+    optimizer, scale = _accumulating(keras.optimizers.get(optimizer), passes,
+                                     average_aggregated_gradients)
+    return with_gradient_pipeline(optimizer, GradientPipeline(
+        exchange_hooks(op, compression, sparse_as_dense, scale, passes)))
+
+
+def _checked_passes(passes):
+    """`backward_passes_per_step` as an int (ValueError: not 1 to `MAX_PASSES` batches)."""
     if isinstance(passes, bool) or not isinstance(passes, numbers.Integral) \
             or not 1 <= passes <= MAX_PASSES:
         raise ValueError("backward_passes_per_step must be a whole number of batches, 1 to "
                          f"{MAX_PASSES:,}. Received: backward_passes_per_step={shown(passes)}")
-    passes = int(passes)
-    optimizer = keras.optimizers.get(optimizer)
-    scale = 1.0
-    if passes > 1:
-        if optimizer.gradient_accumulation_steps:
-            raise ValueError("give backward_passes_per_step or the optimizer's "
-                             "gradient_accumulation_steps, not both. Received: "
-                             f"gradient_accumulation_steps={optimizer.gradient_accumulation_steps}")
-        config = {**optimizer.get_config(), "gradient_accumulation_steps": passes}
-        optimizer = type(optimizer).from_config(config)  # Keras averages the passes
-        scale = 1.0 if average_aggregated_gradients else float(passes)
-    return with_gradient_pipeline(optimizer, GradientPipeline(
-        exchange_hooks(op, compression, sparse_as_dense, scale, passes)))
+    return int(passes)
+
+
+def _accumulating(optimizer, passes, average_aggregated_gradients):
+    """`optimizer` updating every `passes` batches (Keras' own accumulation), and the
+    scale of the exchanged gradients (their sum unless `average_aggregated_gradients`)."""
+    if passes == 1:
+        return optimizer, 1.0
+    if optimizer.gradient_accumulation_steps:
+        raise ValueError("give backward_passes_per_step or the optimizer's "
+                         "gradient_accumulation_steps, not both. Received: "
+                         f"gradient_accumulation_steps={optimizer.gradient_accumulation_steps}")
+    config = {**optimizer.get_config(), "gradient_accumulation_steps": passes}
+    optimizer = type(optimizer).from_config(config)  # Keras averages the passes
+    return optimizer, 1.0 if average_aggregated_gradients else float(passes)

@@ -125,23 +125,11 @@ class ModelAverager(TrainingHook):
     in_sync = property(lambda self: self.schedule.in_sync, doc="Every replica holds one model.")
 
     def build(self, strategy, variables):
-        if strategy.num_replicas_in_sync > 1 and not capabilities_of(strategy).local_sgd:
-            raise UnsupportedError(
-                "local SGD needs replicas that hold their own copy of the weights "
-                f"([{', '.join(names_with('local_sgd'))}]); under "
-                f"{type(strategy).__name__} variables are stored once. Received: "
-                f"strategy={type(strategy).__name__}")
+        """Builds the synchronisations of `variables` across `strategy`'s replicas."""
+        _check_holds_copies(strategy)
         self.strategy = strategy
         self.replicas = replicas = self.replicas_of(strategy)
-        if self.islands is not None and strategy.num_replicas_in_sync > 1:
-            self.island_reduce = IslandReduce(strategy, self.islands)
-        pacing = _pacing(self, strategy) if self.island_steps is not None else None
-        if self.island_reduce is not None and self.island_reduce.multi_worker:
-            self.agreement = IslandAgreement(strategy, self.island_reduce, pacing, self.wire_meter)
-        self.pace = pacing.pace if pacing is not None else None
-        # islands of workers exchange between them hierarchically
-        self.across = across = (self.island_reduce if self.agreement.decides_alone
-                                and self.island_reduce.across is not None else None)
+        pacing = self._build_islands(strategy)
         sizes = [int(v.shape.num_elements()) for v in variables]
         self.model_bytes, self.model_sizes = 4 * sum(sizes), sizes
         self.groups = fragmenting.split(sizes, self.fragments)
@@ -149,26 +137,30 @@ class ModelAverager(TrainingHook):
         if self.compression is not None or self.outer is not None:
             self.anchors = Anchors(variables, self.outer)
             self.outer_optimizer = self.anchors.optimizer
-        warmup = self.warmup.exchange
-        if isinstance(warmup, AutoCompression):  # never between islands
-            warmup.build(strategy, variables)
-        elif warmup is not None and self.warmup.steps > 0:
-            warmup.build(strategy, variables, shapes=exchanged_shapes(across, sizes))
-        self.exchanges = [None] * len(self.groups)
-        if self.compression is not None:
-            self.exchanges = [self.compression if i == 0 else build(self.compression.get_config())
-                              for i in range(len(self.groups))]
-            for hook, group in zip(self.exchanges, self.groups):
-                hook.build(strategy, [self.anchors.tensors[i] for i in group],
-                           shapes=exchanged_shapes(across, [sizes[i] for i in group]))
+        _build_warmup(self.warmup, strategy, variables, self.across, sizes)
+        self.exchanges = _fragment_exchanges(self, strategy, sizes)
         self.rounds = Rounds(self.warmup, self.schedule, [FragmentSync(
-            group, replicas, self.anchors, hook, across, self.agreement, pacing,
+            group, replicas, self.anchors, hook, self.across, self.agreement, pacing,
             bool(self.overlap_steps), [variables[i].shape for i in group])
             for group, hook in zip(self.groups, self.exchanges)], self.agreement, pacing,
             self.overlap_mix, lambda model: replicas.apart_state(
                 model, self.average_non_trainable, self.average_optimizer_state))
         self.abilities = (self.rounds,) + ((IslandCalls(self, self.agreement, self.pace),)
                                            if self.agreement.decides_alone else ())
+
+    def _build_islands(self, strategy):
+        """The islands' reduce, agreement, pace and exchange between them on `strategy`;
+        returns heterogeneous islands' `Pacing` (None without `island_steps`)."""
+        if self.islands is not None and strategy.num_replicas_in_sync > 1:
+            self.island_reduce = IslandReduce(strategy, self.islands)
+        pacing = _pacing(self, strategy) if self.island_steps is not None else None
+        if self.island_reduce is not None and self.island_reduce.multi_worker:
+            self.agreement = IslandAgreement(strategy, self.island_reduce, pacing, self.wire_meter)
+        self.pace = pacing.pace if pacing is not None else None
+        # islands of workers exchange between them hierarchically
+        self.across = (self.island_reduce if self.agreement.decides_alone
+                       and self.island_reduce.across is not None else None)
+        return pacing
 
     def replicas_of(self, strategy):
         """How the synchronisations reach the replicas: `strategy`'s (`Replicas`)."""
@@ -225,6 +217,37 @@ class ModelAverager(TrainingHook):
         in flight: one model (collectives: on every worker at the same point)."""
         if not self.schedule.in_sync:
             self.rounds.average(model)
+
+
+def _check_holds_copies(strategy):
+    """Raises UnsupportedError unless `strategy`'s replicas hold their own weights."""
+    if strategy.num_replicas_in_sync > 1 and not capabilities_of(strategy).local_sgd:
+        raise UnsupportedError(
+            "local SGD needs replicas that hold their own copy of the weights "
+            f"([{', '.join(names_with('local_sgd'))}]); under "
+            f"{type(strategy).__name__} variables are stored once. Received: "
+            f"strategy={type(strategy).__name__}")
+
+
+def _build_warmup(warmup, strategy, variables, across, sizes):
+    """Builds the warm-up's gradient exchange, if any (auto's never between islands)."""
+    exchange = warmup.exchange
+    if isinstance(exchange, AutoCompression):
+        exchange.build(strategy, variables)
+    elif exchange is not None and warmup.steps > 0:
+        exchange.build(strategy, variables, shapes=exchanged_shapes(across, sizes))
+
+
+def _fragment_exchanges(averager, strategy, sizes):
+    """Each fragment's compressed exchange, built (None each: uncompressed)."""
+    if averager.compression is None:
+        return [None] * len(averager.groups)
+    exchanges = [averager.compression if i == 0 else build(averager.compression.get_config())
+                 for i in range(len(averager.groups))]
+    for hook, group in zip(exchanges, averager.groups):
+        hook.build(strategy, [averager.anchors.tensors[i] for i in group],
+                   shapes=exchanged_shapes(averager.across, [sizes[i] for i in group]))
+    return exchanges
 
 
 def _pacing(averager, strategy):

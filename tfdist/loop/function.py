@@ -1,5 +1,18 @@
 """`tfdist.function`: `tf.function` for a training step of your own loop, with tfdist's
-hooks around each call (the per-step rules of `tfdist.loop.runner`)."""
+hooks around each call (the per-step rules of `tfdist.loop.runner`):
+
+    optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.Adam(), "topk",
+                                                  start_step=100)
+    @tfdist.function(model=model, optimizer=optimizer)
+    def train_step(inputs):
+        return strategy.run(replica_step, args=(inputs,))
+
+    for epoch in range(epochs):
+        for inputs in distributed_dataset:
+            train_step(inputs)
+        train_step.before_read()   # before validation, checkpoints, epoch ends
+        ...
+"""
 
 import tensorflow as tf
 
@@ -58,19 +71,8 @@ class StepFunction:
 
 
 def function(fn=None, *, model, optimizer=None, preemption=False, **tf_function_options):
-    """`@tf.function` for a training step of your own loop, with tfdist's hooks.
-
-        optimizer = tfdist.keras.DistributedOptimizer(keras.optimizers.Adam(), "topk",
-                                                      start_step=100)
-        @tfdist.function(model=model, optimizer=optimizer)
-        def train_step(inputs):
-            return strategy.run(replica_step, args=(inputs,))
-
-        for epoch in range(epochs):
-            for inputs in distributed_dataset:
-                train_step(inputs)
-            train_step.before_read()   # before validation, checkpoints, epoch ends
-            ...
+    """`@tf.function` for a training step of your own loop, with tfdist's hooks (an
+    example in the module's docstring).
 
     Each call runs the step traced for the hooks' current phase (a delayed start exchanges
     uncompressed gradients first, local SGD's warm-up is synchronous, gradient

@@ -26,6 +26,16 @@ def distribute(strategy, dataset_or_fn, coordinator=None):
     Raises:
         TypeError: neither a dataset nor a callable.
     """
+    is_fn = is_dataset_fn(dataset_or_fn)
+    if coordinator is None:  # TF's own strategy classes too: iterators that end at once
+        return plain_iterators(strategy, distributed_here(strategy, dataset_or_fn, is_fn), None)
+    if not is_fn:
+        return coordinator.create_per_worker_dataset(dataset_or_fn)
+    return per_worker_from_function(strategy, dataset_or_fn, coordinator)
+
+
+def is_dataset_fn(dataset_or_fn):
+    """Whether `dataset_or_fn` is a dataset function (False: a dataset; else TypeError)."""
     is_fn = callable(dataset_or_fn) and not isinstance(dataset_or_fn, tf.data.Dataset)
     if not is_fn and not isinstance(dataset_or_fn, tf.data.Dataset):
         raise TypeError("expected a tf.data.Dataset of global batches or a function of a "
@@ -33,29 +43,33 @@ def distribute(strategy, dataset_or_fn, coordinator=None):
                         "model.fit takes) write tf.data.Dataset.from_tensor_slices((x, y))"
                         ".batch(global_batch_size). Received: dataset_or_fn="
                         f"{type(dataset_or_fn).__name__}")
-    if coordinator is None:  # TF's own strategy classes too: iterators that end at once
-        if is_fn:
-            distributed = strategy.distribute_datasets_from_function(
-                lambda context: without_model_thread(dataset_or_fn(context)))
-        else:
-            if not isinstance(strategy, AgreedInputOrder):  # TF's MWMS: one line here
-                check_tf_data_order(strategy, dataset_or_fn)
-            distributed = strategy.experimental_distribute_dataset(
-                without_model_thread(dataset_or_fn))
-        return plain_iterators(strategy, distributed, None)
-    if not is_fn:
-        return coordinator.create_per_worker_dataset(dataset_or_fn)
-    captured = captured_datasets(dataset_or_fn)
+    return is_fn
+
+
+def distributed_here(strategy, dataset_or_fn, is_fn):
+    """The strategy's distributed dataset, made in this process (no coordinator)."""
+    if is_fn:
+        return strategy.distribute_datasets_from_function(
+            lambda context: without_model_thread(dataset_or_fn(context)))
+    if not isinstance(strategy, AgreedInputOrder):  # TF's MWMS: one line here
+        check_tf_data_order(strategy, dataset_or_fn)
+    return strategy.experimental_distribute_dataset(without_model_thread(dataset_or_fn))
+
+
+def per_worker_from_function(strategy, dataset_fn, coordinator):
+    """A per-worker dataset made on each worker by `dataset_fn` (ValueError if it uses a
+    dataset built here on the chief)."""
+    captured = captured_datasets(dataset_fn)
     if captured:
         raise ValueError(
             "under ParameterServerStrategy the dataset function runs on each worker, so it "
             "cannot use a dataset built here on the chief (TensorFlow fails with 'Unable to "
             f"parse tensor proto'): build {captured[0]!r} inside the function. "
-            f"Received: dataset_or_fn={getattr(dataset_or_fn, '__name__', dataset_or_fn)!r}")
+            f"Received: dataset_or_fn={getattr(dataset_fn, '__name__', dataset_fn)!r}")
 
     @tf.function
     def per_worker_dataset_fn():
-        return strategy.distribute_datasets_from_function(dataset_or_fn)
+        return strategy.distribute_datasets_from_function(dataset_fn)
 
     return coordinator.create_per_worker_dataset(per_worker_dataset_fn)
 

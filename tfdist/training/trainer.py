@@ -127,18 +127,14 @@ class Trainer:
         """
         check_arguments("Trainer.fit", _COUNTS, epochs=epochs, initial_epoch=initial_epoch)
         verbose = self._verbose(verbose)
-        self._check_steps(steps_per_epoch, "steps_per_epoch")
-        train_data = distribute(self.strategy, dataset_or_fn, self.coordinator)
-        val_data = None
-        if validation_data is not None:
-            self._check_steps(validation_steps, "validation_steps")
-            val_data = distribute(self.strategy, validation_data, self.coordinator)
+        train_data = self._distribute(dataset_or_fn, steps_per_epoch, "steps_per_epoch")
+        val_data = None if validation_data is None else self._distribute(
+            validation_data, validation_steps, "validation_steps")
         callbacks = self._callbacks(callbacks, dataset_or_fn, verbose, epochs, steps_per_epoch)
         self.model.stop_training = False
         callbacks.on_train_begin()
         initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
-        steps = steps_per_epoch_of(dataset_or_fn, steps_per_epoch)
-        self.runner.plan(None if steps is None else max(epochs - initial_epoch, 0) * steps)
+        self.runner.plan(_planned_steps(dataset_or_fn, steps_per_epoch, epochs - initial_epoch))
         self._start_reading(train_data)
         logs = {}
         for epoch in range(initial_epoch, epochs):
@@ -196,8 +192,7 @@ class Trainer:
     def evaluate(self, dataset_or_fn, steps=None, callbacks=None, verbose="auto"):
         """Evaluates loss and metrics; returns ``{name: value}``."""
         verbose = self._verbose(verbose)
-        self._check_steps(steps, "steps")
-        data = distribute(self.strategy, dataset_or_fn, self.coordinator)
+        data = self._distribute(dataset_or_fn, steps, "steps")
         callbacks = keras.callbacks.CallbackList(
             callbacks, add_progbar=verbose != 0, model=self.model, verbose=verbose,
             epochs=1, steps=steps)
@@ -243,17 +238,26 @@ class Trainer:
             raise ValueError(f"verbose must be 0, 1, 2 or 'auto'. Received: verbose={verbose!r}")
         return (1 if is_chief(self.strategy) else 0) if verbose == "auto" else verbose
 
-    def _check_steps(self, steps, name):
+    def _distribute(self, dataset_or_fn, steps, name):
+        """`dataset_or_fn` distributed for the strategy, once its `steps` (argument `name`)
+        are checked."""
         if steps is not None:
             check_arguments("Trainer", {name: _STEPS}, **{name: steps})
         if steps is None and self.coordinator is not None:
             raise ValueError(f"under ParameterServerStrategy, give {name}: workers read "
                              "repeated per-worker datasets, so an epoch has no natural end")
+        return distribute(self.strategy, dataset_or_fn, self.coordinator)
 
 
 _COUNTS = {"epochs": functools.partial(checks.integer, minimum=0),
            "initial_epoch": functools.partial(checks.integer, minimum=0)}
 _STEPS = functools.partial(checks.integer, minimum=1)
+
+
+def _planned_steps(dataset_or_fn, steps_per_epoch, epochs):
+    """The steps `epochs` epochs train (None: unknown, the data's end ends each epoch)."""
+    steps = steps_per_epoch_of(dataset_or_fn, steps_per_epoch)
+    return None if steps is None else max(epochs, 0) * steps
 
 
 class _Steps:
