@@ -553,3 +553,20 @@ def test_parameter_server_job_trains_and_stops_its_servers(tmp_path, write_confi
     while processes_with(token, "tfdist.launch.server") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_with(token, "tfdist.launch.server") == []
+
+
+def test_each_task_is_a_process_group_of_its_own_in_the_launchers_session(
+        tmp_path, write_config, env):
+    """Each task is a process group of its own (signalled as one, with its children) in the
+    launcher's session: Linux shares the CPU between sessions (autogroups), so a session
+    per task would give a job of N tasks N shares against every other program on the
+    machine, whatever their nice values."""
+    config = write_config(TWO_WORKERS)
+    result = run_launch(config, command=task("""
+        report("ids", f"{os.getpid()} {os.getpgid(0)} {os.getsid(0)}")
+    """, tmp_path), env=env)
+    assert result.returncode == 0, result.stderr
+    for name in ("worker:0", "worker:1"):
+        pid, group, session = map(int, (tmp_path / f"{name}.ids").read_text().split())
+        assert group == pid, name  # a group of its own
+        assert session == os.getsid(0), name  # the launcher's: the test's own

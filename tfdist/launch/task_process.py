@@ -25,9 +25,12 @@ except (OSError, AttributeError):  # not Linux
 
 
 def _child_setup(launcher_pid):
-    """In the child, before exec: own process group; die with the launcher on Linux
-    (and at once if the launcher already died between fork and here)."""
-    os.setsid()
+    """In the child, before exec: own process group, in the launcher's session; die with
+    the launcher on Linux (and at once if the launcher already died between fork and
+    here). Not a session of its own: Linux's scheduler shares the CPU fairly between
+    sessions (autogroups), so a session per task would give a job of N tasks N shares
+    against every other session on the machine, whatever their nice values."""
+    os.setpgid(0, 0)
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != launcher_pid:
