@@ -15,6 +15,13 @@ import pytest
 from paths import TESTS  # tests/ is on sys.path: pyproject.toml's pytest `pythonpath`
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+#: Every `tfdist launch` of the suite forks its Python tasks from one process that imported
+#: TensorFlow and Keras (`tfdist.launch.preload`): a 4-worker job took 22.7 CPU-seconds
+#: with each task importing them, 7.7 preloaded. The tests that run the shipped examples
+#: (test_quickstart, test_elastic_examples, test_tutorials), test_preload's comparisons and
+#: CI's version matrix start every task with exec, as a user's launch does by default;
+#: `TFDIST_PRELOAD= make test` runs the whole suite that way.
+os.environ.setdefault("TFDIST_PRELOAD", "tensorflow,keras")
 
 #: Every folder of test files on sys.path, as tests/ alone was when they were one folder:
 #: a test module imports another's helpers and fixtures by its basename from any room
@@ -97,6 +104,13 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     with open(CPU_LOG, "a") as log:
         log.write(f"{_cpu_seconds() - cpu:.1f} {time.monotonic() - wall:.1f} {item.nodeid}\n")
+
+
+@pytest.fixture
+def exec_tasks(monkeypatch):
+    """The tasks of the test's launches started with exec, as a user's are by default
+    (not forked from a preloaded process: TFDIST_PRELOAD above)."""
+    monkeypatch.setenv("TFDIST_PRELOAD", "")
 
 
 @pytest.fixture

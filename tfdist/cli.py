@@ -136,7 +136,7 @@ def _add_launch(sub):
                                       "or N workers: tfdist launch -n N -- CMD ...",
                        usage="tfdist launch (CONFIG | -n N) [--max-restarts N] "
                              "[--min-workers K [--rejoin-seconds S] [--discover CMD]] "
-                             "[--task TYPE:INDEX] -- COMMAND [ARGS...]")
+                             "[--task TYPE:INDEX] [--preload MODULES] -- COMMAND [ARGS...]")
     p.add_argument("config", nargs="?")
     p.add_argument("-n", "--num-workers", type=_workers, metavar="N",
                    help="no config file: N local workers under multi_worker_mirrored (as "
@@ -164,6 +164,10 @@ def _add_launch(sub):
                    help="with --min-workers: a command line that prints how many workers can "
                         "run now, run every 5 s while a place is lost; a place comes back "
                         "only when there is room for it (default: elastic.discover)")
+    p.add_argument("--preload", metavar="MODULES",
+                   help="fork every task from one process that imported these modules "
+                        "(comma-separated, e.g. tensorflow,keras) instead of each importing "
+                        "them (default: $TFDIST_PRELOAD; empty: off)")
     p.set_defaults(run=_launch)
 
 
@@ -292,7 +296,7 @@ def _launch(args, command):
     return launch(config, command, max_restarts=args.max_restarts, only_task=only_task,
                   grace_seconds=args.grace_seconds, hang_seconds=args.hang_seconds,
                   min_workers=args.min_workers, rejoin_seconds=args.rejoin_seconds,
-                  discover=args.discover)
+                  discover=args.discover, preload=args.preload)
 
 
 def _launch_config(path, workers):

@@ -20,7 +20,7 @@ import pytest
 from test_multiworker_training import task_pids
 from paths import ROOT
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("exec_tasks")]
 
 EPOCHS, STEPS = 6, 8
 CLUSTER = "cluster: {worker: 4}\nstrategy: {name: multi_worker_mirrored, communication: ring}\n"

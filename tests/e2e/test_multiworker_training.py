@@ -464,17 +464,22 @@ def wait_for_file(path, timeout=120):
 
 
 def task_pids(out, job, index):
-    """PIDs of this test's processes (launched with TFDIST_TEST_OUT=out) for job:index."""
+    """PIDs of this test's processes (launched with TFDIST_TEST_OUT=out) for job:index: by
+    the TF_CONFIG in their environment, or (forked by `tfdist launch --preload`, whose
+    /proc environment is the server's, without TF_CONFIG) by their name."""
     pids = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
                 environ = f.read().decode(errors="replace").split("\0")
+            with open(f"/proc/{entry}/comm") as f:
+                name = f.read().strip()
         except OSError:
             continue
         task = f'"task":{{"type":"{job}","index":{index}}}'
-        if f"TFDIST_TEST_OUT={out}" in environ and any(
-                e.startswith("TF_CONFIG=") and task in e for e in environ):
+        configs = [e for e in environ if e.startswith("TF_CONFIG=")]
+        if f"TFDIST_TEST_OUT={out}" in environ and (
+                any(task in e for e in configs) or not configs and name == f"{job}:{index}"):
             pids.append(int(entry))
     return pids
 

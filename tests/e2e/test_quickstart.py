@@ -8,7 +8,7 @@ import sys
 import pytest
 from paths import ROOT
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("exec_tasks")]
 
 
 def test_two_workers_learn_and_agree(tmp_path):

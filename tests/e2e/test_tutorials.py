@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from paths import JOBS
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("jobs_path"),
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("jobs_path", "exec_tasks"),
               # one device loads the weights without the optimizer (compiled for evaluate)
               pytest.mark.filterwarnings("ignore:Skipping variable loading")]
 

@@ -40,7 +40,7 @@ import signal
 
 from tfdist.config.sections.elastic import MAX_REJOIN_SECONDS, min_workers_problem
 from tfdist.launch.errors import LaunchError
-from tfdist.launch.task_process import _child_setup
+from tfdist.launch.task_process import child_setup
 from tfdist import resize_signal as resize_signal_contract
 
 RESIZE_SIGNAL = resize_signal_contract.NAME  # why not SIGTERM: tfdist.resize_signal
@@ -243,7 +243,7 @@ class Discovery:
             # dies with the launcher, even SIGKILLed (PR_SET_PDEATHSIG), as the tasks do
             self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                          preexec_fn=functools.partial(_child_setup,
+                                          preexec_fn=functools.partial(child_setup,
                                                                        os.getpid()))
         except OSError as e:
             self._refuse(f"could not be run ({e.strerror or e})")
@@ -296,7 +296,7 @@ class Discovery:
 
 
 def _kill_group(proc):
-    """SIGKILL to a discovery run's process group (its own: `_child_setup`), then reaps it."""
+    """SIGKILL to a discovery run's process group (its own: `child_setup`), then reaps it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:

@@ -74,6 +74,9 @@ from tfdist.launch import elastic, os_limits, reaper
 from tfdist.launch.closing import close_output, release_reports
 from tfdist.launch.errors import LaunchError
 from tfdist.launch.output import Sink
+from tfdist.launch.preload import ENV as PRELOAD_ENV
+from tfdist.launch.preload import Preloader
+from tfdist.launch.preload import modules as preload_modules
 from tfdist.launch.resizing import DONE, Resizer, elastic_places
 from tfdist.launch.stop_signals import StopSignals, Stopped
 from tfdist.launch.task_process import exit_code
@@ -108,6 +111,9 @@ class Launcher:
         discover: a command line that prints how many workers can run now
             (`elastic.Discovery`): a lost place is then taken back only once there is room
             for it (default: the config's ``elastic.discover``, else every place is there).
+        preload: module names (a comma-separated string or a sequence) the tasks are
+            forked from one process having imported (`tfdist.launch.preload`); default:
+            the environment variable ``TFDIST_PRELOAD``, else none.
 
     Raises:
         LaunchError: no command, an option out of range, a task not on this machine,
@@ -118,13 +124,15 @@ class Launcher:
 
     def __init__(self, config, command, *, max_restarts=0, only_task=None,
                  out=None, err=None, grace_seconds=10.0, hang_seconds=600.0,
-                 min_workers=None, rejoin_seconds=None, discover=None):
+                 min_workers=None, rejoin_seconds=None, discover=None, preload=None):
         if not command:
             raise LaunchError("no command to launch; give it after --, e.g. "
                               "tfdist launch job.yaml -- python train.py")
         _check_options(max_restarts=max_restarts, grace_seconds=grace_seconds,
                        hang_seconds=hang_seconds)
         places, discover = _elastic(config, only_task, min_workers, rejoin_seconds, discover)
+        self.preload = _preload_modules(preload)
+        self.preloader = None
         self._popen_pids = set()
         self.resizer = None if places is None else Resizer(self, places, None if (
             discover is None) else elastic.Discovery(discover, self.log,
@@ -164,6 +172,8 @@ class Launcher:
         finally:
             self.signals.setting_up = False
             self.stop_all()
+            if self.preloader is not None:
+                self.preloader.close()
             if self.resizer is not None:
                 self.resizer.stop()
             if self.tmpdir is not None:
@@ -197,6 +207,8 @@ class Launcher:
                      f"process{'' if processes == 1 else 'es'}")
         self.tmpdir = os.path.join(tempfile.gettempdir(), reaper.dir_name(secrets.token_hex(6)))
         os.mkdir(self.tmpdir, 0o700)
+        if self.preload:
+            self.preloader = Preloader(self.preload, self.tmpdir)
         self.tasks = self._make_tasks(selected)
         self.signals.setting_up = False
         self.signals.check()
@@ -218,7 +230,7 @@ class Launcher:
     def _make_tasks(self, selected):
         return make_tasks(self.config, self.command, self.tmpdir, self._out_sink, selected,
                           places=self.resizer.places if self.resizer else None,
-                          only_task=self.only_task)
+                          only_task=self.only_task, preloader=self.preloader)
 
     def log(self, message):
         """A message of the launcher on `err`; dropped (never waited for) if `err` does
@@ -234,6 +246,8 @@ class Launcher:
         except OSError as e:
             raise LaunchError(os_limits.start_failure(task, e)) from None
         self._popen_pids.add(task.pid)
+        if self.preloader is not None and self.preloader.proc is not None:
+            self._popen_pids.add(self.preloader.proc.pid)
 
     def _supervise(self):
         finished, next_hang_check = set(), time.monotonic() + _HANG_CHECK_SECONDS
@@ -366,6 +380,17 @@ def _elastic(config, only_task, min_workers, rejoin_seconds, discover):
         raise LaunchError("--discover is for an elastic job: give --min-workers K too (or "
                           "an elastic: section in the config)")
     return places, discover
+
+
+def _preload_modules(preload):
+    """The module names of the ``preload`` option, else of ``TFDIST_PRELOAD``."""
+    if preload is None:
+        return preload_modules(os.environ.get(PRELOAD_ENV), PRELOAD_ENV)
+    if isinstance(preload, str):
+        return preload_modules(preload, "preload")
+    if not all(isinstance(name, str) for name in preload):
+        raise LaunchError(f"preload: expected module names, got {preload!r}")
+    return preload_modules(",".join(preload), "preload") if preload else ()
 
 
 def _check_options(**options):

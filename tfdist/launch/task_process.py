@@ -24,7 +24,7 @@ except (OSError, AttributeError):  # not Linux
     _prctl = None
 
 
-def _child_setup(launcher_pid):
+def child_setup(launcher_pid):
     """In the child, before exec: own process group, in the launcher's session; die with
     the launcher on Linux (and at once if the launcher already died between fork and
     here). Not a session of its own: Linux's scheduler shares the CPU fairly between
@@ -54,10 +54,13 @@ class TaskProcess:
         env: the complete environment of the child.
         sink: the `Sink` shared by all tasks (the launcher's stdout).
         is_server: the task hosts a TF server that only stops when told to.
+        preloader: a `tfdist.launch.preload.Preloader` to fork the process from, where it
+            can (else it is started with exec).
     """
 
-    def __init__(self, name, argv, env, sink, is_server=False):
+    def __init__(self, name, argv, env, sink, is_server=False, preloader=None):
         self.name, self.argv, self.env, self.is_server = name, argv, env, is_server
+        self._preloader = preloader
         self._sink = sink
         self.proc = None
         self._reader = None
@@ -76,10 +79,12 @@ class TaskProcess:
 
         Raises:
             OSError: the command cannot be executed (not found, E2BIG, EMFILE...).
+            LaunchError: the preloader failed (`tfdist.launch.preload`).
         """
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     preexec_fn=functools.partial(_child_setup, os.getpid()))
+        forked = self._preloader and self._preloader.popen(self.argv, self.env, self.name)
+        self.proc = forked or subprocess.Popen(
+            self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, preexec_fn=functools.partial(child_setup, os.getpid()))
         self._reader = threading.Thread(target=self._pump, args=(self.proc.stdout,),
                                         name=f"output of {self.name}", daemon=True)
         self._reader.start()

@@ -41,17 +41,19 @@ def selected_tasks(config, only_task):
     return selected
 
 
-def make_tasks(config, command, tmpdir, sink, selected, *, places=None, only_task=None):
+def make_tasks(config, command, tmpdir, sink, selected, *, places=None, only_task=None,
+               preloader=None):
     """A `TaskProcess` per task of `selected` (every task of the cluster at the present
     size of an elastic job's `places`), writing to `sink`; one "main" task without a
-    cluster."""
+    cluster; each forked from `preloader` where it can be."""
     strategy = config.strategy.name if config.strategy else None
     base_env = dict(os.environ, PYTHONUNBUFFERED="1")
     base_env.pop("TF_CONFIG", None)
     base_env[reaper.ENV_TAG] = tmpdir
     cluster = config.cluster
     if cluster is None:
-        return [TaskProcess("main", command, _private_tmp(base_env, tmpdir, "main"), sink)]
+        return [TaskProcess("main", command, _private_tmp(base_env, tmpdir, "main"), sink,
+                            preloader=preloader)]
     if places is not None:
         cluster = elastic.resized(cluster, places.size())
         selected = cluster.tasks()
@@ -63,7 +65,7 @@ def make_tasks(config, command, tmpdir, sink, selected, *, places=None, only_tas
                    TF_CONFIG=tf_config_json(addresses, job, index))
         argv = task_argv(strategy, job, command, python=sys.executable)
         tasks.append(TaskProcess(f"{job}:{index}", argv, env, sink,
-                                 is_server=runs_server(strategy, job)))
+                                 is_server=runs_server(strategy, job), preloader=preloader))
     return tasks
 
 

@@ -327,10 +327,13 @@ def _at_run_time(path):
 
 def _this_task():
     """"type:index" of the process that runs this op, from its own TF_CONFIG: inside a step
-    scheduled by the coordinator, the worker that runs the step."""
+    scheduled by the coordinator, the worker that runs the step (a task `tfdist launch
+    --preload` forked has the server's /proc environment, and its name is the task's)."""
     environ = tf.io.read_file(_at_run_time("/proc/self/environ"))
-    return tf.strings.regex_replace(
-        environ, r'(?s).*TF_CONFIG=[^\x00]*"task":\{"type":"(\w+)","index":(\d+)\}.*', r"\1:\2")
+    pattern = r'(?s).*TF_CONFIG=[^\x00]*"task":\{"type":"(\w+)","index":(\d+)\}.*'
+    name = tf.strings.strip(tf.io.read_file(_at_run_time("/proc/self/comm")))
+    return tf.where(tf.strings.regex_full_match(environ, pattern),
+                    tf.strings.regex_replace(environ, pattern, r"\1:\2"), name)
 
 
 def _sleep(seconds):
