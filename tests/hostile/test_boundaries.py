@@ -62,6 +62,9 @@ CLI_CASES = {
     ("launch", "--discover"): [["{config}", "--min-workers", "1", "--discover", v, "--", "true"]
                                for v in ("", "  ", "cat 'x", "a\0b", "x" * 5000)]
                               + [["{config}", "--discover", "cat n", "--", "true"]],
+    ("launch", "--preload"): [["{config}", "--preload", v, "--", "true"] for v in
+                              ("numpy;rm -rf /", "a,,b", "1x", "\x1b[2J", "a-b", "x" * 5000,
+                               "os.", ".os", "tensorflow keras")],
     ("manifest", "config"): [["/nonexistent.yaml", "--image", "i", "--", "true"]],
     ("manifest", "--image"): [["{config}", "--image", v, "--", "true"] for v in
                               ("", "a b", "x\ny", "\x1b[2J")],
@@ -619,6 +622,9 @@ ENV_CASES = {
 
 #: Variables read outside the cluster's environment, each refused in its own tests.
 CHECKED_ELSEWHERE = {
+    "TFDIST_PRELOAD": "the default of tfdist launch --preload, checked as the option is and "
+                      "refused in one line naming it (tests/e2e/test_preload.py; the "
+                      "option's cases: CLI_CASES)",
     "AIP_TENSORBOARD_LOG_DIR": "tfdist.callbacks.TensorBoard's default log_dir, checked as "
                                "a path naming the variable (tests/unit/keras/test_logs.py)",
     "TFDIST_ELASTIC_PLACES": "the elastic launcher's places of a resized job's tasks, read "

@@ -35,6 +35,7 @@ PER_TASK = frozenset({"TF_CONFIG", "TMPDIR", "TEMP", "TMP", resize_signal.ENV,
                       resize_signal.PLACES_ENV})
 READY_SECONDS = 600.0  # the imports' time, on a machine as loaded as a test suite's
 REPLY_SECONDS = 60.0
+MAX_TEXT = 4096  # characters of the comma-separated names
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 
@@ -46,12 +47,15 @@ def modules(text, source):
     """
     if not text or not text.strip():
         return ()
+    if len(text) > MAX_TEXT:
+        raise LaunchError(f"{source}: {len(text)} characters of module names; at most "
+                          f"{MAX_TEXT}")
     names = tuple(name.strip() for name in text.split(","))
     for name in names:
         if not _MODULE.match(name):
             raise LaunchError(f"{source}: {name!r} is not a module name; give Python "
                               f"modules separated by commas, e.g. tensorflow,keras. "
-                              f"Received: {text!r}")
+                              f"Received: {text!r}"[:2000])
     return names
 
 
