@@ -17,9 +17,9 @@ from paths import TESTS  # tests/ is on sys.path: pyproject.toml's pytest `pytho
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 #: Every `tfdist launch` of the suite forks its Python tasks from one process that imported
 #: TensorFlow and Keras (`tfdist.launch.preload`): a 4-worker job took 22.7 CPU-seconds
-#: with each task importing them, 7.7 preloaded. The tests that run the shipped examples
-#: (test_quickstart, test_elastic_examples, test_tutorials), test_preload's comparisons and
-#: CI's version matrix start every task with exec, as a user's launch does by default;
+#: with each task importing them, 7.7 preloaded. test_quickstart, test_tutorials, the
+#: quickstart's elastic run (test_elastic_examples), test_preload's comparisons and CI's
+#: version matrix start every task with exec, as a user's launch does by default;
 #: `TFDIST_PRELOAD= make test` runs the whole suite that way.
 os.environ.setdefault("TFDIST_PRELOAD", "tensorflow,keras")
 
