@@ -30,6 +30,13 @@ FOUR = "cluster: {worker: 4}\nstrategy: multi_worker_mirrored\n"
 
 # --- the launcher, with a stand-in script ------------------------------------------------
 
+def fake_env(tmp_path):
+    """The stand-in's launch environment: its tasks forked from a process that preloaded
+    only what the stand-in imports (json: the resizes of forked tasks, without TensorFlow's
+    import the stand-in never needs)."""
+    return dict(os.environ, TMPDIR=str(tmp_path), TFDIST_PRELOAD="json")
+
+
 def fake_launch(write_config, tmp_path, *launcher_args, job_args=(), cluster=FOUR,
                 timeout=120):
     out = tmp_path / "out"
@@ -38,7 +45,7 @@ def fake_launch(write_config, tmp_path, *launcher_args, job_args=(), cluster=FOU
     run = subprocess.run(
         [sys.executable, "-m", "tfdist", "launch", config, "--grace-seconds", "5",
          *launcher_args, "--", sys.executable, str(FAKE), "--out", str(out), *job_args],
-        capture_output=True, text=True, timeout=timeout, env=dict(os.environ, TMPDIR=str(tmp_path)))
+        capture_output=True, text=True, timeout=timeout, env=fake_env(tmp_path))
     starts = [line.split() for line in (out / "starts.log").read_text().splitlines()]
     return run, starts
 
@@ -160,7 +167,7 @@ def test_discover_decides_when_a_place_comes_back(write_config, tmp_path):
     job = subprocess.Popen([sys.executable, "-m", "tfdist", "launch", config, "--",
                             sys.executable, str(FAKE), "--out", str(out), "--kill", "2:2",
                             "--steps", "150"],
-                           stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=str(tmp_path)))
+                           stderr=subprocess.PIPE, text=True, env=fake_env(tmp_path))
     try:
         deadline = time.monotonic() + 60
         while sizes_in(out) != [4, 3]:

@@ -213,6 +213,29 @@ def test_the_server_killed_mid_job_fails_the_job_and_a_restart_forks_from_a_new_
         assert not os.path.exists(f"/proc/{pid}"), f"server {pid} left behind"
 
 
+def test_a_restart_forks_from_the_same_server(tmp_path):
+    """worker:1 fails once; --max-restarts 1 restarts the whole job, its tasks forked from
+    the server of the first run (no second import: the restart's sweep spares it)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = write(tmp_path / "once.py", """\
+        import json, os, sys
+        out = sys.argv[1]
+        index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        with open(os.path.join(out, f"servers-{index}"), "a") as f:
+            f.write(f"{os.getppid()}\\n")
+        failed = os.path.join(out, "failed")
+        if index == 1 and not os.path.exists(failed):
+            open(failed, "w").close()
+            sys.exit(1)
+        """)
+    run = launch(tmp_path, script, out, options=("--max-restarts", "1"))
+    assert run.returncode == 0 and "restarting the whole job (1/1)" in run.stderr, \
+        run.stderr[-2000:]
+    servers = [(out / f"servers-{i}").read_text().split() for i in (0, 1)]
+    assert len(servers[1]) == 2 and len(set(servers[0] + servers[1])) == 1, servers
+
+
 def test_a_sigterm_to_the_launcher_stops_forked_tasks_and_the_server(tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -313,7 +313,7 @@ class Launcher:
             self.log(f"{task.name} {reason}; restarting the whole job ({self.restarts}/"
                      f"{self.max_restarts}): its collectives need every worker")
             self.stop_all()
-            reaper.sweep(self.tmpdir)  # what escaped the groups (setsid) goes too
+            self._sweep()  # what escaped the groups (setsid) goes too
             for each in self.tasks:
                 self._start(each)
             return True
@@ -334,7 +334,13 @@ class Launcher:
         """SIGKILL to every task's group at once: blocked in a collective with a lost peer,
         they hold nothing the last backup does not."""
         stop_tasks(self.tasks, 0.0, self.log, signal.SIGKILL)
-        reaper.sweep(self.tmpdir)
+        self._sweep()
+
+    def _sweep(self):
+        """Every process of the launch killed but the preloading one (the next tasks are
+        forked from it)."""
+        server = self.preloader.proc if self.preloader is not None else None
+        reaper.sweep(self.tmpdir, keep={server.pid} if server is not None else ())
 
     def restart_tasks(self, keep_reports):
         """Every task made again for the job's present size (`Resizer`) and started,

@@ -134,14 +134,16 @@ def children():
     return {pid for pid, (ppid, _, _) in _table().items() if ppid == me}
 
 
-def sweep(launch_dir, *, adopted_besides=None):
+def sweep(launch_dir, *, adopted_besides=None, keep=()):
     """Kills every process of the launch `launch_dir` and reaps those that are our children.
 
     Taken: processes whose environment carries ``TFDIST_LAUNCH_DIR=launch_dir``, their
     descendants, and (when `adopted_besides` is given) children of this process that are
     not in it, with their descendants: orphans adopted as subreaper, even if they dropped
     the tag. Children in `adopted_besides` (`subprocess`'s own, which it waits for itself,
-    and the host's) are never waited for here. Returns how many processes were killed.
+    and the host's) are never waited for here. The processes in `keep` are spared (the
+    preloading process between restarts), not their other descendants. Returns how many
+    processes were killed.
     """
     me, killed = os.getpid(), set()
     spare = set(adopted_besides or ())
@@ -151,7 +153,8 @@ def sweep(launch_dir, *, adopted_besides=None):
         if adopted_besides is not None:
             roots |= {pid for pid, (ppid, _, _) in table.items()
                       if ppid == me and pid not in spare}
-        targets = (roots | _descendants(table, roots)) - {me}
+        roots -= set(keep)
+        targets = (roots | _descendants(table, roots)) - {me} - set(keep)
         live = {pid for pid in targets if table[pid][1] not in "ZX"}
         for pid in live:
             try:
