@@ -466,22 +466,32 @@ def wait_for_file(path, timeout=120):
 def task_pids(out, job, index):
     """PIDs of this test's processes (launched with TFDIST_TEST_OUT=out) for job:index: by
     the TF_CONFIG in their environment, or (forked by `tfdist launch --preload`, whose
-    /proc environment is the server's, without TF_CONFIG) by their name."""
-    pids = []
+    /proc environment and command line are the server's) by the server's tasks/PID files."""
+    pids, servers = set(), set()
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
                 environ = f.read().decode(errors="replace").split("\0")
-            with open(f"/proc/{entry}/comm") as f:
-                name = f.read().strip()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                forked = b"tfdist.launch.preload_server" in f.read()
         except OSError:
             continue
-        task = f'"task":{{"type":"{job}","index":{index}}}'
-        configs = [e for e in environ if e.startswith("TF_CONFIG=")]
-        if f"TFDIST_TEST_OUT={out}" in environ and (
-                any(task in e for e in configs) or not configs and name == f"{job}:{index}"):
-            pids.append(int(entry))
-    return pids
+        if f"TFDIST_TEST_OUT={out}" not in environ:
+            continue
+        if any(e.startswith("TF_CONFIG=") and f'"task":{{"type":"{job}","index":{index}}}' in e
+               for e in environ):
+            pids.add(int(entry))
+        if forked:
+            servers.update(e[len("TMPDIR="):] for e in environ if e.startswith("TMPDIR="))
+    for tasks in (os.path.join(tmp, "tasks") for tmp in servers):
+        for pid in os.listdir(tasks) if os.path.isdir(tasks) else ():
+            try:
+                with open(os.path.join(tasks, pid)) as f:
+                    if f.read() == f"{job}:{index}":
+                        pids.add(int(pid))
+            except OSError:
+                continue
+    return sorted(pids)
 
 
 class Background:

@@ -32,6 +32,12 @@ seen = dict(preloaded=preloaded, argv=sys.argv, path0=sys.path[0], cwd=os.getcwd
             pgid=os.getpgid(0), stdin=os.readlink("/proc/self/fd/0"),
             env=dict(os.environ), draw=float(np.random.rand()),
             tmp=__import__("tempfile").gettempdir(), comm=open("/proc/self/comm").read().strip())
+with open("/proc/self/environ", "rb") as f:  # a forked task's: the server's, its TMPDIR too
+    server_tmp = [e[7:] for e in f.read().decode().split("\\0") if e.startswith("TMPDIR=")][0]
+try:
+    seen["listed"] = open(os.path.join(server_tmp, "tasks", str(os.getpid()))).read()
+except OSError:
+    seen["listed"] = None
 with open(os.path.join(sys.argv[1], name + ".json"), "w") as f:
     json.dump(seen, f)
 """
@@ -79,6 +85,7 @@ def test_a_forked_task_starts_as_a_fresh_process_would(tmp_path):
         assert task["env"]["TMPDIR"].endswith(f"worker-{index}")
         assert task["tmp"] == task["env"]["TMPDIR"], "tempfile kept the server's directory"
         assert task["comm"] == f"worker:{index}"  # what ps -o comm, top and pkill show
+        assert task["listed"] == f"worker:{index}"  # for a program that renames itself
     a, b = seen["worker-0"], seen["worker-1"]
     assert a["ppid"] == b["ppid"], "not forked from one server"
     assert a["draw"] != b["draw"], "NumPy's global generator was not drawn anew"
@@ -97,6 +104,7 @@ def test_exec_and_preload_start_the_same_tasks_but_for_the_imported_modules(tmp_
     assert run.returncode == 0, run.stderr[-2000:]
     for task in reports(out).values():
         assert task["preloaded"] == ["json"]  # python imports json for itself, no more
+        assert task["listed"] is None
         assert task["pgid"] == task["pid"] and task["stdin"] == "/dev/null"
 
 
@@ -222,8 +230,11 @@ def test_a_restart_forks_from_the_same_server(tmp_path):
         import json, os, sys
         out = sys.argv[1]
         index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        with open("/proc/self/environ", "rb") as f:  # the server's
+            tmp = [e[7:] for e in f.read().decode().split("\\0") if e.startswith("TMPDIR=")][0]
+        listed = ",".join(os.listdir(os.path.join(tmp, "tasks")))
         with open(os.path.join(out, f"servers-{index}"), "a") as f:
-            f.write(f"{os.getppid()}\\n")
+            f.write(f"{os.getppid()} {os.getpid()} {listed}\\n")
         failed = os.path.join(out, "failed")
         if index == 1 and not os.path.exists(failed):
             open(failed, "w").close()
@@ -232,8 +243,12 @@ def test_a_restart_forks_from_the_same_server(tmp_path):
     run = launch(tmp_path, script, out, options=("--max-restarts", "1"))
     assert run.returncode == 0 and "restarting the whole job (1/1)" in run.stderr, \
         run.stderr[-2000:]
-    servers = [(out / f"servers-{i}").read_text().split() for i in (0, 1)]
-    assert len(servers[1]) == 2 and len(set(servers[0] + servers[1])) == 1, servers
+    runs = [[line.split() for line in (out / f"servers-{i}").read_text().splitlines()]
+            for i in (0, 1)]
+    assert len(runs[1]) == 2 and len({line[0] for task in runs for line in task}) == 1, runs
+    last = {runs[0][-1][1], runs[1][-1][1]}  # the restart's two tasks
+    for server, pid, listed in runs[0][-1:] + runs[1][-1:]:
+        assert pid in listed.split(",") and set(listed.split(",")) <= last, runs  # the ended gone
 
 
 def test_a_sigterm_to_the_launcher_stops_forked_tasks_and_the_server(tmp_path):

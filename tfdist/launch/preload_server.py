@@ -18,8 +18,9 @@ task's, e.g. ``worker:1``. What it shares with its siblings
 and cannot be reset: the modules imported and whatever they read at import (the launcher
 only forks a task whose environment equals the server's but for `PER_TASK`), and Python's
 hash seed (``PYTHONHASHSEED``: the order of a set of strings is the same in every task).
-Its command line and ``/proc/PID/environ`` are the server's (``os.environ`` is the task's):
-a process finds a task by its name, not by those.
+Its command line and ``/proc/PID/environ`` are the server's (``os.environ`` is the task's),
+and a program may rename itself (absl's ``app.run`` does): a process finds a task by the
+file ``tasks/PID`` in the server's ``TMPDIR``, which holds the task's name while it runs.
 """
 
 import ctypes
@@ -43,6 +44,7 @@ except (OSError, AttributeError):  # not Linux
     _prctl = None
 MESSAGE_BYTES = 1 << 20  # a request (argv + environment) larger than this is refused
 _REAP_SECONDS = 0.05
+_NAMES = os.path.join(tempfile.gettempdir(), "tasks")  # tasks/PID: the name of a task running
 
 
 def main(argv):
@@ -66,6 +68,7 @@ def _serve(sock):
     """Forks a task per request; returns the request in the task, None in the server once
     the launcher has gone."""
     tasks, server = set(), os.getpid()
+    os.makedirs(_NAMES, exist_ok=True)
     while True:
         readable, _, _ = select.select([sock], [], [], _REAP_SECONDS)
         _report_exits(sock, tasks)
@@ -90,6 +93,8 @@ def _serve(sock):
         except OSError:
             pass
         tasks.add(pid)
+        with open(os.path.join(_NAMES, str(pid)), "w") as f:
+            f.write(request["name"])
         _send(sock, {"pid": pid})
 
 
@@ -98,6 +103,7 @@ def _report_exits(sock, tasks):
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             tasks.discard(pid)
+            os.remove(os.path.join(_NAMES, str(pid)))
             _send(sock, {"exit": pid, "code": -os.WTERMSIG(status) if os.WIFSIGNALED(status)
                          else os.WEXITSTATUS(status)})
 
