@@ -57,7 +57,6 @@ process itself starts from another thread during the run is taken for an adopted
 orphan and killed.
 """
 
-import functools
 import os
 import secrets
 import shutil
@@ -67,25 +66,19 @@ import tempfile
 import time
 
 from tfdist.capabilities import capabilities
-from tfdist.config import checks
-from tfdist.config.checks import check_arguments
-from tfdist.config.sections.elastic import ELASTIC_KEYS
 from tfdist.launch import elastic, os_limits, reaper
 from tfdist.launch.closing import close_output, release_reports
 from tfdist.launch.errors import LaunchError
 from tfdist.launch.output import Sink
-from tfdist.launch.preload import ENV as PRELOAD_ENV
+from tfdist.launch.options import check_options, elastic_options, preload_modules
 from tfdist.launch.preload import Preloader
-from tfdist.launch.preload import modules as preload_modules
-from tfdist.launch.resizing import DONE, Resizer, elastic_places
+from tfdist.launch.resizing import DONE, Resizer
 from tfdist.launch.stop_signals import StopSignals, Stopped
 from tfdist.launch.task_process import exit_code
 from tfdist.launch.task_set import kill_hung, make_tasks, selected_tasks, stop_tasks
 
 _POLL_SECONDS = 0.05
 _HANG_CHECK_SECONDS = 1.0
-MAX_GRACE_SECONDS = 3600.0  # an hour to stop: more would make Ctrl-C look ignored
-MAX_HANG_SECONDS = 7 * 24 * 3600.0  # a week; 0 switches hang detection off
 
 
 class Launcher:
@@ -100,9 +93,9 @@ class Launcher:
         only_task: (job, index) to run just that task of a cluster whose ports are fixed.
         out, err: streams for the tasks' prefixed output and for the launcher's messages.
         grace_seconds: how long tasks get to exit after SIGTERM before SIGKILL (finite,
-            0 to `MAX_GRACE_SECONDS`).
+            0 to `options.MAX_GRACE_SECONDS`).
         hang_seconds: a task without output or CPU use for this long is hung (0: never;
-            at most `MAX_HANG_SECONDS`).
+            at most `options.MAX_HANG_SECONDS`).
         min_workers: the fewest workers (chief included) a multi_worker_mirrored job goes
             on with when one is lost, instead of stopping (`tfdist.launch.elastic`);
             default: the config's ``elastic.min_workers``, else the job never resizes.
@@ -128,10 +121,10 @@ class Launcher:
         if not command:
             raise LaunchError("no command to launch; give it after --, e.g. "
                               "tfdist launch job.yaml -- python train.py")
-        _check_options(max_restarts=max_restarts, grace_seconds=grace_seconds,
+        check_options(max_restarts=max_restarts, grace_seconds=grace_seconds,
                        hang_seconds=hang_seconds)
-        places, discover = _elastic(config, only_task, min_workers, rejoin_seconds, discover)
-        self.preload = _preload_modules(preload)
+        places, discover = elastic_options(config, only_task, min_workers, rejoin_seconds, discover)
+        self.preload = preload_modules(preload)
         self.preloader = None
         self._popen_pids = set()
         self.resizer = None if places is None else Resizer(self, places, None if (
@@ -176,13 +169,7 @@ class Launcher:
                 self.preloader.close()
             if self.resizer is not None:
                 self.resizer.stop()
-            if self.tmpdir is not None:
-                reaper.sweep(self.tmpdir, adopted_besides=kept.get("not_adopted", set())
-                             | self._popen_pids)
-                shutil.rmtree(self.tmpdir, ignore_errors=True)
-            reaper.restore_subreaper(kept.get("subreaper"))
-            if kept.get("nofile") is not None:
-                os_limits.set_open_files(kept["nofile"])
+            _undo(self.tmpdir, kept, self._popen_pids)
             self._close_output(code, time.monotonic() - started)
             self.signals.restore()
         return code
@@ -200,11 +187,7 @@ class Launcher:
         # our children from before the run are the host's (when used in-process)
         kept["not_adopted"] = reaper.children() | {None}
         kept["subreaper"] = reaper.enable_subreaper()
-        dirs, processes = reaper.clean_stale(tempfile.gettempdir())
-        if dirs or processes:
-            self.log(f"cleaned up after launchers that were killed: removed {dirs} stale "
-                     f"director{'y' if dirs == 1 else 'ies'} and {processes} leftover "
-                     f"process{'' if processes == 1 else 'es'}")
+        _clean_stale(self.log)
         self.tmpdir = os.path.join(tempfile.gettempdir(), reaper.dir_name(secrets.token_hex(6)))
         os.mkdir(self.tmpdir, 0o700)
         if self.preload:
@@ -233,8 +216,7 @@ class Launcher:
                           only_task=self.only_task, preloader=self.preloader)
 
     def log(self, message):
-        """A message of the launcher on `err`; dropped (never waited for) if `err` does
-        not keep up."""
+        """A message of the launcher on `err`; dropped if `err` does not keep up."""
         sink = self._err_sink
         if sink is None:
             return
@@ -313,7 +295,7 @@ class Launcher:
             self.log(f"{task.name} {reason}; restarting the whole job ({self.restarts}/"
                      f"{self.max_restarts}): its collectives need every worker")
             self.stop_all()
-            self._sweep()  # what escaped the groups (setsid) goes too
+            _sweep(self.tmpdir, self.preloader)  # what escaped the groups (setsid) goes too
             for each in self.tasks:
                 self._start(each)
             return True
@@ -334,13 +316,7 @@ class Launcher:
         """SIGKILL to every task's group at once: blocked in a collective with a lost peer,
         they hold nothing the last backup does not."""
         stop_tasks(self.tasks, 0.0, self.log, signal.SIGKILL)
-        self._sweep()
-
-    def _sweep(self):
-        """Every process of the launch killed but the preloading one (the next tasks are
-        forked from it)."""
-        server = self.preloader.proc if self.preloader is not None else None
-        reaper.sweep(self.tmpdir, keep={server.pid} if server is not None else ())
+        _sweep(self.tmpdir, self.preloader)
 
     def restart_tasks(self, keep_reports):
         """Every task made again for the job's present size (`Resizer`) and started,
@@ -357,50 +333,32 @@ class Launcher:
         stop_tasks(self.tasks, self.grace_seconds, self.log)
 
 
-#: The launcher's options (``tfdist launch --max-restarts/--grace-seconds/--hang-seconds``),
-#: checked by the config loader's checks.
-OPTIONS = {
-    "max_restarts": functools.partial(checks.integer, minimum=0, maximum=10**10 - 1),
-    "grace_seconds": functools.partial(checks.number, minimum=0, maximum=MAX_GRACE_SECONDS),
-    "hang_seconds": functools.partial(checks.number, minimum=0, maximum=MAX_HANG_SECONDS),
-    **ELASTIC_KEYS,  # --min-workers, --rejoin-seconds: as the config's elastic: section
-}
+def _clean_stale(log):
+    """What killed launchers left behind removed (`reaper.clean_stale`), said in a line."""
+    dirs, processes = reaper.clean_stale(tempfile.gettempdir())
+    if dirs or processes:
+        log(f"cleaned up after launchers that were killed: removed {dirs} stale "
+            f"director{'y' if dirs == 1 else 'ies'} and {processes} leftover "
+            f"process{'' if processes == 1 else 'es'}")
 
 
-def _elastic(config, only_task, min_workers, rejoin_seconds, discover):
-    """(The places of an elastic job or None, its discovery command or None): the
-    arguments, else the config's ``elastic:`` section."""
-    given = config.elastic
-    if min_workers is None and given is not None:
-        min_workers = given.min_workers
-    if rejoin_seconds is None:
-        rejoin_seconds = given.rejoin_seconds if given is not None else 60.0
-    if min_workers is not None:
-        _check_options(min_workers=min_workers, rejoin_seconds=rejoin_seconds)
-    places = elastic_places(config, min_workers, rejoin_seconds, only_task)
-    if discover is None and given is not None:
-        discover = given.discover
-    elif discover is not None:
-        discover = check_arguments("launch", ELASTIC_KEYS, discover=discover)["discover"]
-    if discover is not None and places is None:
-        raise LaunchError("--discover is for an elastic job: give --min-workers K too (or "
-                          "an elastic: section in the config)")
-    return places, discover
+def _undo(tmpdir, kept, started):
+    """What `Launcher._set_up` changed undone: the launch's processes (but those
+    ``kept["not_adopted"]``, the host's) swept, its directory removed, the subreaper and
+    the open-files limit restored."""
+    if tmpdir is not None:
+        reaper.sweep(tmpdir, adopted_besides=kept.get("not_adopted", set()) | started)
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    reaper.restore_subreaper(kept.get("subreaper"))
+    if kept.get("nofile") is not None:
+        os_limits.set_open_files(kept["nofile"])
 
 
-def _preload_modules(preload):
-    """The module names of the ``preload`` option, else of ``TFDIST_PRELOAD``."""
-    if preload is None:
-        return preload_modules(os.environ.get(PRELOAD_ENV), PRELOAD_ENV)
-    if isinstance(preload, str):
-        return preload_modules(preload, "preload")
-    if not all(isinstance(name, str) for name in preload):
-        raise LaunchError(f"preload: expected module names, got {preload!r}")
-    return preload_modules(",".join(preload), "preload") if preload else ()
-
-
-def _check_options(**options):
-    check_arguments("launch", OPTIONS, **options)
+def _sweep(tmpdir, preloader):
+    """Every process of the launch in `tmpdir` killed but the preloading one (the next
+    tasks are forked from it)."""
+    server = preloader.proc if preloader is not None else None
+    reaper.sweep(tmpdir, keep={server.pid} if server is not None else ())
 
 
 def launch(config, command, **options):
