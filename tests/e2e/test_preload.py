@@ -174,6 +174,22 @@ def test_a_module_that_kills_the_server_on_import_is_said_with_its_last_words(tm
         run.stderr[-2000:]
 
 
+def test_a_server_that_ends_at_a_fork_is_said_with_its_last_words_at_once(tmp_path):
+    write(tmp_path / "forkless.py", "import os, sys\n"
+                                    "def fork():\n"
+                                    "    print('no fork here', file=sys.stderr, flush=True)\n"
+                                    "    os._exit(3)\n"
+                                    "os.fork = fork\n")
+    script = write(tmp_path / "noop.py", "pass\n")
+    began = time.monotonic()
+    run = launch(tmp_path, script, preload="forkless",
+                 env=dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(tmp_path)))
+    assert run.returncode != 0
+    assert "the server ended before it forked the task: no fork here" in run.stderr, \
+        run.stderr[-2000:]
+    assert time.monotonic() - began < 30, "waited for a reply from a server that had ended"
+
+
 def test_tasks_that_cannot_be_forked_are_started_with_exec(tmp_path):
     """A `python -c` task and a shell command are exec'd beside a forked one (a server and
     its parameter_server job alike), and the job succeeds."""
@@ -188,6 +204,22 @@ def test_tasks_that_cannot_be_forked_are_started_with_exec(tmp_path):
                          timeout=TIMEOUT, cwd=tmp_path, env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert run.returncode == 0, run.stderr[-2000:]
     assert (out / "c0").read_text() == (out / "c1").read_text() == "False"
+
+
+def test_a_command_line_too_long_for_the_socket_is_execd_not_refused(tmp_path):
+    """360 KB of arguments (over a Unix socket's message size; fine for exec): the tasks
+    are exec'd (no preloaded module) with every byte of their arguments, the job succeeds."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = write(tmp_path / "long.py", """\
+        import json, os, sys
+        index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        with open(os.path.join(sys.argv[1], f"w{index}"), "w") as f:
+            f.write(f"{'numpy' in sys.modules} {sum(map(len, sys.argv[2:]))}")
+        """)
+    run = launch(tmp_path, script, out, *["x" * 120_000] * 3, preload="numpy")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (out / "w0").read_text() == (out / "w1").read_text() == "False 360000"
 
 
 def test_the_server_killed_mid_job_fails_the_job_and_a_restart_forks_from_a_new_one(tmp_path):
@@ -249,6 +281,34 @@ def test_a_restart_forks_from_the_same_server(tmp_path):
     last = {runs[0][-1][1], runs[1][-1][1]}  # the restart's two tasks
     for server, pid, listed in runs[0][-1:] + runs[1][-1:]:
         assert pid in listed.split(",") and set(listed.split(",")) <= last, runs  # the ended gone
+
+
+def test_a_task_that_tampers_with_the_servers_names_costs_only_the_names(tmp_path):
+    """worker:0 removes the server's tasks/ (its own and its sibling's PID files) and puts a
+    file in its place, then fails: the server neither stops nor loses an exit; the restart's
+    tasks run without a name file (it cannot be written) and the job succeeds."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = write(tmp_path / "tamper.py", """\
+        import json, os, shutil, sys
+        out = sys.argv[1]
+        index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        with open("/proc/self/environ", "rb") as f:  # the server's
+            tmp = [e[7:] for e in f.read().decode().split("\\0") if e.startswith("TMPDIR=")][0]
+        tasks = os.path.join(tmp, "tasks")
+        with open(os.path.join(out, f"runs-{index}"), "a") as f:
+            f.write(f"{os.getppid()} {os.path.isdir(tasks)}\\n")
+        if index == 0 and os.path.isdir(tasks):
+            shutil.rmtree(tasks)
+            open(tasks, "w").close()
+            sys.exit(1)
+        """)
+    run = launch(tmp_path, script, out, options=("--max-restarts", "1"))
+    assert run.returncode == 0 and "restarting the whole job (1/1)" in run.stderr, \
+        run.stderr[-2000:]
+    runs = [(out / f"runs-{i}").read_text().split() for i in (0, 1)]
+    assert runs[0] == [runs[0][0], "True", runs[0][0], "False"], runs  # one server
+    assert runs[1][-2:] == [runs[0][0], "False"], runs
 
 
 def test_a_sigterm_to_the_launcher_stops_forked_tasks_and_the_server(tmp_path):

@@ -6,7 +6,8 @@ The process is `tfdist.launch.preload_server`, started at the first task. A task
 from it only when it would run the same interpreter the same way: its argv is that
 Python with at most ``-u``, then a script or ``-m module`` (what `tfdist launch` runs for a
 ``python train.py`` command and for parameter_server's TF servers), and its environment
-equals the one the server started with but for `PER_TASK` (what the launcher sets per task).
+equals the one the server started with but for `PER_TASK` (what the launcher sets per task),
+and the two fit one message on the socket (a command line of hundreds of kilobytes does not).
 Any other task is started with ``exec`` as without the option. What forked tasks share
 (Python's hash seed, the imported modules' state): `tfdist.launch.preload_server`.
 
@@ -14,6 +15,7 @@ The default of ``--preload`` is the environment variable ``TFDIST_PRELOAD`` (a
 comma-separated list; empty: off).
 """
 
+import errno
 import functools
 import json
 import os
@@ -92,11 +94,12 @@ class Preloader:
         self.proc = None
         self._python = self._env = self._sock = None
         self._lock = threading.Lock()
-        self._replies, self._forked = queue.Queue(), set()
+        self._replies, self._forked, self._gone = queue.Queue(), set(), threading.Event()
         self._codes, self._ended = {}, {}
 
     def popen(self, argv, env, name):
-        """A `ForkedProcess` for the task named `name`, or None when it is not one to fork (`entry`).
+        """A `ForkedProcess` for the task named `name`, or None when it is not one to fork
+        (`entry`).
 
         Raises:
             LaunchError: the server could not import the modules or stopped answering.
@@ -106,7 +109,8 @@ class Preloader:
             return None
         python, kind, target, args = found
         with self._lock:
-            if self.proc is None or self.proc.poll() is not None:
+            if self.proc is None or self.proc.poll() is not None or self._gone.is_set():
+                self.close()  # a gone server's socket and process (its end may be seen first)
                 self._start(python, env)
             if python != self._python or _shared(env) != self._env:
                 return None
@@ -117,7 +121,7 @@ class Preloader:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         path = os.path.join(self.tmpdir, "preload")
         os.makedirs(path, exist_ok=True)
-        log = os.path.join(self.tmpdir, "preload.log")
+        log = self._log = os.path.join(self.tmpdir, "preload.log")
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
                 [python, "-m", "tfdist.launch.preload_server", ",".join(self.modules),
@@ -138,9 +142,9 @@ class Preloader:
             raise LaunchError(f"--preload {','.join(self.modules)}: "
                               f"{said.get('error') or _tail(log)}")
         # this server's own: a gone one's last word and its tasks stay its own
-        self._replies, self._forked = queue.Queue(), set()
-        threading.Thread(target=self._read, args=(ours, self._replies, self._forked),
-                         name="preload server", daemon=True).start()
+        self._replies, self._forked, self._gone = queue.Queue(), set(), threading.Event()
+        threading.Thread(target=self._read, name="preload server", daemon=True,
+                         args=(ours, self._replies, self._forked, self._gone)).start()
 
     def _fork(self, request):
         read, write = os.pipe()
@@ -148,6 +152,8 @@ class Preloader:
             socket.send_fds(self._sock, [json.dumps(request).encode()], [write])
         except OSError as e:
             os.close(read)
+            if e.errno == errno.EMSGSIZE:  # over the socket's buffer: exec'd instead
+                return None
             raise LaunchError(f"--preload: the server did not take a task ({e})") from None
         finally:
             os.close(write)
@@ -157,13 +163,15 @@ class Preloader:
             pid = None
         if pid is None:
             os.close(read)
+            if self._gone.is_set():
+                raise LaunchError(f"--preload: {_tail(self._log, 'before it forked the task')}")
             raise LaunchError(f"--preload: the server (pid {self.proc.pid}) forked no task "
-                              f"within {REPLY_SECONDS:g}s, or ended")
+                              f"within {REPLY_SECONDS:g}s")
         self._ended.setdefault(pid, threading.Event())  # its exit may have come first
         self._forked.add(pid)
         return ForkedProcess(pid, os.fdopen(read, "rb", buffering=0), self)
 
-    def _read(self, sock, replies, forked):
+    def _read(self, sock, replies, forked, gone):
         """The server's messages: each fork's pid, each task's end; when it is gone, every
         task it had is taken as killed (they die with it)."""
         while True:
@@ -178,6 +186,7 @@ class Preloader:
                 replies.put(said["pid"])
             elif "exit" in said:
                 self._end(said["exit"], said["code"])
+        gone.set()
         for pid in list(forked):
             self._end(pid, -signal.SIGKILL)
         replies.put(None)
@@ -238,11 +247,11 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
-def _tail(path, lines=5):
+def _tail(path, when="before it was ready", lines=5):
     try:
         with open(path, errors="replace") as f:
             said = [line.rstrip() for line in f if line.strip()]
     except OSError:
         said = []
-    ended = "the server ended before it was ready"
+    ended = f"the server ended {when}"
     return ended + (": " + " | ".join(said[-lines:]) if said else "")

@@ -20,7 +20,8 @@ only forks a task whose environment equals the server's but for `PER_TASK`), and
 hash seed (``PYTHONHASHSEED``: the order of a set of strings is the same in every task).
 Its command line and ``/proc/PID/environ`` are the server's (``os.environ`` is the task's),
 and a program may rename itself (absl's ``app.run`` does): a process finds a task by the
-file ``tasks/PID`` in the server's ``TMPDIR``, which holds the task's name while it runs.
+file ``tasks/PID`` in the server's ``TMPDIR``, which holds the task's name while it runs
+(best effort: where it cannot be written, the task runs without it).
 """
 
 import ctypes
@@ -68,7 +69,6 @@ def _serve(sock):
     """Forks a task per request; returns the request in the task, None in the server once
     the launcher has gone."""
     tasks, server = set(), os.getpid()
-    os.makedirs(_NAMES, exist_ok=True)
     while True:
         readable, _, _ = select.select([sock], [], [], _REAP_SECONDS)
         _report_exits(sock, tasks)
@@ -93,8 +93,7 @@ def _serve(sock):
         except OSError:
             pass
         tasks.add(pid)
-        with open(os.path.join(_NAMES, str(pid)), "w") as f:
-            f.write(request["name"])
+        _list(pid, request["name"])
         _send(sock, {"pid": pid})
 
 
@@ -103,9 +102,24 @@ def _report_exits(sock, tasks):
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             tasks.discard(pid)
-            os.remove(os.path.join(_NAMES, str(pid)))
+            _list(pid, None)
             _send(sock, {"exit": pid, "code": -os.WTERMSIG(status) if os.WIFSIGNALED(status)
                          else os.WEXITSTATUS(status)})
+
+
+def _list(pid, name):
+    """``tasks/PID`` written with `name`, or removed (None); best effort: a task that
+    removed the directory, a full disk, cost the name's file only, never the server."""
+    path = os.path.join(_NAMES, str(pid))
+    try:
+        if name is None:
+            os.remove(path)
+            return
+        os.makedirs(_NAMES, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(name)
+    except OSError:
+        pass
 
 
 def _become_task(request, output_fd, server):
