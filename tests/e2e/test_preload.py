@@ -43,6 +43,17 @@ with open(os.path.join(sys.argv[1], name + ".json"), "w") as f:
 """
 
 
+# The start of a task that looks at the server's tasks/PID files (sys.argv[1] is out).
+NAMES = """\
+import json, os, shutil, sys
+out = sys.argv[1]
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+with open("/proc/self/environ", "rb") as f:  # a forked task's: the server's
+    tmp = [e[7:] for e in f.read().decode().split("\\0") if e.startswith("TMPDIR=")][0]
+names = os.path.join(tmp, "tasks")
+"""
+
+
 def write(path, text):
     path.write_text(textwrap.dedent(text))
     return str(path)
@@ -258,20 +269,15 @@ def test_a_restart_forks_from_the_same_server(tmp_path):
     the server of the first run (no second import: the restart's sweep spares it)."""
     out = tmp_path / "out"
     out.mkdir()
-    script = write(tmp_path / "once.py", """\
-        import json, os, sys
-        out = sys.argv[1]
-        index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-        with open("/proc/self/environ", "rb") as f:  # the server's
-            tmp = [e[7:] for e in f.read().decode().split("\\0") if e.startswith("TMPDIR=")][0]
-        listed = ",".join(os.listdir(os.path.join(tmp, "tasks")))
+    script = write(tmp_path / "once.py", NAMES + textwrap.dedent("""\
+        listed = ",".join(os.listdir(names))
         with open(os.path.join(out, f"servers-{index}"), "a") as f:
             f.write(f"{os.getppid()} {os.getpid()} {listed}\\n")
         failed = os.path.join(out, "failed")
         if index == 1 and not os.path.exists(failed):
             open(failed, "w").close()
             sys.exit(1)
-        """)
+        """))
     run = launch(tmp_path, script, out, options=("--max-restarts", "1"))
     assert run.returncode == 0 and "restarting the whole job (1/1)" in run.stderr, \
         run.stderr[-2000:]
@@ -289,20 +295,14 @@ def test_a_task_that_tampers_with_the_servers_names_costs_only_the_names(tmp_pat
     tasks run without a name file (it cannot be written) and the job succeeds."""
     out = tmp_path / "out"
     out.mkdir()
-    script = write(tmp_path / "tamper.py", """\
-        import json, os, shutil, sys
-        out = sys.argv[1]
-        index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-        with open("/proc/self/environ", "rb") as f:  # the server's
-            tmp = [e[7:] for e in f.read().decode().split("\\0") if e.startswith("TMPDIR=")][0]
-        tasks = os.path.join(tmp, "tasks")
+    script = write(tmp_path / "tamper.py", NAMES + textwrap.dedent("""\
         with open(os.path.join(out, f"runs-{index}"), "a") as f:
-            f.write(f"{os.getppid()} {os.path.isdir(tasks)}\\n")
-        if index == 0 and os.path.isdir(tasks):
-            shutil.rmtree(tasks)
-            open(tasks, "w").close()
+            f.write(f"{os.getppid()} {os.path.isdir(names)}\\n")
+        if index == 0 and os.path.isdir(names):
+            shutil.rmtree(names)
+            open(names, "w").close()
             sys.exit(1)
-        """)
+        """))
     run = launch(tmp_path, script, out, options=("--max-restarts", "1"))
     assert run.returncode == 0 and "restarting the whole job (1/1)" in run.stderr, \
         run.stderr[-2000:]
