@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 from paths import JOBS
+from tfdist.horovod.collectives import OUT_OF_STEP
 
 JOB = JOBS / "horovod_hostile_job.py"
 HEAD = "Mismatched Horovod collectives: every rank must call the same collectives"
@@ -65,15 +66,27 @@ def test_unlike_traced_collectives_stop_the_step_naming_both(outcomes):
 
 
 @pytest.mark.multiprocess
+def test_a_function_traced_while_the_keys_are_apart_is_refused_naming_the_cure(outcomes):
+    """After unlike traced calls, a function traced before any eager collective would pair
+    unlike keys: it is refused on every worker, in the same line."""
+    for got in outcomes:
+        assert got["traced_apart"]["error"] == "InvalidArgumentError", got["traced_apart"]
+        assert OUT_OF_STEP in got["traced_apart"]["message"]
+
+
+@pytest.mark.multiprocess
 def test_after_refusals_the_collectives_stay_in_step_and_right(outcomes):
-    """Eager refusals leave the workers' keys in step: later collectives equal NumPy's."""
+    """Eager refusals leave the workers' keys in step, and unlike traced ones are brought
+    back in step by the next eager collective: later collectives (eager and traced) equal
+    NumPy's."""
     expected = {
         "gather_empty_rows": np.arange(3.0).reshape(1, 3),  # rank 0: 0 rows, rank 1: one
         "gather_all_empty": [0, 3], "gather_no_columns": [4, 0], "reduce_empty": [0, 4],
         "root_numpy": [1, 11],  # rank 1's, broadcast from np.int64(1)
         "int8_sum": np.array([100 + 101, -3 - 2], np.int64).astype(np.int8),  # wraps
         "bool_gather": [True, True, False, True], "bfloat16_gather": [0.5, 1.5],
-        "after": [3.0, 6.0],
+        "after": [3.0, 6.0], "eager_after_traced": [3.0, 6.0],
+        "traced_after_eager": [3.0, 6.0],
     }
     for rank, got in enumerate(outcomes):
         for case, want in expected.items():

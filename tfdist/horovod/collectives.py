@@ -11,7 +11,6 @@ worker, never paired.
 """
 
 import contextlib
-import itertools
 import threading
 
 import tensorflow as tf
@@ -29,6 +28,14 @@ WIRE = {tf.int8: tf.int32, tf.uint8: tf.int32, tf.int16: tf.int32, tf.uint16: tf
 GATHER_WIRE = {**WIRE, tf.bfloat16: tf.float32}
 
 
+#: (no apostrophe: TensorFlow's assertion escapes one)
+OUT_OF_STEP = (
+    "Horovod collectives out of step: a refused call inside a tf.function drew unlike "
+    "collectives on the workers, and the collectives of this traced function were drawn "
+    "while they were apart; trace it again (a new tf.function) after one eager "
+    "collective, which brings the workers back in step")
+
+
 class MismatchError(ValueError):
     """The workers called unlike collectives (every worker raises the same one line)."""
 
@@ -39,26 +46,46 @@ class WorkerGroup:
     def __init__(self, strategy, rank, size):
         self.strategy, self.rank, self.size = strategy, rank, size
         self.key = strategy._collective_key_base + GROUP_KEY_OFFSET
+        self.agreement_key = self.key + 1  # the agreements' own group: one key per call
         resolver = strategy.cluster_resolver
         self.device = (f"/job:{resolver.task_type}/replica:0/task:{resolver.task_id}"
                        "/device:CPU:0")
-        self._instances, self._lock = itertools.count(1), threading.Lock()
+        self._drawn, self._agreements, self._lock = 0, 0, threading.Lock()
         self._covered = threading.local()
 
-    def _instance(self):
+    def _instance(self, agreement=False):
+        """The next instance key: of the agreements' group (one per agreed call, alike on
+        every worker as long as they make as many calls), else of the data's."""
         with self._lock:
-            return next(self._instances)
+            if agreement:
+                self._agreements += 1
+                return self._agreements
+            self._drawn += 1
+            return self._drawn
+
+    def _resume_after(self, drawn):
+        """Data keys from `drawn` + 1 on (the most any worker has drawn)."""
+        with self._lock:
+            self._drawn = max(self._drawn, drawn)
 
     def agree(self, row):
-        """Gathers every worker's signature `row` (`agreement.signature`) and refuses unlike
-        ones: eagerly a `MismatchError`, in a `tf.function` an assertion with the same line.
+        """Gathers every worker's signature `row` (`agreement.signature`), with the data
+        keys it has drawn, in the agreements' own group, and refuses unlike ones: eagerly a
+        `MismatchError`, in a `tf.function` an assertion with the same line. Unlike traced
+        calls draw unlike keys: an eager agreement brings every worker's next data key to
+        the furthest one's, and a function traced while they were apart is refused
+        (`OUT_OF_STEP`).
 
         Returns:
             The ops the collective must wait for (none, eagerly).
         """
         with tf.device(self.device):
-            rows = tf.reshape(self._gather(row), [self.size, agreement.WIDTH])
+            mine = tf.concat([row, tf.constant([self._drawn], tf.int64)], 0)
+            table = tf.reshape(self._gather(mine, agreement=True),
+                               [self.size, agreement.WIDTH + 1])
+            rows, drawn = table[:, :-1], table[:, -1]
             if tf.executing_eagerly():
+                self._resume_after(int(drawn.numpy().max()))
                 values = rows.numpy()
                 if (values != values[:1]).any():
                     other = int((values != values[:1]).any(axis=1).argmax())
@@ -67,7 +94,9 @@ class WorkerGroup:
             differ, other = agreement.mismatch(rows)
             text = tf.cond(differ, lambda: agreement.message(rows, other),
                            lambda: tf.constant(""))
-            return [tf.debugging.Assert(tf.logical_not(differ), [text])]
+            apart = tf.reduce_any(tf.not_equal(drawn, drawn[0]))
+            return [tf.debugging.Assert(tf.logical_not(differ), [text]),
+                    tf.debugging.Assert(tf.logical_not(apart), [OUT_OF_STEP])]
 
     @contextlib.contextmanager
     def covered(self, row):
@@ -138,12 +167,13 @@ class WorkerGroup:
         blocks = tf.reshape(blocks, tf.concat([[self.size, longest], shape[1:]], 0))
         return tf.boolean_mask(blocks, tf.sequence_mask(counts, longest))
 
-    def _gather(self, tensor):
+    def _gather(self, tensor, agreement=False):
         with tf.device(self.device):
             return tf.raw_ops.CollectiveGatherV2(
-                input=tensor, group_size=self.size, group_key=self.key,
-                instance_key=self._instance(), ordering_token=[], communication_hint="auto",
-                timeout_seconds=0)
+                input=tensor, group_size=self.size,
+                group_key=self.agreement_key if agreement else self.key,
+                instance_key=self._instance(agreement), ordering_token=[],
+                communication_hint="auto", timeout_seconds=0)
 
     def broadcast(self, tensor, root_rank, name=None):
         """`root_rank`'s `tensor` on every worker (a sum with zeros elsewhere: exact)."""

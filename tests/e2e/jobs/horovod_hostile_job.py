@@ -4,7 +4,8 @@ tf.function), allgather of empty tensors and scalars, numpy root ranks, the dtyp
 cross as a wider one, then a collective that must still be right. Each worker writes
 what each case gave (its value, or its error's type and message) to <out>/<rank>.json for
 tests/hostile/test_horovod_hostile.py to compare with NumPy. The unlike traced collectives come
-last: their keys are drawn when traced, so the workers' later keys are out of step."""
+last: their keys are drawn when traced, so they leave the workers' keys apart; a function
+traced then is refused, and one eager collective brings them back in step."""
 
 import json
 import sys
@@ -70,10 +71,16 @@ def main(out):
                                                            process_set=hvd.ProcessSet([0])))
     results["after"] = attempt(lambda: hvd.allreduce(tf.constant([1.0, 2.0]) * (rank + 1),
                                                      op=hvd.Sum))
-    # last: a tf.function's keys are drawn when it is traced, so after unlike traced
-    # collectives the workers' keys are out of step and the job must end
+    # last: a tf.function's keys are drawn when it is traced, so unlike traced collectives
+    # leave the workers' keys apart until an eager collective brings them back in step
     traced = tf.function(hvd.allreduce if rank == 0 else hvd.allgather)
     results["traced"] = attempt(lambda: traced(tf.ones([5, 2])))
+    mine = tf.constant([1.0, 2.0]) * (rank + 1)
+    results["traced_apart"] = attempt(lambda: tf.function(
+        lambda t: hvd.allreduce(t, op=hvd.Sum))(mine))
+    results["eager_after_traced"] = attempt(lambda: hvd.allreduce(mine, op=hvd.Sum))
+    results["traced_after_eager"] = attempt(lambda: tf.function(
+        lambda t: hvd.allreduce(t, op=hvd.Sum))(mine))
     with open(f"{out}/{rank}.json", "w") as f:
         json.dump(results, f)
 
