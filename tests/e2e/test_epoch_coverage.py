@@ -7,6 +7,7 @@ trained per epoch. The others check the pieces in one process.
 """
 
 import collections
+import hashlib
 import json
 import math
 import subprocess
@@ -26,7 +27,8 @@ EXAMPLES, EPOCHS = 192, 3
 AGREED = ("numpy", "numpy_batch", "tf_seeded", "trainer_tf_seeded", "py_dataset_seeded")
 WARNED = {"generator": "Python generator", "tf_unseeded": "shuffle() without a seed",
           "trainer_tf_unseeded": "shuffle() without a seed",
-          "py_dataset_unseeded": "PyDataset's batches differ between workers"}
+          "py_dataset_unseeded": "PyDataset's batches differ between workers",
+          "py_dataset_tail": "batches of a pass together differ"}
 
 
 def run_job(tmp_path_factory, workers, batch):
@@ -247,16 +249,23 @@ def py_adapter(shuffle):
     return adapter
 
 
-def test_py_dataset_passes_follow_the_seed_and_report_their_first_batch():
+def test_py_dataset_passes_follow_the_seed_and_report_their_first_batch_and_whole_pass():
     heard = []
     adapter = py_adapter(True)
     dataset = keras_inputs.py_dataset_in_order(adapter, 9, lambda *a: heard.append(a))
     orders = [[int(b[1].numpy()[0]) for b in dataset] for _ in range(3)]
     expected = [list(np.random.default_rng([9, n]).permutation(5)) for n in range(3)]
     assert orders == expected
-    assert [n for n, _ in heard] == [0, 1, 2]
-    first = keras_inputs.fingerprint(adapter._standardize_batch(Rows()[orders[0][0]]))
-    assert heard[0][1] == first and len({f for _, f in heard}) > 1
+    assert [(n, count) for n, count, _ in heard] == [(n, c) for n in range(3) for c in (1, 5)]
+    prints = [keras_inputs.fingerprint(adapter._standardize_batch(Rows()[i]))
+              for i in orders[0]]
+    digest = hashlib.sha256()
+    digest.update(prints[0].encode())
+    assert heard[0][2] == digest.hexdigest()[:16]
+    for fingerprint in prints[1:]:
+        digest.update(fingerprint.encode())
+    assert heard[1][2] == digest.hexdigest()[:16]  # every batch of the pass, in its order
+    assert len({d for _, count, d in heard if count == 5}) == 3  # the order counts
 
 
 def test_py_dataset_without_shuffle_reads_in_index_order():

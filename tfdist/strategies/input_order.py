@@ -12,8 +12,8 @@ dataset is distributed:
 
 - `fit`'s NumPy arrays and PyDataset are rebuilt in an order drawn from one seed the chief
   gives every worker once (`keras_inputs`); a PyDataset's own shuffling in
-  `on_epoch_end` is the user's: each pass's first batch is compared between workers, and
-  a difference is reported once;
+  `on_epoch_end` is the user's: each pass's first batch, then its whole pass, is compared
+  between workers, and a difference is reported once;
 - an unseeded `tf.data` shuffle (`unseeded_shuffles`) and a Python generator, whose order
   tfdist cannot know, are reported once, in one line, with what to change.
 
@@ -56,8 +56,7 @@ GENERATOR = (
     "worker), or pass NumPy arrays, a keras.utils.PyDataset or a tf.data.Dataset with "
     "shuffle(seed=...). Received: x={name}")
 PY_DATASET_DIFFERS = (
-    "tfdist: this PyDataset's batches differ between workers (the first batch of pass "
-    "{number} differs from {peer}'s), so an epoch trains some examples twice and others "
+    "tfdist: this PyDataset's batches differ between workers ({what} from {peer}'s), so an epoch trains some examples twice and others "
     "never: make its on_epoch_end and __getitem__ give the same batches on every worker, "
     "e.g. call keras.utils.set_random_seed(seed) on every worker before fit or seed its own "
     "generator alike. Received: x={name}")
@@ -131,7 +130,7 @@ def in_agreed_order(strategy, adapter, dataset):
         if adapter.enqueuer is None:
             _count(strategy, "py_dataset")
             return keras_inputs.py_dataset_in_order(
-                adapter, agreed_seed(strategy), first_batch_check(strategy, adapter))
+                adapter, agreed_seed(strategy), batches_check(strategy, adapter))
         if adapter.shuffle:
             warn_once(strategy, adapter, PY_DATASET_ENQUEUER.format(
                 workers=workers, py_workers=adapter.py_dataset.workers,
@@ -180,25 +179,27 @@ def agreed_seed(strategy):
     return strategy._tfdist_input_seed
 
 
-def first_batch_check(strategy, adapter):
-    """A function (pass number, fingerprint) that publishes this worker's first batch of a
-    pass and warns once where a peer's differs (from tf.data's reading thread)."""
+def batches_check(strategy, adapter):
+    """A function (pass number, batches read, their digest) that publishes this worker's
+    digest and warns once where a peer's differs (from tf.data's reading thread)."""
     if context.context().coordination_service is None:
-        return lambda number, fingerprint: None
+        return lambda number, count, digest: None
     serial = _count(strategy, "py_dataset", 0)
     me, peers = _task_key(strategy), _peer_keys(strategy)
 
-    def check(number, fingerprint):
-        key = f"{_prefix(strategy)}/py_dataset/{serial}/{number}"
-        context.context().set_config_key_value(f"{key}/{me}", fingerprint)
+    def check(number, count, digest):
+        key = f"{_prefix(strategy)}/py_dataset/{serial}/{number}/{count}"
+        context.context().set_config_key_value(f"{key}/{me}", digest)
         for peer in peers:
             try:
                 theirs = context.context().get_config_key_value(f"{key}/{peer}", WAIT_MS)
             except Exception:  # a peer that never got there: nothing can be said
                 return
-            if theirs != fingerprint:
+            if theirs != digest:
                 warn_once(strategy, adapter, PY_DATASET_DIFFERS.format(
-                    number=number, peer=peer, name=_name(adapter.py_dataset)))
+                    what=("the first batch of a pass differs" if count == 1 else
+                          f"all {count} batches of a pass together differ"),
+                    peer=peer, name=_name(adapter.py_dataset)))
                 return
 
     return check

@@ -85,11 +85,12 @@ def _permuted(rows, draw, seed):
     return tf.random.experimental.stateless_shuffle(rows, seed=key)
 
 
-def py_dataset_in_order(adapter, seed, first_batch):
+def py_dataset_in_order(adapter, seed, compare):
     """`adapter` (a `PyDatasetAdapter` read without Keras' enqueuer)'s dataset: pass `n`
     reads the batches in the order seed (`seed`, n) gives where `fit` shuffles, else in
-    index order; `first_batch(n, fingerprint)` hears each pass's first batch (to compare
-    it between workers: the PyDataset's own `on_epoch_end` may shuffle differently)."""
+    index order; `compare(n, count, digest)` hears a digest of pass `n`'s first batch and
+    of its whole pass, before each is trained (to compare them between workers: the
+    PyDataset's own `on_epoch_end` or `__getitem__` may differ from worker to worker)."""
     py_dataset, passes = adapter.py_dataset, itertools.count()
 
     def batches():
@@ -97,10 +98,12 @@ def py_dataset_in_order(adapter, seed, first_batch):
         order = range(total)
         if adapter.shuffle:
             order = np.random.default_rng([seed, number]).permutation(total)
+        digest = hashlib.sha256()
         for position, index in enumerate(order):
             batch = adapter._standardize_batch(py_dataset[int(index)])
-            if position == 0:
-                first_batch(number, fingerprint(batch))
+            digest.update(fingerprint(batch).encode())
+            if position in (0, total - 1):
+                compare(number, position + 1, digest.hexdigest()[:16])
             yield batch
 
     dataset = tf.data.Dataset.from_generator(batches,

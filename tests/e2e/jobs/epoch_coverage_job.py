@@ -65,6 +65,19 @@ class ShuffledRows(keras.utils.PyDataset):
         np.random.shuffle(self.rows)
 
 
+class TailShuffledRows(ShuffledRows):
+    """The first batch's rows in place, the others shuffled (each worker alike only in the
+    first batch: a check of the first batch alone would pass)."""
+
+    def __init__(self, x, y, batch_size):
+        super().__init__(x, y, batch_size)
+        self.rows = np.arange(len(x))
+        self.on_epoch_end()
+
+    def on_epoch_end(self):
+        np.random.shuffle(self.rows[self.batch_size:])
+
+
 def generator(x, y, batch_size):
     """Forever: the rows in a new order each pass (an unseeded generator of its own)."""
     rng = np.random.default_rng()
@@ -89,6 +102,7 @@ def kinds(x, y, batch, task_index):
     yield "trainer_tf_seeded", dict(dataset_or_fn=tf_data(7))
     np.random.seed(100 + task_index)  # the workers' NumPy generators differ
     yield "py_dataset_unseeded", dict(x=ShuffledRows(x, y, batch))
+    yield "py_dataset_tail", dict(x=TailShuffledRows(x, y, batch), shuffle=False)
     keras.utils.set_random_seed(1234)  # the same on every worker
     yield "py_dataset_seeded", dict(x=ShuffledRows(x, y, batch))
 
