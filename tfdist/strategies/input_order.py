@@ -56,8 +56,9 @@ GENERATOR = (
     "worker), or pass NumPy arrays, a keras.utils.PyDataset or a tf.data.Dataset with "
     "shuffle(seed=...). Received: x={name}")
 PY_DATASET_DIFFERS = (
-    "tfdist: this PyDataset's batches differ between workers ({what} from {peer}'s), so an epoch trains some examples twice and others "
-    "never: make its on_epoch_end and __getitem__ give the same batches on every worker, "
+    "tfdist: this PyDataset's batches differ between workers ({what} from {peer}'s), so "
+    "an epoch trains some examples twice and others never: make its on_epoch_end and "
+    "__getitem__ give the same batches on every worker, "
     "e.g. call keras.utils.set_random_seed(seed) on every worker before fit or seed its own "
     "generator alike. Received: x={name}")
 PY_DATASET_ENQUEUER = (
