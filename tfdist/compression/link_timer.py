@@ -8,6 +8,7 @@ import time
 import tensorflow as tf
 
 from tfdist.compression import cost_model
+from tfdist.step.tracing import plain_function
 
 PROBE_FLOATS = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)  # 4 kB .. 8 MB all-reduces
 
@@ -29,7 +30,7 @@ class LinkTimer:
     def __init__(self, strategy, say):
         self.strategy, self.say = strategy, say
         self.workers = max(strategy.num_replicas_in_sync, 1)
-        self._mean = tf.function(lambda value: strategy.reduce(
+        self._mean = plain_function(lambda value: strategy.reduce(
             "MEAN", strategy.run(lambda: tf.identity(value)), axis=None))
 
     def time(self):
@@ -60,7 +61,7 @@ class LinkTimer:
 
     def _seconds(self, floats):
         """Three timings of an all-reduce of `floats` (traced and set up first, untimed)."""
-        reduce = tf.function(lambda: self.strategy.run(
+        reduce = plain_function(lambda: self.strategy.run(
             lambda: tf.distribute.get_replica_context().all_reduce("SUM", tf.zeros([floats]))))
         reduce()
         seconds = []

@@ -5,6 +5,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.step import wire
+from tfdist.step.tracing import plain_function
 
 
 def underlying(variable):
@@ -65,7 +66,7 @@ def average_over_replicas(strategy, variables):
         for variable, mean in zip(variables, means):
             variable.assign(mean)
 
-    return tf.function(lambda: strategy.run(replica_fn))
+    return plain_function(lambda: strategy.run(replica_fn))
 
 
 def gather_replica_values(strategy, variables, context=None):
@@ -83,7 +84,7 @@ def gather_replica_values(strategy, variables, context=None):
         context = tf.distribute.get_replica_context()
         return [wire.all_gather(context, v.read_value()[None], axis=0) for v in variables]
 
-    gathered = tf.function(lambda: strategy.run(replica_fn))()
+    gathered = plain_function(lambda: strategy.run(replica_fn))()
     return [strategy.experimental_local_results(g)[0].numpy() for g in gathered]
 
 
@@ -104,4 +105,4 @@ def set_replica_values(strategy, variables, arrays, context=None):
         for variable, values in zip(variables, constants):
             variable.assign(tf.cast(tf.gather(values, replica), variable.dtype))
 
-    tf.function(lambda: strategy.run(replica_fn))()
+    plain_function(lambda: strategy.run(replica_fn))()

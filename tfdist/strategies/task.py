@@ -131,7 +131,7 @@ def barrier(strategy, timeout_seconds=BARRIER_SECONDS):
         return
     if context.context().coordination_service is None:
         tf.function(lambda: strategy.reduce(
-            "SUM", strategy.run(lambda: tf.constant(1.0)), axis=None))()
+            "SUM", strategy.run(lambda: tf.constant(1.0)), axis=None), autograph=False)()
         return
     _wait_at_barrier(strategy, resolver, timeout_seconds)
 

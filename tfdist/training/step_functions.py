@@ -7,6 +7,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.seam.loss_scale import is_loss_scale
+from tfdist.step.tracing import plain_function
 from tfdist.step.variables import underlying
 from tfdist.strategies import batch_rows
 from tfdist.training.losses import update_state, weighed_by
@@ -78,10 +79,13 @@ class StepFunctions:
     def _compile(self, step_fn):
         """A tf.function of one step that takes the iterator (scheduled under a coordinator)
         or, elsewhere, the batch: reading it eagerly ends the data cleanly, before any op of
-        the step runs (inside a graph, ops not fed by the data would still run)."""
+        the step runs (inside a graph, ops not fed by the data would still run). Traced
+        without AutoGraph, as Keras' fit traces its step: the model, loss and metrics are
+        Keras' (AutoGraph leaves them as written), and converting the Trainer's own code
+        took half of its first step's tracing."""
         if self.trainer.coordinator is not None:
-            return tf.function(lambda iterator: step_fn(next(iterator)))
-        return tf.function(step_fn, reduce_retracing=True)
+            return plain_function(lambda iterator: step_fn(next(iterator)))
+        return plain_function(step_fn, reduce_retracing=True)
 
     def _scaled_loss(self, y, y_pred, sample_weight):
         """This replica's share of the global loss, as Keras 3 computes it.

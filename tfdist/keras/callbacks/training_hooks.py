@@ -1,5 +1,7 @@
 """`TrainingHooks`: runs the hooks of tfdist's pipeline under `model.fit`."""
 
+import functools
+
 import keras
 import tensorflow as tf
 
@@ -7,6 +9,7 @@ from tfdist.errors import UnsupportedError
 from tfdist.keras.callbacks.loss_scale_log import LossScaleLog
 from tfdist.loop.runner import NOTHING, RunsHooks, StepRunner, check_input
 from tfdist.seam.owned import optimizers_of
+from tfdist.step.tracing import plain_function
 
 
 class TrainingHooks(RunsHooks, keras.callbacks.Callback):
@@ -127,7 +130,7 @@ def _train_function_apart(model, paced=False):
             f"steps_per_execution={model.steps_per_execution}")
     strategy = model.distribute_strategy
 
-    @tf.function(reduce_retracing=True)
+    @functools.partial(plain_function, reduce_retracing=True)  # as fit's: train_step as written
     def step(iterator):
         outputs = strategy.run(model.train_step, args=(next(iterator),))
         return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0],
