@@ -84,9 +84,10 @@ def pytest_configure(config):
         subprocess.Popen._tfdist_niced = True
 
 
-#: `TFDIST_TEST_CPU_LOG=path`: each test appends a line "<cpu s> <wall s> <node id>" (its
-#: process's CPU and its waited-for children's: the worker processes of a multi-process
-#: test), to find what a CPU-bound CI run spends its two cores on.
+#: `TFDIST_TEST_CPU_LOG=path`: each test appends a line "<cpu s> <wall s> <end> <node id>"
+#: (its process's CPU and its waited-for children's: the worker processes of a
+#: multi-process test; <end>: the Unix time it ended), to find what a CPU-bound CI run
+#: spends its two cores on, and, beside a sampler of /proc/stat, what ran while they idled.
 CPU_LOG = os.environ.get("TFDIST_TEST_CPU_LOG")
 
 
@@ -103,7 +104,8 @@ def pytest_runtest_protocol(item, nextitem):
     cpu, wall = _cpu_seconds(), time.monotonic()
     yield
     with open(CPU_LOG, "a") as log:
-        log.write(f"{_cpu_seconds() - cpu:.1f} {time.monotonic() - wall:.1f} {item.nodeid}\n")
+        log.write(f"{_cpu_seconds() - cpu:.1f} {time.monotonic() - wall:.1f} {time.time():.1f} "
+                  f"{item.nodeid}\n")
 
 
 @pytest.fixture
