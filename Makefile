@@ -1,5 +1,10 @@
 # The two front doors: `make demo` and `make test`. Each builds .venv from nothing.
 PYTHON ?= python3
+# Python keeps what it compiles (__pycache__). An environment that sets PYTHONDONTWRITEBYTECODE
+# (this project's machines do) made every process of the suite compile tfdist again, and every
+# process of the version matrix (installed --no-compile) all of TensorFlow: 16 CPU-s an import
+# of TensorFlow and Keras there instead of 5.
+unexport PYTHONDONTWRITEBYTECODE
 VENV ?= .venv
 BIN := $(VENV)/bin
 OUTPUT ?= output/unet

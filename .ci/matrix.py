@@ -251,6 +251,10 @@ def main():
         print("\n".join(f"{t}/{k}" for t, k in pairs))
         return
     start = time.monotonic()
+    # pip installs with --no-compile, counting on Python to keep what it compiles: not where
+    # PYTHONDONTWRITEBYTECODE is set (this project's machines set it), where each of the
+    # matrix's 60-odd imports of TensorFlow and Keras compiled them again (16 CPU-s, not 5)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     # One environment per TensorFlow, the next installing (mostly unpacking TensorFlow)
     # while this pair's tests run: the matrix then costs about its tests' time.
     installer = concurrent.futures.ThreadPoolExecutor(max_workers=1)
