@@ -1,6 +1,7 @@
 """What a step's collectives carried, measured from the step that ran.
 
-Every collective tfdist runs goes through `all_reduce` / `all_gather` here, which note —
+Every collective tfdist runs goes through `all_reduce` / `all_gather` (and the shards'
+`reduce_scatter` / `all_gather_shards`) here, which note —
 while the step is traced — the bytes of the tensors this replica hands over: the sizes of
 the payload in the traced graph, which is what crosses each time that graph runs (a phase
 traced again notes its own). A `WireMeter` (one per optimizer's pipeline) takes what a
@@ -20,7 +21,8 @@ from tfdist.step import gradients
 #: island: inside an island only; dense: the gradients' dense bytes (an embedding's whole
 #: table); tensorflow: what TensorFlow's own strategy sends of them (an `IndexedSlices` as
 #: its rows).
-KINDS = ("reduced", "gathered", "pushed", "dense", "island", "tensorflow")
+#: scattered: reduce-scattered (`reduce_scatter`).
+KINDS = ("reduced", "gathered", "pushed", "dense", "island", "tensorflow", "scattered")
 _state = threading.local()
 
 
@@ -74,6 +76,26 @@ def all_gather(context, value, axis=0):
     """`context.all_gather(value, axis)`, noted as sent by this replica."""
     _note("gathered", [value], context)
     return context.all_gather(value, axis=axis)
+
+
+def reduce_scatter(context, flat, shards):
+    """This replica's shard of the SUM over `context`'s replicas of `flat` (a vector whose
+    length the replicas divide; `tfdist.step.shards.Layout`), by `shards`' collectives
+    (`tfdist.step.shards.shards_for`), noted as scattered: (N−1)/N of it crosses."""
+    _note("scattered", [flat], context)
+    n = context.num_replicas_in_sync
+    if n == 1:
+        return flat
+    return shards.reduce_scatter(context, tf.reshape(flat, [n, -1]))
+
+
+def all_gather_shards(context, shard, shards):
+    """Every replica's `shard` in `shards`' rank order, concatenated: `reduce_scatter`'s
+    inverse; noted as gathered."""
+    _note("gathered", [shard], context)
+    if context.num_replicas_in_sync == 1:
+        return shard
+    return shards.all_gather(context, shard)
 
 
 def all_gather_rows(context, slices, dtypes=None):

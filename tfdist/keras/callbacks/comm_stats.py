@@ -91,8 +91,8 @@ class CommStats(keras.callbacks.Callback):
 
 
 def _figures(sent, workers):
-    payload = sent["reduced"] + sent["gathered"] + sent["pushed"]
-    per_worker = (2 * (workers - 1) / workers * sent["reduced"]
+    payload = sent["reduced"] + sent["gathered"] + sent["pushed"] + sent["scattered"]
+    per_worker = ((workers - 1) / workers * (2 * sent["reduced"] + sent["scattered"])
                   + (workers - 1) * sent["gathered"] + sent["pushed"])
     return {"comm_payload_bytes": float(payload), "comm_bytes_per_worker": float(per_worker),
             "compression_ratio": sent["dense"] / payload if payload else 1.0,
