@@ -776,3 +776,77 @@ def test_keras_model_checkpoint_still_formats_its_path_in_get_file_path(tmp_path
     callback = keras.callbacks.ModelCheckpoint(str(tmp_path / "m-{epoch:02d}.weights.h5"),
                                                save_weights_only=True)
     assert callback._get_file_path(2, None, {}) == str(tmp_path / "m-03.weights.h5")
+
+
+SHARDS = "tfdist/step/shards.py"
+
+
+@pytest.mark.parametrize("make_optimizer", [
+    lambda: keras.optimizers.SGD(0.1, momentum=0.9), lambda: keras.optimizers.Adam(1e-2)],
+    ids=["sgd-momentum", "adam"])
+def test_an_optimizer_on_each_replicas_shard_keeps_its_slots_apart_and_updates_as_whole(
+        make_optimizer):
+    """Sharded optimizer state (ZeRO) rests on this: Keras' optimizer built on an on-read
+    variable of one shard makes slots of the shard's size whose per-replica parts
+    `update_step` in replica context keeps apart (each replica's own shard), and the
+    updated shards, gathered, are the unsharded update — Keras' arithmetic, 1/N of its
+    state on each replica."""
+    from tfdist.step import shards as sharding, wire
+
+    strategy = MirroredStrategy(["/cpu:0", "/cpu:1"])
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(8, 4)).astype("float32"), rng.normal(size=(8, 3)).astype("float32")
+    with strategy.scope():
+        models = []
+        for _ in range(2):
+            keras.utils.set_random_seed(1)
+            models.append(keras.Sequential([keras.Input((4,)), keras.layers.Dense(5),
+                                            keras.layers.Dense(3)]))
+        whole, sharded = models
+        layout = sharding.Layout([v.shape for v in sharded.trainable_variables], 2)
+        shard = keras.Variable(tf.zeros([layout.shard]), trainable=False, name="shard",
+                               synchronization="on_read", aggregation="only_first_replica")
+        optimizers = make_optimizer(), make_optimizer()
+        optimizers[0].build(whole.trainable_variables)
+        optimizers[1].build([shard])
+    shards = sharding.shards_for(strategy)
+    batch = next(iter(strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(8))))
+
+    def gradients(model, xs, ys):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(model(xs) - ys)) / 8.0
+        return tape.gradient(loss, model.trainable_variables)
+
+    def unsharded(xs, ys):
+        optimizers[0].apply_gradients(zip(gradients(whole, xs, ys), whole.trainable_variables))
+
+    def on_shards(xs, ys, first):
+        context = tf.distribute.get_replica_context()
+        grads = gradients(sharded, xs, ys)
+        rank = shards.rank(context)
+        if first:
+            shard.assign(layout.shard_of(layout.flatten(sharded.trainable_variables), rank))
+        optimizers[1].update_step(wire.reduce_scatter(context, layout.flatten(grads), shards),
+                                  shard, tf.cast(optimizers[1].learning_rate, tf.float32))
+        gathered = wire.all_gather_shards(context, shard.value, shards)
+        for variable, value in zip(sharded.trainable_variables, layout.unflatten(gathered)):
+            variable.assign(value)
+
+    step = tf.function(lambda first: (strategy.run(unsharded, args=batch),
+                                      strategy.run(on_shards, args=(*batch, first)),
+                                      optimizers[1].iterations.assign_add(1)))
+    for i in range(4):
+        step(i == 0)
+    for a, b in zip(whole.get_weights(), sharded.get_weights()):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7, err_msg=(
+            f"{SHARDS}: with {KERAS}, Keras' update of each replica's shard no longer "
+            "equals its update of the whole model"))
+    slots = [v for v in optimizers[1].variables if v.shape.rank]
+    assert slots and all(v.shape == (layout.shard,) for v in slots), (
+        f"{SHARDS}: with {KERAS}, the slots of a shard are {[v.shape for v in slots]}")
+    for slot in slots:
+        parts = [p.numpy() for p in slot.value.values]
+        assert len(parts) == 2 and not np.allclose(parts[0], parts[1]), (
+            f"{SHARDS}: with {KERAS}, the replicas' parts of the slot {slot.name} are "
+            "made alike: a replica no longer keeps the state of its own shard")
