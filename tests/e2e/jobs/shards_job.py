@@ -1,7 +1,8 @@
 """A job for tests/unit/step/test_shards.py, run under `tfdist launch`: every replica of a
 multi-worker job reduce-scatters its tensors (`shard_values`) and all-gathers the shards
 back (`tfdist.step.wire.reduce_scatter`, `all_gather_shards`), in two steps of one traced
-function, and each worker writes `<out>/<type>-<index>.json`:
+function (`exchanged`, which the test also runs on 2 logical CPUs), and each worker writes
+`<out>/<type>-<index>.json`:
 {"steps": [{"shard", "whole", "rank"}, ...], "noted": {kind: bytes}, "shards": class name}.
 
     python shards_job.py OUT
@@ -29,8 +30,10 @@ def shard_values(replica, step):
             - 0.5 * i for i, s in enumerate(SHAPES)]
 
 
-def main():
-    strategy = tfdist.get_strategy("multi_worker_mirrored")
+def exchanged(strategy):
+    """The exchange on `strategy`'s replicas in this process, two steps of one traced
+    function -> ([per step, per local replica: {"shard", "whole", "rank"}], what a
+    replica noted, the shards' collectives, the layout)."""
     n = strategy.num_replicas_in_sync
     shards, layout = sharding.shards_for(strategy), sharding.Layout(SHAPES, n)
     table = [tf.constant(np.stack([shard_values(r, s)[i] for s in (0, 1) for r in range(n)]))
@@ -50,12 +53,20 @@ def main():
     run = tf.function(lambda step: strategy.run(exchange, args=(step,)))
     steps = []
     for step in (0, 1):
-        shard, whole, rank = (strategy.experimental_local_results(v)[0] for v in run(tf.constant(step)))
-        steps.append({"shard": shard.numpy().tolist(), "whole": whole.numpy().tolist(),
-                      "rank": int(rank)})
+        out = [strategy.experimental_local_results(v) for v in run(tf.constant(step))]
+        steps.append([{"shard": s.numpy(), "whole": w.numpy(), "rank": int(r)}
+                      for s, w, r in zip(*out)])
+    return steps, noted, shards, layout
+
+
+def main():
+    strategy = tfdist.get_strategy("multi_worker_mirrored")
+    steps, noted, shards, _ = exchanged(strategy)
+    [mine] = zip(*steps)  # one replica per worker: its result at each step
     task = json.loads(os.environ["TF_CONFIG"])["task"]
     with open(os.path.join(sys.argv[1], f"{task['type']}-{task['index']}.json"), "w") as f:
-        json.dump({"steps": steps, "noted": noted, "shards": type(shards).__name__}, f)
+        json.dump({"steps": [{k: np.asarray(v).tolist() for k, v in r.items()} for r in mine],
+                   "noted": noted, "shards": type(shards).__name__}, f)
 
 
 if __name__ == "__main__":

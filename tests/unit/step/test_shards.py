@@ -16,7 +16,7 @@ from paths import JOBS
 from tfdist.step import shards as sharding, wire
 
 sys.path.insert(0, str(JOBS))
-from shards_job import SHAPES, shard_values  # noqa: E402
+from shards_job import SHAPES, exchanged, shard_values  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("two_cpus")
 
@@ -67,34 +67,6 @@ def test_a_layout_of_nothing_is_empty():
 
 # --- on 2 logical CPUs ---------------------------------------------------------------------
 
-def exchange_on(strategy):
-    """{"shard", "whole", "rank"} per replica, per step, and what a replica noted, by the
-    job's own exchange run on `strategy`'s replicas in this process."""
-    n = strategy.num_replicas_in_sync
-    shards, layout = sharding.shards_for(strategy), sharding.Layout(SHAPES, n)
-    table = [tf.constant(np.stack([shard_values(r, s)[i] for s in (0, 1) for r in range(n)]))
-             for i in range(len(SHAPES))]
-    noted = {}
-
-    def exchange(step):
-        context = tf.distribute.get_replica_context()
-        row = step * n + context.replica_id_in_sync_group
-        with wire.recording() as record:
-            flat = layout.flatten([tf.gather(t, row) for t in table])
-            shard = wire.reduce_scatter(context, flat, shards)
-            whole = wire.all_gather_shards(context, shard, shards)
-        noted.update(record)
-        return shard, whole, shards.rank(context)
-
-    run = tf.function(lambda step: strategy.run(exchange, args=(step,)))
-    steps = []
-    for step in (0, 1):
-        out = [strategy.experimental_local_results(v) for v in run(tf.constant(step))]
-        steps.append([{"shard": s.numpy(), "whole": w.numpy(), "rank": int(r)}
-                      for s, w, r in zip(*out)])
-    return steps, noted, shards, layout
-
-
 def assert_exchanged(per_step, replicas, layout):
     """Every replica: the whole sum, and its own rank's shard of it; the ranks one each."""
     for step, results in enumerate(per_step):
@@ -108,7 +80,7 @@ def assert_exchanged(per_step, replicas, layout):
 
 def test_two_replicas_reduce_scatter_and_gather_what_numpy_sums(strategies):
     strategy = strategies("mirrored")
-    steps, noted, shards, layout = exchange_on(strategy)
+    steps, noted, shards, layout = exchanged(strategy)
     assert isinstance(shards, sharding.LocalShards)
     assert_exchanged(steps, 2, layout)
     assert [r["rank"] for r in steps[0]] == [0, 1]  # one process: shard i is replica i's
@@ -116,7 +88,7 @@ def test_two_replicas_reduce_scatter_and_gather_what_numpy_sums(strategies):
 
 
 def test_a_replica_alone_keeps_its_tensors_and_notes_nothing():
-    steps, noted, shards, layout = exchange_on(tf.distribute.get_strategy())
+    steps, noted, shards, layout = exchanged(tf.distribute.get_strategy())
     assert_exchanged(steps, 1, layout)
     assert not any(noted.values())
 
